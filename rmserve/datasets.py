@@ -1,0 +1,381 @@
+"""Dataset loaders: benchmark files or hub ids → validated :class:`~rmserve.schema.Group` lists.
+
+No torch, no ``datasets`` library: JSON/JSONL are read with orjson, parquet with pyarrow
+(the ``[parquet]`` extra), hub ids are fetched with ``huggingface_hub.snapshot_download``
+(cached; ``HF_HUB_OFFLINE=1`` makes it use the cache only).
+
+Every validation error is a :class:`~rmserve.errors.DataError` naming file, record index,
+id and field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from rmserve.errors import DataError
+from rmserve.schema import (
+    RB2_SUBSETS,
+    RMBENCH_DOMAINS,
+    RMBENCH_STYLES,
+    Group,
+    Message,
+)
+
+RMBENCH_HUB_ID = "THU-KEG/RM-Bench"
+RB2_HUB_ID = "allenai/reward-bench-2"
+RB2_TIES_ID = re.compile(r"^(ref|tied):(\d+)$")
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A loaded benchmark.
+
+    Attributes:
+        benchmark: ``"rm-bench"`` or ``"rewardbench2"``.
+        groups: the groups in source order.
+        source: the path or hub id it came from.
+        domains: domains (RM-Bench) or subsets (RewardBench 2) present, in canonical order.
+        missing: canonical domains/subsets with no group in this source.
+    """
+
+    benchmark: str
+    groups: tuple[Group, ...]
+    source: str
+    domains: tuple[str, ...] = field(default=())
+    missing: tuple[str, ...] = field(default=())
+
+
+# --- file reading -----------------------------------------------------------------------
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Read a JSON array, JSONL or parquet file into a list of dicts.
+
+    Raises:
+        DataError: unreadable file, invalid JSON (with line number for JSONL), a JSON value
+            that is not a list of objects, or parquet without pyarrow installed.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError("no such file", path=str(path))
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise DataError("reading parquet needs pyarrow: pip install 'rmserve[parquet]'", path=str(path)) from exc
+        return pq.read_table(path).to_pylist()
+    raw = path.read_bytes()
+    if suffix == ".jsonl":
+        records = []
+        for lineno, line in enumerate(raw.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise DataError(f"invalid JSON: {exc}", path=str(path), line=lineno) from None
+            if not isinstance(value, dict):
+                raise DataError("each line must be a JSON object", path=str(path), line=lineno)
+            records.append(value)
+        return records
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise DataError(f"invalid JSON: {exc}", path=str(path)) from None
+    if isinstance(value, dict):
+        # {"train": [...]} or {"data": [...]} style wrappers: take the single list value.
+        lists = [v for v in value.values() if isinstance(v, list)]
+        if len(lists) != 1:
+            raise DataError("expected a JSON list of records", path=str(path))
+        value = lists[0]
+    if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
+        raise DataError("expected a JSON list of records", path=str(path))
+    return value
+
+
+def _hub_snapshot(repo_id: str, patterns: Sequence[str]) -> Path:
+    """Download (or reuse from cache) a dataset repo snapshot; honours ``HF_HUB_OFFLINE``."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:  # pragma: no cover
+        raise DataError("loading hub ids needs huggingface_hub", path=repo_id) from exc
+    try:
+        local = snapshot_download(repo_id=repo_id, repo_type="dataset", allow_patterns=list(patterns))
+    except Exception as exc:  # noqa: BLE001 - surface any hub failure as a data error
+        raise DataError(f"could not fetch hub dataset ({type(exc).__name__}: {exc})", path=repo_id) from None
+    return Path(local)
+
+
+def _looks_like_hub_id(source: str) -> bool:
+    return not Path(source).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", source) is not None
+
+
+# --- field validation -------------------------------------------------------------------
+
+
+def _messages(value: Any, *, path: str, index: int, record_id: str, field_name: str) -> tuple[Message, ...]:
+    """A prompt string → one user turn; a list of {role, content} → those turns."""
+    if isinstance(value, str):
+        if not value:
+            raise DataError("must be a non-empty string", path=path, record=index, record_id=record_id, field=field_name)
+        return (Message("user", value),)
+    if isinstance(value, list) and value:
+        turns = []
+        for k, turn in enumerate(value):
+            if not (
+                isinstance(turn, dict)
+                and isinstance(turn.get("role"), str)
+                and isinstance(turn.get("content"), str)
+            ):
+                raise DataError(
+                    "each turn must be {role: str, content: str}",
+                    path=path, record=index, record_id=record_id, field=f"{field_name}[{k}]",
+                )
+            turns.append(Message(turn["role"], turn["content"]))
+        if turns[-1].role != "user":
+            raise DataError(
+                f"the last turn must be the user's, got {turns[-1].role!r}",
+                path=path, record=index, record_id=record_id, field=f"{field_name}[{len(turns) - 1}].role",
+            )
+        return tuple(turns)
+    raise DataError(
+        "must be a string or a non-empty list of messages",
+        path=path, record=index, record_id=record_id, field=field_name,
+    )
+
+
+def _strings(value: Any, *, path: str, index: int, record_id: str, field_name: str, count: int | None) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise DataError("must be a list of strings", path=path, record=index, record_id=record_id, field=field_name)
+    if count is not None and len(value) != count:
+        raise DataError(
+            f"must hold exactly {count} strings, got {len(value)}",
+            path=path, record=index, record_id=record_id, field=field_name, value=len(value), limit=count,
+        )
+    return tuple(value)
+
+
+def _record_id(record: dict[str, Any], *, path: str, index: int) -> str:
+    value = record.get("id")
+    if value is None or isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+        raise DataError("missing or not a string/integer", path=path, record=index, field="id")
+    return str(value)
+
+
+def _check_unique(groups: Iterable[Group], source: str) -> None:
+    seen: set[tuple[str, str]] = set()
+    for g in groups:
+        k = (g.domain, g.id)
+        if k in seen:
+            raise DataError("duplicate group key (domain, id)", path=source, record_id=g.id, field="id", value=g.domain)
+        seen.add(k)
+
+
+# --- RM-Bench ---------------------------------------------------------------------------
+
+
+def _rmbench_group(record: dict[str, Any], *, domain: str | None, path: str, index: int) -> Group:
+    record_id = _record_id(record, path=path, index=index)
+    if domain is None:
+        domain = record.get("domain")
+        if not isinstance(domain, str):
+            raise DataError(
+                "missing; records must carry a domain unless the file is <domain>_filtered.json",
+                path=path, record=index, record_id=record_id, field="domain",
+            )
+    if domain not in RMBENCH_DOMAINS:
+        raise DataError(
+            f"unknown RM-Bench domain {domain!r}; expected one of {', '.join(RMBENCH_DOMAINS)}",
+            path=path, record=index, record_id=record_id, field="domain", value=domain,
+        )
+    messages = _messages(record.get("prompt"), path=path, index=index, record_id=record_id, field_name="prompt")
+    chosen = _strings(record.get("chosen"), path=path, index=index, record_id=record_id, field_name="chosen", count=3)
+    rejected = _strings(record.get("rejected"), path=path, index=index, record_id=record_id, field_name="rejected", count=3)
+    return Group(
+        benchmark="rm-bench",
+        domain=domain,
+        id=record_id,
+        messages=messages,
+        responses=chosen + rejected,
+        num_chosen=3,
+        styles=RMBENCH_STYLES + RMBENCH_STYLES,
+    )
+
+
+def _rmbench_file(path: Path) -> list[Group]:
+    name = path.name
+    domain = name[: -len("_filtered.json")] if name.endswith("_filtered.json") else None
+    records = read_records(path)
+    return [_rmbench_group(r, domain=domain, path=str(path), index=i) for i, r in enumerate(records)]
+
+
+def load_rmbench(source: str | Path, domains: Sequence[str] | None = None) -> Dataset:
+    """Load RM-Bench groups.
+
+    Args:
+        source: a folder of ``<domain>_filtered.json`` release files; one such file;
+            ``total_dataset.json`` or any JSON/JSONL/parquet file whose records carry
+            ``domain``; or the hub id ``THU-KEG/RM-Bench``.
+        domains: keep only these domains (default: all present).
+
+    Returns:
+        A :class:`Dataset`; each group has 6 responses (3 chosen then 3 rejected, each in
+        the order concise, detailed plain, detailed markdown), ``num_chosen=3``.
+
+    Raises:
+        DataError: unreadable source, a record without exactly 3 chosen and 3 rejected
+            strings, an unknown domain, duplicate (domain, id) keys, or no groups at all.
+    """
+    source_str = str(source)
+    if isinstance(source, str) and _looks_like_hub_id(source):
+        path = _hub_snapshot(source, ["*.json", "*.jsonl", "*.parquet", "**/*.json", "**/*.jsonl", "**/*.parquet"])
+    else:
+        path = Path(source)
+    if path.is_dir():
+        total = sorted(path.rglob("total_dataset.json"))
+        if total:
+            groups = _rmbench_file(total[0])
+        else:
+            files = sorted(path.rglob("*_filtered.json"))
+            if not files:
+                raise DataError(
+                    "folder holds neither total_dataset.json nor <domain>_filtered.json files", path=source_str
+                )
+            groups = [g for f in files for g in _rmbench_file(f)]
+    else:
+        groups = _rmbench_file(path)
+    if domains is not None:
+        unknown = sorted(set(domains) - set(RMBENCH_DOMAINS))
+        if unknown:
+            raise DataError(f"unknown RM-Bench domain(s) {unknown}; expected {list(RMBENCH_DOMAINS)}", path=source_str, field="domains")
+        groups = [g for g in groups if g.domain in domains]
+    if not groups:
+        raise DataError("no RM-Bench groups found", path=source_str)
+    _check_unique(groups, source_str)
+    present = {g.domain for g in groups}
+    wanted = RMBENCH_DOMAINS if domains is None else tuple(d for d in RMBENCH_DOMAINS if d in domains)
+    return Dataset(
+        benchmark="rm-bench",
+        groups=tuple(groups),
+        source=source_str,
+        domains=tuple(d for d in RMBENCH_DOMAINS if d in present),
+        missing=tuple(d for d in wanted if d not in present),
+    )
+
+
+# --- RewardBench 2 ----------------------------------------------------------------------
+
+
+def _int_field(record: dict[str, Any], name: str, *, path: str, index: int, record_id: str) -> int:
+    value = record.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DataError("missing or not an integer", path=path, record=index, record_id=record_id, field=name)
+    return value
+
+
+def _rb2_group(record: dict[str, Any], *, path: str, index: int) -> Group:
+    record_id = _record_id(record, path=path, index=index)
+    subset = record.get("subset")
+    if subset not in RB2_SUBSETS:
+        raise DataError(
+            f"unknown RewardBench 2 subset {subset!r}; expected one of {', '.join(RB2_SUBSETS)}",
+            path=path, record=index, record_id=record_id, field="subset", value=subset,
+        )
+    num_correct = _int_field(record, "num_correct", path=path, index=index, record_id=record_id)
+    num_incorrect = _int_field(record, "num_incorrect", path=path, index=index, record_id=record_id)
+    if num_correct < 1:
+        raise DataError("must be ≥ 1", path=path, record=index, record_id=record_id, field="num_correct", value=num_correct, limit=1)
+    if num_incorrect < 1:
+        raise DataError("must be ≥ 1", path=path, record=index, record_id=record_id, field="num_incorrect", value=num_incorrect, limit=1)
+    chosen = _strings(record.get("chosen"), path=path, index=index, record_id=record_id, field_name="chosen", count=num_correct)
+    rejected = _strings(record.get("rejected"), path=path, index=index, record_id=record_id, field_name="rejected", count=num_incorrect)
+    total = record.get("total_completions")
+    if total is not None and total != num_correct + num_incorrect:
+        raise DataError(
+            f"is {total} but num_correct + num_incorrect = {num_correct + num_incorrect}",
+            path=path, record=index, record_id=record_id, field="total_completions", value=total,
+        )
+    if subset == "Ties" and not RB2_TIES_ID.match(record_id):
+        raise DataError(
+            "Ties ids must be 'ref:<n>' or 'tied:<n>'", path=path, record=index, record_id=record_id, field="id"
+        )
+    messages = _messages(record.get("prompt"), path=path, index=index, record_id=record_id, field_name="prompt")
+    return Group(
+        benchmark="rewardbench2",
+        domain=subset,
+        id=record_id,
+        messages=messages,
+        responses=chosen + rejected,
+        num_chosen=num_correct,
+    )
+
+
+def load_rewardbench2(source: str | Path, subsets: Sequence[str] | None = None) -> Dataset:
+    """Load RewardBench 2 groups.
+
+    Args:
+        source: a JSON/JSONL/parquet file (or a folder of parquet/JSONL shards) in the
+            release schema (``id, prompt, chosen[], rejected[], num_correct, num_incorrect,
+            total_completions, models, subset, additional_metadata``), or the hub id
+            ``allenai/reward-bench-2`` (split ``test``).
+        subsets: keep only these subsets (default: all present).
+
+    Returns:
+        A :class:`Dataset`; each group's responses are chosen first, then rejected, with
+        ``num_chosen = num_correct``.
+
+    Raises:
+        DataError: ``len(chosen) != num_correct``, ``len(rejected) != num_incorrect``,
+            inconsistent ``total_completions``, ``num_correct < 1``, an unknown subset,
+            a Ties id not of the form ``ref:N``/``tied:N``, duplicate (subset, id) keys.
+    """
+    source_str = str(source)
+    if isinstance(source, str) and _looks_like_hub_id(source):
+        path = _hub_snapshot(source, ["*test*.parquet", "**/*test*.parquet", "*test*.jsonl", "**/*test*.jsonl"])
+    else:
+        path = Path(source)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix in {".parquet", ".jsonl"} and "test" in p.name)
+        files = files or sorted(p for p in path.rglob("*") if p.suffix in {".parquet", ".jsonl"})
+        if not files:
+            raise DataError("folder holds no parquet or JSONL files", path=source_str)
+    else:
+        files = [path]
+    groups = [_rb2_group(r, path=str(f), index=i) for f in files for i, r in enumerate(read_records(f))]
+    if subsets is not None:
+        unknown = sorted(set(subsets) - set(RB2_SUBSETS))
+        if unknown:
+            raise DataError(f"unknown RewardBench 2 subset(s) {unknown}; expected {list(RB2_SUBSETS)}", path=source_str, field="subsets")
+        groups = [g for g in groups if g.domain in subsets]
+    if not groups:
+        raise DataError("no RewardBench 2 groups found", path=source_str)
+    _check_unique(groups, source_str)
+    present = {g.domain for g in groups}
+    wanted = RB2_SUBSETS if subsets is None else tuple(s for s in RB2_SUBSETS if s in subsets)
+    return Dataset(
+        benchmark="rewardbench2",
+        groups=tuple(groups),
+        source=source_str,
+        domains=tuple(s for s in RB2_SUBSETS if s in present),
+        missing=tuple(s for s in wanted if s not in present),
+    )
+
+
+def load_benchmark(benchmark: str, source: str | Path, only: Sequence[str] | None = None) -> Dataset:
+    """Dispatch to :func:`load_rmbench` or :func:`load_rewardbench2` by benchmark name.
+
+    Raises:
+        DataError: unknown benchmark name (lists the choices), or any loader error.
+    """
+    if benchmark == "rm-bench":
+        return load_rmbench(source, only)
+    if benchmark == "rewardbench2":
+        return load_rewardbench2(source, only)
+    raise DataError(f"unknown benchmark {benchmark!r}; expected 'rm-bench' or 'rewardbench2'", field="bench")

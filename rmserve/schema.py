@@ -1,0 +1,220 @@
+"""Typed records for every arrow of the data flow, defined once.
+
+dataset -> :class:`Group` -> (wire) :class:`ScoreRequest` -> server -> :class:`ScoreResponse`
+-> :class:`ScoreRecord` (JSONL store) -> metric arrays -> report.
+
+All records are frozen ``msgspec.Struct`` types: they validate on decode and cannot be
+mutated by later stages. JSON conversion of records happens through :func:`encode` /
+:func:`decode` here and in ``rmserve.server.wire``; nothing else hand-builds dicts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import msgspec
+
+BENCHMARKS: tuple[str, ...] = ("rm-bench", "rewardbench2")
+"""Benchmark names as they appear in records and on the command line."""
+
+Benchmark = Literal["rm-bench", "rewardbench2"]
+
+RMBENCH_DOMAINS: tuple[str, ...] = ("chat", "math", "code", "safety-refuse", "safety-response")
+"""RM-Bench domains as named by the release files (``<domain>_filtered.json``)."""
+
+RMBENCH_STYLES: tuple[str, ...] = ("concise", "detailed_plain", "detailed_markdown")
+"""RM-Bench response styles, in release order, for both chosen and rejected."""
+
+RB2_SUBSETS: tuple[str, ...] = ("Factuality", "Precise IF", "Math", "Safety", "Focus", "Ties")
+"""RewardBench 2 subsets in leaderboard column order."""
+
+
+class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One chat turn: ``role`` (``system``/``user``/``assistant``/…) and its text."""
+
+    role: str
+    content: str
+
+
+class GroupKey(msgspec.Struct, frozen=True, order=True, array_like=True):
+    """Identity of a group: (benchmark, domain or subset, id).
+
+    Ids repeat across RM-Bench domains and RewardBench 2 subsets, so the id alone is never
+    a key. ``str(key)`` is ``benchmark/domain/id`` and is what travels as the wire ``id``.
+    """
+
+    benchmark: str
+    domain: str
+    id: str
+
+    def __str__(self) -> str:
+        return f"{self.benchmark}/{self.domain}/{self.id}"
+
+    @classmethod
+    def parse(cls, text: str) -> GroupKey:
+        """Inverse of ``str(key)``; raises ``ValueError`` when ``text`` has fewer than 3 parts.
+
+        The id may itself contain ``/``; the benchmark and domain never do.
+        """
+        parts = text.split("/", 2)
+        if len(parts) != 3 or not all(parts):
+            raise ValueError(f"group key {text!r} is not 'benchmark/domain/id'")
+        return cls(parts[0], parts[1], parts[2])
+
+
+class Group(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One benchmark item: a conversation and the responses to score against it.
+
+    Attributes:
+        benchmark: ``"rm-bench"`` or ``"rewardbench2"``.
+        domain: RM-Bench domain (``chat``, ``code``, ``math``, ``safety-refuse``,
+            ``safety-response``) or RewardBench 2 subset (``Factuality`` … ``Ties``).
+        id: the dataset's id as a string (not unique across domains/subsets).
+        messages: the conversation before the response, oldest first; the last one is the
+            user turn the responses answer.
+        responses: the completions; the first ``num_chosen`` are chosen, the rest rejected.
+        num_chosen: how many leading responses are chosen (RM-Bench 3, RewardBench 2
+            ``num_correct``).
+        styles: RM-Bench only: the style of each response (see ``RMBENCH_STYLES``), else None.
+    """
+
+    benchmark: str
+    domain: str
+    id: str
+    messages: tuple[Message, ...]
+    responses: tuple[str, ...]
+    num_chosen: int
+    styles: tuple[str, ...] | None = None
+
+    @property
+    def key(self) -> GroupKey:
+        return GroupKey(self.benchmark, self.domain, self.id)
+
+    @property
+    def num_rejected(self) -> int:
+        return len(self.responses) - self.num_chosen
+
+
+class Truncation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A request to cut over-length sequences instead of rejecting them.
+
+    ``side="left"`` drops tokens from the start (keeps the end, as RM-Bench's harness does);
+    ``side="right"`` drops from the end (as RewardBench 2's does). ``max_tokens`` is the
+    length each scored sequence is cut to (≥ 2, ≤ the model's max length).
+    """
+
+    side: Literal["left", "right"]
+    max_tokens: int
+
+
+class RequestGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """One group on the wire: exactly one of ``messages`` or ``prompt`` (a single user turn)."""
+
+    id: str
+    responses: tuple[str, ...]
+    messages: tuple[Message, ...] | None = None
+    prompt: str | None = None
+
+
+class ScoreRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Body of ``POST /v1/score``."""
+
+    groups: tuple[RequestGroup, ...]
+    model: str | None = None
+    truncation: Truncation | None = None
+
+
+class GroupResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Scores of one group, response order kept.
+
+    ``rewards`` are raw reward-head logits (no sigmoid); ``num_tokens`` the scored sequence
+    lengths in tokens (template included); ``num_cached_tokens`` the tokens served from the
+    prefix cache; ``truncated_tokens`` tokens cut per response when truncation was asked.
+    """
+
+    id: str
+    rewards: tuple[float, ...]
+    num_tokens: tuple[int, ...]
+    num_cached_tokens: tuple[int, ...]
+    truncated_tokens: tuple[int, ...] | None = None
+
+
+class ScoreResponse(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Body of a successful ``POST /v1/score`` reply."""
+
+    model: str
+    fingerprint: str
+    results: tuple[GroupResult, ...]
+
+
+class ModelInfo(msgspec.Struct, frozen=True):
+    """Body of ``GET /v1/models`` (one entry): what the server scores with.
+
+    ``fingerprint`` hashes config, weight index, tokenizer and chat template, so a stored
+    score can be tied to exactly one model.
+    """
+
+    name: str
+    max_model_len: int
+    dtype: str
+    fingerprint: str
+    engine: str
+
+
+class ModelList(msgspec.Struct, frozen=True):
+    """Body of ``GET /v1/models``: the models this server scores with (one per server)."""
+
+    models: tuple[ModelInfo, ...]
+
+
+class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One scored group as stored (one JSONL line) and read back by the metrics.
+
+    Attributes:
+        benchmark, domain, id: the group key.
+        num_chosen: how many leading rewards belong to chosen responses.
+        rewards: one raw reward per response, response order; ``None`` where scoring that
+            response failed (see ``errors``) — metrics treat it as NaN.
+        num_tokens: scored sequence length per response (tokens, template included).
+        num_cached_tokens: prefix-cache hit tokens per response.
+        truncated_tokens: tokens cut per response, when truncation was requested.
+        model: the model name the server reported.
+        fingerprint: the model fingerprint the server reported.
+        styles: RM-Bench response styles, copied from the group.
+        errors: per-response error message, ``None`` where scored; absent when all scored.
+    """
+
+    benchmark: str
+    domain: str
+    id: str
+    num_chosen: int
+    rewards: tuple[float | None, ...]
+    num_tokens: tuple[int, ...] = ()
+    num_cached_tokens: tuple[int, ...] = ()
+    model: str = ""
+    fingerprint: str = ""
+    truncated_tokens: tuple[int, ...] | None = None
+    styles: tuple[str, ...] | None = None
+    errors: tuple[str | None, ...] | None = None
+
+    @property
+    def key(self) -> GroupKey:
+        return GroupKey(self.benchmark, self.domain, self.id)
+
+    def rewards_as_float(self) -> list[float]:
+        """Rewards with ``None`` mapped to NaN."""
+        return [math.nan if r is None else float(r) for r in self.rewards]
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode(record: msgspec.Struct) -> bytes:
+    """Serialise a record to compact JSON bytes (NaN/inf are written as ``null``)."""
+    return _encoder.encode(record)
+
+
+def decode(data: bytes | str, type_: type[msgspec.Struct]):
+    """Decode JSON into ``type_``; raises ``msgspec.ValidationError`` naming the field path."""
+    return msgspec.json.decode(data, type=type_)

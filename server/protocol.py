@@ -1,0 +1,64 @@
+"""The engine protocol the HTTP layer sees, and the records that cross it.
+
+Handlers never touch ``AsyncLLM`` or transformers: they render and tokenize a group with a
+:class:`~rmserve.server.render.Renderer`-like object, then hand token ids to a
+:class:`RewardEngine`. Implementations: ``rmserve.server.engine`` (vLLM),
+``rmserve.server.engine_hf`` (transformers), and a fake in the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from rmserve.schema import ModelInfo
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceScore:
+    """The engine's answer for one token sequence.
+
+    Attributes:
+        reward: the raw reward-head logit (no activation), a Python float.
+        num_cached_tokens: tokens of this sequence served from the prefix cache (0 when the
+            engine has no prefix cache).
+    """
+
+    reward: float
+    num_cached_tokens: int
+
+
+@runtime_checkable
+class RewardEngine(Protocol):
+    """What the server needs from an engine.
+
+    Lifecycle: ``await start()`` once (may take minutes), then ``score_group`` concurrently
+    from many requests, then ``await shutdown()``. ``info()`` is valid after ``start``.
+    """
+
+    async def start(self) -> None:
+        """Load the model; raise ``rmserve.errors.ServerFault`` when it cannot."""
+
+    def info(self) -> ModelInfo:
+        """Name, max length, dtype, fingerprint and engine kind of the loaded model."""
+
+    async def score_group(self, token_ids: Sequence[Sequence[int]], request_id: str) -> list[SequenceScore]:
+        """Score all sequences of one group together (so they share prefix-cache blocks).
+
+        Args:
+            token_ids: one list of token ids per response, each already within the model's
+                max length, template and special tokens included.
+            request_id: unique prefix for the engine's request ids (used to abort on
+                client disconnect).
+
+        Returns:
+            One :class:`SequenceScore` per sequence, in order.
+
+        Raises:
+            rmserve.errors.EngineNotReady: not started, or shutting down.
+            rmserve.errors.EngineError: the engine failed on this request.
+        """
+
+    async def shutdown(self) -> None:
+        """Release the engine; idempotent."""
