@@ -1,0 +1,586 @@
+"""Score files → validated metric arrays.
+
+Three formats are read, detected from the fields of each record:
+
+``score-records``
+    rmserve's own store: JSONL, one :class:`rmserve.schema.ScoreRecord` per line (decoded with
+    msgspec; a ``None`` reward becomes NaN).
+``rm-bench-results``
+    the official RM-Bench result file: a JSON list (or JSONL) of records with ``id``,
+    ``score_chosen`` (3 numbers) and ``score_rejected`` (3 numbers), in style order concise,
+    detailed plain, detailed markdown, plus ``domain`` when the file covers several domains.
+    A file without ``domain`` takes it from the ``domain`` argument (``--domain``) or else
+    from a file name starting with the domain (``chat_results.json``, ``safety-refuse.json``).
+``rewardbench2-items``
+    RewardBench 2 per-item results: JSONL whose optional first line is a
+    ``{"_record": "metadata", …}`` line, then records with ``id``, ``subset``,
+    ``num_correct`` and ``scores`` (one score per completion, each a one-element list or a
+    number; correct completions first).
+
+Several files are concatenated into one score set; they must hold one benchmark, and a group
+key (benchmark, domain or subset, id) may appear only once. Every problem raises
+:class:`rmserve.errors.DataError` naming the file, the line (for a JSON list: the line where
+the record starts), the id when known and the field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import msgspec
+import numpy as np
+import orjson
+
+from rmserve.errors import DataError
+from rmserve.metrics.rewardbench2 import TIES, TIES_ID
+from rmserve.schema import BENCHMARKS, RB2_SUBSETS, RMBENCH_DOMAINS, RMBENCH_STYLES, ScoreRecord
+
+FORMATS: tuple[str, ...] = ("score-records", "rm-bench-results", "rewardbench2-items")
+"""Score-file formats, in detection order."""
+
+RB2_NON_TIES_COMPLETIONS = 4
+"""Completions per non-Ties RewardBench 2 group (1 chosen, 3 rejected)."""
+
+_FORMAT_BENCHMARK = {"rm-bench-results": "rm-bench", "rewardbench2-items": "rewardbench2"}
+
+
+# --- result containers ------------------------------------------------------------------
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+@dataclass(frozen=True, eq=False)
+class RMBenchScores:
+    """RM-Bench rewards of ``n`` groups, ready for :mod:`rmserve.metrics.rmbench`.
+
+    Attributes:
+        rewards: ``(n, 6)`` float64, read-only: chosen concise, detailed plain, detailed
+            markdown, then rejected in the same order; NaN where a reward is missing.
+        domains: ``(n,)`` str source-domain labels (:data:`rmserve.schema.RMBENCH_DOMAINS`).
+        ids: ``(n,)`` str dataset ids.
+        files: the files read, in order.
+    """
+
+    benchmark: ClassVar[str] = "rm-bench"
+    rewards: np.ndarray
+    domains: np.ndarray
+    ids: np.ndarray
+    files: tuple[str, ...] = field(default=())
+
+    @property
+    def n_groups(self) -> int:
+        return int(self.rewards.shape[0])
+
+    def keys(self) -> np.ndarray:
+        """``(n,)`` group keys as ``str(GroupKey)``: ``rm-bench/<domain>/<id>``."""
+        return np.char.add(np.char.add(f"{self.benchmark}/", np.char.add(self.domains, "/")), self.ids)
+
+    def take(self, order: np.ndarray) -> RMBenchScores:
+        """The same score set with rows reordered/selected by ``order``."""
+        return RMBenchScores(
+            rewards=_frozen(self.rewards[order]),
+            domains=_frozen(self.domains[order]),
+            ids=_frozen(self.ids[order]),
+            files=self.files,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class RB2Scores:
+    """RewardBench 2 rewards of ``n`` groups, ready for :mod:`rmserve.metrics.rewardbench2`.
+
+    Attributes:
+        scores: ``(n, L)`` float64, read-only, padded with NaN after ``lengths[g]``
+            completions; correct completions first; NaN where a reward is missing.
+        lengths: ``(n,)`` int64 completions per group.
+        num_correct: ``(n,)`` int64 correct completions per group.
+        subsets: ``(n,)`` str subset labels (:data:`rmserve.schema.RB2_SUBSETS`).
+        ids: ``(n,)`` str ids (Ties: ``ref:N`` / ``tied:N``).
+        files: the files read, in order.
+    """
+
+    benchmark: ClassVar[str] = "rewardbench2"
+    scores: np.ndarray
+    lengths: np.ndarray
+    num_correct: np.ndarray
+    subsets: np.ndarray
+    ids: np.ndarray
+    files: tuple[str, ...] = field(default=())
+
+    @property
+    def n_groups(self) -> int:
+        return int(self.scores.shape[0])
+
+    def keys(self) -> np.ndarray:
+        """``(n,)`` group keys as ``str(GroupKey)``: ``rewardbench2/<subset>/<id>``."""
+        return np.char.add(np.char.add(f"{self.benchmark}/", np.char.add(self.subsets, "/")), self.ids)
+
+    def take(self, order: np.ndarray) -> RB2Scores:
+        """The same score set with rows reordered/selected by ``order``."""
+        return RB2Scores(
+            scores=_frozen(self.scores[order]),
+            lengths=_frozen(self.lengths[order]),
+            num_correct=_frozen(self.num_correct[order]),
+            subsets=_frozen(self.subsets[order]),
+            ids=_frozen(self.ids[order]),
+            files=self.files,
+        )
+
+
+ScoreSet = RMBenchScores | RB2Scores
+"""Either benchmark's score set."""
+
+
+# --- external record layouts (validated by msgspec) -------------------------------------
+
+
+class _RMBenchResultRow(msgspec.Struct):
+    """One record of the official RM-Bench result file (other fields are ignored)."""
+
+    id: str | int
+    score_chosen: list[float]
+    score_rejected: list[float]
+    domain: str | None = None
+
+
+class _RB2Item(msgspec.Struct):
+    """One per-item record of the official RewardBench 2 results (other fields are ignored)."""
+
+    id: str | int
+    subset: str
+    num_correct: int
+    scores: list[list[float] | float]
+
+
+_STRUCTS: dict[str, type[msgspec.Struct]] = {
+    "score-records": ScoreRecord,
+    "rm-bench-results": _RMBenchResultRow,
+    "rewardbench2-items": _RB2Item,
+}
+
+
+# --- collection -------------------------------------------------------------------------
+
+
+@dataclass
+class _Rows:
+    """Validated rows of one benchmark, accumulated across files."""
+
+    benchmark: str | None = None
+    first_file: str | None = None
+    domains: list[str] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    rewards: list[list[float]] = field(default_factory=list)
+    num_correct: list[int] = field(default_factory=list)
+    seen: dict[tuple[str, str], _Where] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where a record sits: file, line (JSONL) or element index (JSON list), and its id."""
+
+    path: str
+    line: int | None = None
+    record_id: str | None = None
+    element: int | None = None
+    raw: bytes | None = field(default=None, repr=False, compare=False)
+
+    def line_number(self) -> int | None:
+        """The 1-based line; for a JSON list computed from the text only when needed."""
+        if self.line is None and self.element is not None and self.raw is not None:
+            return _element_line(self.raw, self.element)
+        return self.line
+
+    def describe(self) -> str:
+        line = self.line_number()
+        return f"{self.path} line {line}" if line is not None else self.path
+
+    def error(self, message: str, field_name: str | None = None, value: Any = None, limit: Any = None) -> DataError:
+        return DataError(
+            message,
+            path=self.path,
+            line=self.line_number(),
+            record_id=self.record_id,
+            field=field_name,
+            value=value,
+            limit=limit,
+        )
+
+
+def _classify(record: dict[str, Any]) -> str | None:
+    """The format a record belongs to, ``"metadata"``, or None when unrecognised."""
+    if "_record" in record:
+        return "metadata"
+    if "rewards" in record and "benchmark" in record:
+        return "score-records"
+    if "score_chosen" in record or "score_rejected" in record:
+        return "rm-bench-results"
+    if "scores" in record and "subset" in record:
+        return "rewardbench2-items"
+    return None
+
+
+_MSGSPEC_PATH = re.compile(r" - at `\$(?:\[\d+\])?\.?(.*)`$")
+_MSGSPEC_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
+def _validation_error(exc: msgspec.ValidationError, where: _Where) -> DataError:
+    """Turn a msgspec validation message into a DataError naming the field path."""
+    text = str(exc)
+    match = _MSGSPEC_PATH.search(text)
+    path = match.group(1) if match else ""
+    message = text[: match.start()] if match else text
+    missing = _MSGSPEC_MISSING.search(message)
+    if missing:
+        path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+        message = "missing"
+    return where.error(message, path or None)
+
+
+def _domain_from_name(name: str) -> str | None:
+    """The RM-Bench domain a file name starts with (``chat_results.json`` → ``chat``)."""
+    for domain in sorted(RMBENCH_DOMAINS, key=len, reverse=True):
+        if name.startswith(domain) and (len(name) == len(domain) or not name[len(domain)].isalnum()):
+            return domain
+    return None
+
+
+_JSON_TOKEN = re.compile(rb'"(?:[^"\\\n]|\\.)*"|[\[\]{},\n]')
+
+
+def _element_line(raw: bytes, index: int) -> int | None:
+    """1-based line where element ``index`` of the top-level JSON array in ``raw`` starts."""
+    depth, line, element, expecting = 0, 1, -1, False
+    for match in _JSON_TOKEN.finditer(raw):
+        token = match.group()[:1]
+        if token == b"\n":
+            line += 1
+            continue
+        if depth == 1 and expecting and token not in (b",", b"]"):
+            element += 1
+            expecting = False
+            if element == index:
+                return line
+        if token in (b"[", b"{"):
+            expecting = expecting or depth == 0
+            depth += 1
+        elif token in (b"]", b"}"):
+            depth -= 1
+        elif token == b"," and depth == 1:
+            expecting = True
+    return None
+
+
+def _iter_records(path: Path) -> Iterator[tuple[_Where, Any]]:
+    """Yield (location, decoded JSON value) for each record of a JSON-list or JSONL file."""
+    name = str(path)
+    if not path.is_file():
+        raise DataError("no such file", path=name)
+    raw = path.read_bytes()
+    if raw.lstrip()[:1] == b"[":
+        try:
+            items = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise DataError(f"invalid JSON ({exc.msg})", path=name, line=exc.lineno) from None
+        for index, item in enumerate(items):
+            yield _Where(name, element=index, raw=raw), item
+        return
+    for lineno, line in enumerate(raw.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise DataError(f"invalid JSON ({exc.msg})", path=name, line=lineno) from None
+        yield _Where(name, lineno), value
+
+
+def _with_id(where: _Where, record_id: str) -> _Where:
+    return replace(where, record_id=record_id)
+
+
+def _check_id(value: Any, where: _Where) -> str:
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not text:
+        raise where.error("missing or empty", "id")
+    return text
+
+
+def _float_row(values: Sequence[float | None]) -> list[float]:
+    return [np.nan if v is None else float(v) for v in values]
+
+
+def _rmbench_row(rows: _Rows, domain: str, record_id: str, rewards: list[float], where: _Where) -> None:
+    if domain not in RMBENCH_DOMAINS:
+        raise where.error(
+            f"unknown RM-Bench domain {domain!r}; expected one of {', '.join(RMBENCH_DOMAINS)}", "domain", value=domain
+        )
+    _add(rows, domain, record_id, rewards, 3, where)
+
+
+def _rb2_row(
+    rows: _Rows, subset: str, record_id: str, num_correct: int, scores: list[float], where: _Where, scores_field: str
+) -> None:
+    if subset not in RB2_SUBSETS:
+        raise where.error(
+            f"unknown RewardBench 2 subset {subset!r}; expected one of {', '.join(RB2_SUBSETS)}", "subset", value=subset
+        )
+    count_field = "num_chosen" if scores_field == "rewards" else "num_correct"
+    if subset == TIES:
+        if not TIES_ID.match(record_id):
+            raise where.error("Ties ids must be 'ref:<n>' or 'tied:<n>'", "id", value=record_id)
+        if len(scores) < 2:
+            raise where.error(
+                f"must hold at least 2 scores, got {len(scores)}", scores_field, value=len(scores), limit=2
+            )
+        if not 1 <= num_correct < len(scores):
+            raise where.error(
+                f"must lie in [1, {len(scores) - 1}] (at least one incorrect completion), got {num_correct}",
+                count_field,
+                value=num_correct,
+            )
+    else:
+        if num_correct != 1:
+            raise where.error(
+                f"must be 1 outside the Ties subset, got {num_correct}", count_field, value=num_correct, limit=1
+            )
+        if len(scores) != RB2_NON_TIES_COMPLETIONS:
+            raise where.error(
+                f"must hold {RB2_NON_TIES_COMPLETIONS} scores (1 chosen, 3 rejected), got {len(scores)}",
+                scores_field,
+                value=len(scores),
+                limit=RB2_NON_TIES_COMPLETIONS,
+            )
+    _add(rows, subset, record_id, scores, num_correct, where)
+
+
+def _add(rows: _Rows, domain: str, record_id: str, rewards: list[float], num_correct: int, where: _Where) -> None:
+    key = (domain, record_id)
+    first = rows.seen.get(key)
+    if first is not None:
+        raise where.error(
+            f"duplicate group key ({rows.benchmark}, {domain}, {record_id}); first seen at {first.describe()}", "id"
+        )
+    rows.seen[key] = where
+    rows.domains.append(domain)
+    rows.ids.append(record_id)
+    rows.rewards.append(rewards)
+    rows.num_correct.append(num_correct)
+
+
+def _score_record(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
+    """Validate one ScoreRecord (benchmark already checked) and add its row."""
+    record_id = _check_id(record.id, where)
+    where = _with_id(where, record_id)
+    rewards = _float_row(record.rewards)
+    if record.benchmark == "rm-bench":
+        if record.num_chosen != 3:
+            raise where.error(
+                f"must be 3 for RM-Bench, got {record.num_chosen}", "num_chosen", value=record.num_chosen, limit=3
+            )
+        if len(rewards) != 6:
+            raise where.error(
+                f"must hold 6 rewards (3 chosen, 3 rejected), got {len(rewards)}",
+                "rewards",
+                value=len(rewards),
+                limit=6,
+            )
+        if record.styles is not None and tuple(record.styles) != RMBENCH_STYLES + RMBENCH_STYLES:
+            raise where.error(
+                f"must be {list(RMBENCH_STYLES + RMBENCH_STYLES)} (chosen then rejected), got {list(record.styles)}",
+                "styles",
+            )
+        _rmbench_row(rows, record.domain, record_id, rewards, where)
+    else:
+        _rb2_row(rows, record.domain, record_id, record.num_chosen, rewards, where, "rewards")
+
+
+def _rmbench_result(rows: _Rows, record: _RMBenchResultRow, where: _Where, fallback_domain: str | None) -> None:
+    record_id = _check_id(record.id, where)
+    where = _with_id(where, record_id)
+    for name in ("score_chosen", "score_rejected"):
+        values = getattr(record, name)
+        if len(values) != 3:
+            raise where.error(
+                f"must hold 3 scores (concise, detailed plain, detailed markdown), got {len(values)}",
+                name,
+                value=len(values),
+                limit=3,
+            )
+    domain = record.domain
+    if domain is None:
+        domain = fallback_domain
+        if domain is None:
+            raise where.error("missing; give records a domain, name the file <domain>….json or pass --domain", "domain")
+    _rmbench_row(rows, domain, record_id, _float_row(record.score_chosen + record.score_rejected), where)
+
+
+def _rb2_item(rows: _Rows, record: _RB2Item, where: _Where) -> None:
+    record_id = _check_id(record.id, where)
+    where = _with_id(where, record_id)
+    scores = []
+    for k, entry in enumerate(record.scores):
+        if isinstance(entry, list):
+            if len(entry) != 1:
+                raise where.error(f"must be one score or a one-element list, got {len(entry)} elements", f"scores[{k}]")
+            entry = entry[0]
+        scores.append(float(entry))
+    _rb2_row(rows, record.subset, record_id, record.num_correct, scores, where, "scores")
+
+
+def _read_file(rows: _Rows, path: Path, *, domain: str | None, benchmark: str | None) -> None:
+    """Validate every record of one file and append its rows."""
+    name = str(path)
+    fallback_domain = domain or _domain_from_name(path.name)
+    file_format: str | None = None
+    file_benchmark: str | None = None
+    count = 0
+    for where, value in _iter_records(path):
+        if not isinstance(value, dict):
+            raise where.error("each record must be a JSON object")
+        kind = _classify(value)
+        if kind == "metadata":
+            if count or file_format is not None:
+                raise where.error("a metadata record may only be the first line", "_record")
+            file_format = "metadata"
+            continue
+        if kind is None:
+            raise where.error(
+                f"unrecognised score record with fields {sorted(value)[:8]}; expected an rmserve score record "
+                "(benchmark, rewards), an RM-Bench result (score_chosen, score_rejected) or a RewardBench 2 item "
+                "(subset, scores)"
+            )
+        record_benchmark = value.get("benchmark") if kind == "score-records" else _FORMAT_BENCHMARK[kind]
+        if record_benchmark not in BENCHMARKS:
+            raise where.error(
+                f"unknown benchmark {record_benchmark!r}; expected one of {', '.join(BENCHMARKS)}", "benchmark"
+            )
+        if file_benchmark is None:
+            file_benchmark = record_benchmark
+            if benchmark is not None and record_benchmark != benchmark:
+                raise where.error(
+                    f"holds {record_benchmark} scores, but {benchmark} scores were asked for", "benchmark"
+                )
+            if rows.benchmark is not None and record_benchmark != rows.benchmark:
+                raise where.error(
+                    f"holds {record_benchmark} scores, but {rows.first_file} holds {rows.benchmark}; "
+                    "give files of one benchmark",
+                    "benchmark",
+                )
+        elif record_benchmark != file_benchmark:
+            raise where.error(
+                f"two benchmarks in one file: this record is {record_benchmark}, earlier ones are {file_benchmark}",
+                "benchmark",
+            )
+        if file_format in (None, "metadata"):
+            file_format = kind
+        elif kind != file_format:
+            raise where.error(f"two formats in one file: this record is {kind}, earlier ones are {file_format}")
+        try:
+            record = msgspec.convert(value, type=_STRUCTS[kind])
+        except msgspec.ValidationError as exc:
+            raise _validation_error(exc, where) from None
+        rows.benchmark = rows.benchmark or record_benchmark
+        rows.first_file = rows.first_file or name
+        if kind == "score-records":
+            _score_record(rows, record, where)
+        elif kind == "rm-bench-results":
+            _rmbench_result(rows, record, where, fallback_domain)
+        else:
+            _rb2_item(rows, record, where)
+        count += 1
+    if count == 0:
+        raise DataError("holds no score records", path=name)
+    rows.files.append(name)
+
+
+def _to_scores(rows: _Rows) -> ScoreSet:
+    domains = _frozen(np.array(rows.domains, dtype=str))
+    ids = _frozen(np.array(rows.ids, dtype=str))
+    if rows.benchmark == "rm-bench":
+        rewards = np.array(rows.rewards, dtype=np.float64).reshape(-1, 6)
+        return RMBenchScores(rewards=_frozen(rewards), domains=domains, ids=ids, files=tuple(rows.files))
+    lengths = np.fromiter((len(r) for r in rows.rewards), dtype=np.int64, count=len(rows.rewards))
+    width = int(lengths.max())
+    scores = np.full((lengths.size, width), np.nan)
+    scores[np.arange(width) < lengths[:, None]] = np.fromiter(
+        (x for r in rows.rewards for x in r), dtype=np.float64, count=int(lengths.sum())
+    )
+    return RB2Scores(
+        scores=_frozen(scores),
+        lengths=_frozen(lengths),
+        num_correct=_frozen(np.array(rows.num_correct, dtype=np.int64)),
+        subsets=domains,
+        ids=ids,
+        files=tuple(rows.files),
+    )
+
+
+def read_score_files(
+    paths: Sequence[str | Path], *, domain: str | None = None, benchmark: str | None = None
+) -> ScoreSet:
+    """Read and concatenate score files of one benchmark (format detected per record).
+
+    Args:
+        paths: one or more files (JSON list or JSONL).
+        domain: RM-Bench source domain for result records without ``domain`` (overrides the
+            file-name rule).
+        benchmark: when given, files of the other benchmark are an error.
+
+    Returns:
+        :class:`RMBenchScores` or :class:`RB2Scores` (arrays read-only).
+
+    Raises:
+        DataError: unreadable file, invalid JSON, an unrecognised record, wrong number of
+            scores, a non-numeric score, missing id, two benchmarks or formats in one file,
+            files of different benchmarks, an unknown domain/subset, a duplicate group key, or
+            no records at all. The message names file, line, id and field.
+    """
+    if domain is not None and domain not in RMBENCH_DOMAINS:
+        raise DataError(
+            f"unknown RM-Bench domain {domain!r}; expected one of {', '.join(RMBENCH_DOMAINS)}", field="domain"
+        )
+    if benchmark is not None and benchmark not in BENCHMARKS:
+        raise DataError(f"unknown benchmark {benchmark!r}; expected one of {', '.join(BENCHMARKS)}", field="bench")
+    if not paths:
+        raise DataError("no score files given", field="files")
+    rows = _Rows()
+    for path in paths:
+        _read_file(rows, Path(path), domain=domain, benchmark=benchmark)
+    return _to_scores(rows)
+
+
+def scores_from_records(records: Iterable[ScoreRecord], *, source: str = "<records>") -> ScoreSet:
+    """Build a score set from in-memory :class:`rmserve.schema.ScoreRecord` objects.
+
+    Records are validated as in a score file; errors name ``source`` and the 1-based record
+    number as the line.
+
+    Raises:
+        DataError: as :func:`read_score_files`.
+    """
+    rows = _Rows()
+    count = 0
+    for number, record in enumerate(records, start=1):
+        where = _Where(source, number)
+        if record.benchmark not in BENCHMARKS:
+            raise where.error(
+                f"unknown benchmark {record.benchmark!r}; expected one of {', '.join(BENCHMARKS)}", "benchmark"
+            )
+        if rows.benchmark is not None and record.benchmark != rows.benchmark:
+            raise where.error(f"two benchmarks in one run: {record.benchmark} after {rows.benchmark}", "benchmark")
+        rows.benchmark = record.benchmark
+        _score_record(rows, record, where)
+        count += 1
+    if count == 0:
+        raise DataError("holds no score records", path=source)
+    rows.files.append(source)
+    return _to_scores(rows)

@@ -1,0 +1,643 @@
+"""Evaluate score files and render the figures: Markdown tables, a JSON dict, heatmaps.
+
+Library entry points (what ``rmserve metrics`` and ``rmserve eval`` call):
+
+* :func:`evaluate_files` / :func:`evaluate_records` → :class:`Evaluation` (point figures from
+  :mod:`rmserve.metrics.rmbench` / :mod:`rmserve.metrics.rewardbench2` plus bootstrap
+  intervals from :mod:`rmserve.metrics.bootstrap`);
+* :func:`render_markdown`, :func:`result_dict`, :func:`write_outputs` (``results.json``,
+  ``table.md`` and, for RM-Bench, one ``heatmap-<domain>.png`` per domain);
+* :func:`compare_files` → :class:`Comparison` (paired B − A), rendered by
+  :func:`render_comparison` / :func:`comparison_dict`.
+
+Tables follow the leaderboard column order and show percent with one decimal; the JSON
+holds fractions at full precision. matplotlib is imported only when plotting.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import orjson
+
+from rmserve.errors import DataError
+from rmserve.metrics.bootstrap import (
+    BootstrapConfig,
+    Interval,
+    PairedFigure,
+    match_groups,
+    paired_rb2,
+    paired_rmbench,
+    rb2_intervals,
+    rmbench_intervals,
+)
+from rmserve.metrics.inputs import RB2Scores, RMBenchScores, ScoreSet, read_score_files, scores_from_records
+from rmserve.metrics.rewardbench2 import TIES, TIES_WEIGHTS, RB2Result, rewardbench2_scores
+from rmserve.metrics.rmbench import DOMAIN_PARTS, REPORT_DOMAINS, RMBenchResult, rmbench_accuracy
+from rmserve.schema import BENCHMARKS, RB2_SUBSETS, RMBENCH_DOMAINS, RMBENCH_STYLES, ScoreRecord
+
+RMBENCH_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("Chat", "chat.score"),
+    ("Math", "math.score"),
+    ("Code", "code.score"),
+    ("Safety", "safety.score"),
+    ("Easy", "overall.easy"),
+    ("Normal", "overall.normal"),
+    ("Hard", "overall.hard"),
+    ("Avg", "overall.score"),
+)
+"""RM-Bench leaderboard columns: (header, figure name)."""
+
+RB2_COLUMNS: tuple[tuple[str, str], ...] = tuple((s, s) for s in RB2_SUBSETS) + (("Avg", "average"),)
+"""RewardBench 2 leaderboard columns: (header, figure name)."""
+
+MISSING_CELL = "—"
+"""Table cell for a figure with no groups."""
+
+_STYLE_LABELS = tuple(s.replace("_", "\n") for s in RMBENCH_STYLES)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Settings of one metrics run.
+
+    Attributes:
+        resamples: bootstrap draws per figure (default 1,000; 0 turns intervals off; ≤ 1,000,000).
+        seed: bootstrap seed (default 0; ≥ 0).
+        confidence: interval coverage (default 0.95; in (0, 1)).
+        domain: RM-Bench source domain for result records that carry none (default None:
+            take it from the file name).
+        benchmark: expected benchmark (``rm-bench`` / ``rewardbench2``); None = detect.
+    """
+
+    resamples: int = 1000
+    seed: int = 0
+    confidence: float = 0.95
+    domain: str | None = None
+    benchmark: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.resamples <= 1_000_000:
+            raise ValueError(f"resamples must lie in [0, 1000000], got {self.resamples}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError(f"confidence must lie in (0, 1), got {self.confidence}")
+        if self.domain is not None and self.domain not in RMBENCH_DOMAINS:
+            raise ValueError(f"domain must be one of {', '.join(RMBENCH_DOMAINS)}, got {self.domain!r}")
+        if self.benchmark is not None and self.benchmark not in BENCHMARKS:
+            raise ValueError(f"benchmark must be one of {', '.join(BENCHMARKS)}, got {self.benchmark!r}")
+
+    def bootstrap(self) -> BootstrapConfig | None:
+        """The bootstrap settings, or None when ``resamples`` is 0."""
+        if self.resamples == 0:
+            return None
+        return BootstrapConfig(resamples=self.resamples, seed=self.seed, confidence=self.confidence)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Figures of one score set.
+
+    Attributes:
+        benchmark: ``rm-bench`` or ``rewardbench2``.
+        files: the score files (or record source) read.
+        n_groups: groups evaluated.
+        result: :class:`~rmserve.metrics.rmbench.RMBenchResult` or
+            :class:`~rmserve.metrics.rewardbench2.RB2Result`.
+        intervals: figure name → bootstrap interval (empty when resamples is 0).
+        config: the settings used.
+    """
+
+    benchmark: str
+    files: tuple[str, ...]
+    n_groups: int
+    result: RMBenchResult | RB2Result
+    intervals: Mapping[str, Interval]
+    config: MetricsConfig
+
+    def figures(self) -> dict[str, float]:
+        """Figure name → point value (names as the interval keys)."""
+        return figure_values(self.result)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Paired comparison of score sets A and B over the same groups.
+
+    Attributes:
+        benchmark: the benchmark of both.
+        files_a, files_b: the files of A and B.
+        n_groups: groups compared.
+        figures: one :class:`~rmserve.metrics.bootstrap.PairedFigure` per figure, table order.
+        config: the settings used (``resamples`` ≥ 1).
+    """
+
+    benchmark: str
+    files_a: tuple[str, ...]
+    files_b: tuple[str, ...]
+    n_groups: int
+    figures: tuple[PairedFigure, ...] = field(default=())
+    config: MetricsConfig = field(default_factory=MetricsConfig)
+
+
+# --- evaluation -------------------------------------------------------------------------
+
+
+def figure_values(result: RMBenchResult | RB2Result) -> dict[str, float]:
+    """Figure name → point value, named as the bootstrap intervals are.
+
+    RM-Bench: ``<domain>.<hard|normal|easy|score>`` and ``overall.<…>``; RewardBench 2: the
+    subset names, ``Ties.<component>`` and ``average``.
+    """
+    out: dict[str, float] = {}
+    if isinstance(result, RMBenchResult):
+        for d in result.domains:
+            out.update({f"{d.domain}.hard": d.hard, f"{d.domain}.normal": d.normal, f"{d.domain}.easy": d.easy})
+            out[f"{d.domain}.score"] = d.score
+        out.update({"overall.hard": result.hard, "overall.normal": result.normal, "overall.easy": result.easy})
+        out["overall.score"] = result.score
+        return out
+    for s in result.subsets:
+        out[s.subset] = s.score
+    if result.ties is not None:
+        for component in TIES_WEIGHTS:
+            out[f"{TIES}.{component}"] = getattr(result.ties, component)
+    out["average"] = result.average
+    return out
+
+
+def evaluate(scores: ScoreSet, config: MetricsConfig | None = None) -> Evaluation:
+    """Compute every figure (and its interval) of a score set.
+
+    Raises:
+        ValueError: malformed arrays (only possible when ``scores`` was built by hand).
+    """
+    config = config or MetricsConfig()
+    boot = config.bootstrap()
+    if isinstance(scores, RMBenchScores):
+        result: RMBenchResult | RB2Result = rmbench_accuracy(scores.rewards, scores.domains)
+        intervals = rmbench_intervals(scores.rewards, scores.domains, boot) if boot else {}
+    else:
+        arrays = (scores.scores, scores.lengths, scores.num_correct, scores.subsets, scores.ids)
+        result = rewardbench2_scores(*arrays)
+        intervals = rb2_intervals(*arrays, boot) if boot else {}
+    return Evaluation(
+        benchmark=scores.benchmark,
+        files=scores.files,
+        n_groups=scores.n_groups,
+        result=result,
+        intervals=MappingProxyType(dict(intervals)),
+        config=config,
+    )
+
+
+def evaluate_files(paths: Sequence[str | Path], config: MetricsConfig | None = None) -> Evaluation:
+    """Read score files (any supported format, see :mod:`rmserve.metrics.inputs`) and evaluate them.
+
+    Raises:
+        DataError: any input problem (names file, line and field).
+    """
+    config = config or MetricsConfig()
+    scores = read_score_files(paths, domain=config.domain, benchmark=config.benchmark)
+    return evaluate(scores, config)
+
+
+def evaluate_records(
+    records: Iterable[ScoreRecord], config: MetricsConfig | None = None, *, source: str = "<records>"
+) -> Evaluation:
+    """Evaluate in-memory score records (e.g. straight from a scoring run).
+
+    Raises:
+        DataError: invalid records (names ``source``, the 1-based record number and field).
+    """
+    config = config or MetricsConfig()
+    scores = scores_from_records(records, source=source)
+    if config.benchmark is not None and scores.benchmark != config.benchmark:
+        raise DataError(
+            f"holds {scores.benchmark} scores, but {config.benchmark} scores were asked for",
+            path=source,
+            field="benchmark",
+        )
+    return evaluate(scores, config)
+
+
+# --- comparison -------------------------------------------------------------------------
+
+
+def _table_order(benchmark: str, names: Iterable[str]) -> list[str]:
+    names = list(names)
+    if benchmark == "rm-bench":
+        head = [figure for _, figure in RMBENCH_COLUMNS]
+    else:
+        head = [figure for _, figure in RB2_COLUMNS]
+    return [n for n in head if n in names] + [n for n in names if n not in head]
+
+
+def compare_scores(a: ScoreSet, b: ScoreSet, config: MetricsConfig | None = None) -> Comparison:
+    """Paired comparison B − A over the same groups.
+
+    Raises:
+        DataError: different benchmarks, different group key sets (counts and examples
+            given), or a group whose completion count differs between A and B.
+        ValueError: ``config.resamples`` is 0 (a comparison needs intervals).
+    """
+    config = config or MetricsConfig()
+    boot = config.bootstrap()
+    if boot is None:
+        raise ValueError("resamples must be >= 1 for a paired comparison")
+    name_a = ", ".join(a.files) or "A"
+    name_b = ", ".join(b.files) or "B"
+    if a.benchmark != b.benchmark:
+        raise DataError(f"holds {b.benchmark} scores but {name_a} holds {a.benchmark}", path=name_b, field="benchmark")
+    order_a, order_b = match_groups(a.keys(), b.keys(), name_a=name_a, name_b=name_b)
+    a, b = a.take(order_a), b.take(order_b)
+    if isinstance(a, RMBenchScores):
+        assert isinstance(b, RMBenchScores)
+        paired = paired_rmbench(a.rewards, b.rewards, a.domains, boot)
+    else:
+        assert isinstance(b, RB2Scores)
+        differs = (a.lengths != b.lengths) | (a.num_correct != b.num_correct)
+        if differs.any():
+            key = a.keys()[differs][0]
+            raise DataError(
+                f"{int(differs.sum())} group(s) have a different number of completions or correct completions "
+                f"in A and B (e.g. {key})",
+                path=name_b,
+                field="scores",
+            )
+        paired = paired_rb2(a.scores, a.lengths, b.scores, b.lengths, a.num_correct, a.subsets, a.ids, boot)
+    return Comparison(
+        benchmark=a.benchmark,
+        files_a=a.files,
+        files_b=b.files,
+        n_groups=a.n_groups,
+        figures=tuple(paired[n] for n in _table_order(a.benchmark, paired)),
+        config=config,
+    )
+
+
+def compare_files(path_a: str | Path, path_b: str | Path, config: MetricsConfig | None = None) -> Comparison:
+    """Read two score files (one score set each) and compare them (see :func:`compare_scores`).
+
+    Raises:
+        DataError: any input problem, or mismatched groups.
+    """
+    config = config or MetricsConfig()
+    a = read_score_files([path_a], domain=config.domain, benchmark=config.benchmark)
+    b = read_score_files([path_b], domain=config.domain, benchmark=config.benchmark)
+    return compare_scores(a, b, config)
+
+
+# --- JSON -------------------------------------------------------------------------------
+
+
+def _pair(interval: Interval | None) -> list[float] | None:
+    return None if interval is None else [interval.low, interval.high]
+
+
+def _notes(evaluation: Evaluation) -> list[str]:
+    result = evaluation.result
+    notes = []
+    if isinstance(result, RMBenchResult):
+        absent = result.missing_report_domains
+        present = [d.domain for d in result.domains]
+        if absent:
+            notes.append(
+                f"Missing domain(s): {', '.join(absent)}. Easy, Normal, Hard and Avg are means over "
+                f"{', '.join(present)} only (partial)."
+            )
+        for d in result.domains:
+            if d.parts != DOMAIN_PARTS[d.domain]:
+                lacking = [p for p in DOMAIN_PARTS[d.domain] if p not in d.parts]
+                notes.append(f"{d.domain} covers {', '.join(d.parts)} only ({', '.join(lacking)} missing); partial.")
+        nan_groups = sum(d.n_nan_groups for d in result.domains)
+    else:
+        if result.missing:
+            present = [s.subset for s in result.subsets]
+            notes.append(
+                f"Missing subset(s): {', '.join(result.missing)}. "
+                f"Avg is the mean of {', '.join(present)} only (partial)."
+            )
+        nan_groups = sum(s.n_nan_groups for s in result.subsets)
+    if nan_groups:
+        notes.append(f"{nan_groups} group(s) have a missing (NaN) reward; their comparisons count as losses.")
+    return notes
+
+
+def _bootstrap_dict(config: MetricsConfig) -> dict[str, Any] | None:
+    if config.resamples == 0:
+        return None
+    return {
+        "resamples": config.resamples,
+        "seed": config.seed,
+        "confidence": config.confidence,
+        "method": "percentile; groups resampled within each domain/subset (Ties: by prompt)",
+    }
+
+
+def result_dict(evaluation: Evaluation) -> dict[str, Any]:
+    """The JSON form of an evaluation: fractions at full precision, intervals as ``[low, high]``.
+
+    Keys: ``benchmark``, ``files``, ``n_groups``, ``partial``, ``missing``, ``notes``,
+    ``bootstrap`` and, for RM-Bench, ``domains`` (score / hard / normal / easy / matrix /
+    n_groups / n_nan_groups / parts / interval) and ``overall``; for RewardBench 2,
+    ``subsets`` (score / n_groups / n_nan_groups / interval; Ties also its components) and
+    ``average``.
+    """
+    result = evaluation.result
+    iv = evaluation.intervals
+    out: dict[str, Any] = {
+        "benchmark": evaluation.benchmark,
+        "files": list(evaluation.files),
+        "n_groups": evaluation.n_groups,
+        "partial": result.partial,
+        "missing": list(result.missing),
+        "notes": _notes(evaluation),
+        "bootstrap": _bootstrap_dict(evaluation.config),
+    }
+    if isinstance(result, RMBenchResult):
+        figures = ("score", "hard", "normal", "easy")
+        out["domains"] = {
+            d.domain: {
+                "score": d.score,
+                "hard": d.hard,
+                "normal": d.normal,
+                "easy": d.easy,
+                "matrix": [list(row) for row in d.matrix],
+                "n_groups": d.n_groups,
+                "n_nan_groups": d.n_nan_groups,
+                "parts": list(d.parts),
+                "interval": {f: _pair(iv.get(f"{d.domain}.{f}")) for f in figures} if iv else None,
+            }
+            for d in result.domains
+        }
+        out["overall"] = {
+            "score": result.score,
+            "hard": result.hard,
+            "normal": result.normal,
+            "easy": result.easy,
+            "domains": [d.domain for d in result.domains],
+            "interval": {f: _pair(iv.get(f"overall.{f}")) for f in figures} if iv else None,
+        }
+        return out
+    subsets: dict[str, Any] = {}
+    for s in result.subsets:
+        entry: dict[str, Any] = {
+            "score": s.score,
+            "n_groups": s.n_groups,
+            "n_nan_groups": s.n_nan_groups,
+            "interval": _pair(iv.get(s.subset)),
+        }
+        if s.subset == TIES and result.ties is not None:
+            ties = result.ties
+            entry["components"] = {c: getattr(ties, c) for c in TIES_WEIGHTS}
+            entry["component_intervals"] = {c: _pair(iv.get(f"{TIES}.{c}")) for c in TIES_WEIGHTS} if iv else None
+            entry.update(n_ref=ties.n_ref, n_tied=ties.n_tied, n_prompts_paired=ties.n_prompts_paired)
+        subsets[s.subset] = entry
+    out["subsets"] = subsets
+    out["average"] = {
+        "score": result.average,
+        "subsets": [s.subset for s in result.subsets],
+        "interval": _pair(iv.get("average")),
+    }
+    return out
+
+
+def comparison_dict(comparison: Comparison) -> dict[str, Any]:
+    """The JSON form of a comparison: per figure ``a``, ``b``, ``difference`` (B − A),
+    ``interval`` and ``excludes_zero``; fractions at full precision."""
+    return {
+        "benchmark": comparison.benchmark,
+        "files_a": list(comparison.files_a),
+        "files_b": list(comparison.files_b),
+        "n_groups": comparison.n_groups,
+        "bootstrap": _bootstrap_dict(comparison.config),
+        "figures": {
+            f.figure: {
+                "a": f.a,
+                "b": f.b,
+                "difference": f.difference,
+                "interval": _pair(f.interval),
+                "excludes_zero": f.excludes_zero,
+            }
+            for f in comparison.figures
+        },
+    }
+
+
+def to_json(data: Mapping[str, Any]) -> str:
+    """Indented JSON text (NaN becomes ``null``)."""
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+# --- Markdown ---------------------------------------------------------------------------
+
+
+def _pct(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return MISSING_CELL
+    if math.isnan(value):
+        return "n/a"
+    return f"{100 * value:+.1f}" if signed else f"{100 * value:.1f}"
+
+
+def _span(interval: Interval | None, signed: bool = False) -> str:
+    if interval is None:
+        return MISSING_CELL
+    return f"[{_pct(interval.low, signed)}, {_pct(interval.high, signed)}]"
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _header(cells: Sequence[str], first_left: bool = True) -> list[str]:
+    align = [":---" if first_left and i == 0 else "---:" for i in range(len(cells))]
+    return [_row(cells), _row(align)]
+
+
+def render_markdown(evaluation: Evaluation) -> str:
+    """Markdown report: the leaderboard-order table (percent, 1 decimal) with its interval
+    row, notes on missing parts, and a per-domain / Ties detail table."""
+    result = evaluation.result
+    figures = evaluation.figures()
+    iv = evaluation.intervals
+    level = round(100 * evaluation.config.confidence)
+    if isinstance(result, RMBenchResult):
+        title, columns = "RM-Bench", RMBENCH_COLUMNS
+    else:
+        title, columns = "RewardBench 2", RB2_COLUMNS
+    lines = [f"## {title}", "", f"{evaluation.n_groups} groups from {', '.join(evaluation.files)}.", ""]
+    lines += _header([""] + [h for h, _ in columns])
+    lines.append(
+        _row(["Accuracy (%)" if title == "RM-Bench" else "Score (%)"] + [_pct(figures.get(f)) for _, f in columns])
+    )
+    if iv:
+        lines.append(_row([f"{level}% CI"] + [_span(iv.get(f)) if f in figures else MISSING_CELL for _, f in columns]))
+    notes = _notes(evaluation)
+    if notes:
+        lines.append("")
+        lines += [f"Note: {n}" for n in notes]
+    lines.append("")
+    if isinstance(result, RMBenchResult):
+        lines += _header(["Domain", "Groups", "Easy", "Normal", "Hard", "Score"])
+        for d in result.domains:
+            cells = [d.domain, str(d.n_groups)]
+            for f in ("easy", "normal", "hard", "score"):
+                name = f"{d.domain}.{f}"
+                cells.append(_pct(figures[name]) + (f" ({_span(iv[name])})" if name in iv else ""))
+            lines.append(_row(cells))
+    else:
+        lines += _header(["Subset", "Groups", "Score", f"{level}% CI"])
+        for s in result.subsets:
+            lines.append(
+                _row([s.subset, str(s.n_groups), _pct(s.score), _span(iv.get(s.subset)) if iv else MISSING_CELL])
+            )
+        if result.ties is not None:
+            lines += ["", *_header(["Ties component", "Weight", "Value", f"{level}% CI"])]
+            for c, weight in TIES_WEIGHTS.items():
+                name = f"{TIES}.{c}"
+                lines.append(
+                    _row([c, f"{weight:.2f}", _pct(figures[name]), _span(iv.get(name)) if iv else MISSING_CELL])
+                )
+    if iv:
+        lines += [
+            "",
+            f"Intervals: {level}% percentile bootstrap, {evaluation.config.resamples} resamples, "
+            f"seed {evaluation.config.seed}.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _figure_label(figure: str) -> str:
+    for header, name in RMBENCH_COLUMNS + RB2_COLUMNS:
+        if name == figure:
+            return header
+    return figure
+
+
+def render_comparison(comparison: Comparison) -> str:
+    """Markdown table of a paired comparison: A, B, B − A (percentage points), its interval
+    and whether the interval excludes 0."""
+    level = round(100 * comparison.config.confidence)
+    lines = [
+        f"## {comparison.benchmark}: B − A over {comparison.n_groups} paired groups",
+        "",
+        f"A: {', '.join(comparison.files_a)}  ",
+        f"B: {', '.join(comparison.files_b)}",
+        "",
+        *_header(["Figure", "A (%)", "B (%)", "B − A (pp)", f"{level}% CI of B − A", "Excludes 0"]),
+    ]
+    for f in comparison.figures:
+        lines.append(
+            _row(
+                [
+                    _figure_label(f.figure),
+                    _pct(f.a),
+                    _pct(f.b),
+                    _pct(f.difference, signed=True),
+                    _span(f.interval, signed=True),
+                    "yes" if f.excludes_zero else "no",
+                ]
+            )
+        )
+    lines += [
+        "",
+        f"Intervals: {level}% percentile bootstrap of B − A, {comparison.config.resamples} resamples "
+        f"(same resampled groups for A and B), seed {comparison.config.seed}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --- files ------------------------------------------------------------------------------
+
+
+def plot_heatmaps(result: RMBenchResult, out_dir: str | Path) -> list[Path]:
+    """Write one PNG per RM-Bench domain present: its 3×3 win matrix in percent.
+
+    Rows are the chosen style, columns the rejected style; the title gives the domain and its
+    hard / normal / easy figures. Uses matplotlib's Agg canvas (no pyplot, no display).
+
+    Returns:
+        The written paths (``heatmap-<domain>.png``).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    out_dir = Path(out_dir)
+    paths = []
+    for d in result.domains:
+        matrix = 100 * np.array(d.matrix)
+        fig = Figure(figsize=(5.4, 4.6), layout="constrained")
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        image = ax.imshow(matrix, vmin=0, vmax=100, cmap="viridis")
+        ax.set_xticks(range(3), _STYLE_LABELS)
+        ax.set_yticks(range(3), _STYLE_LABELS)
+        ax.set_xlabel("rejected style")
+        ax.set_ylabel("chosen style")
+        for i in range(3):
+            for j in range(3):
+                ax.text(
+                    j,
+                    i,
+                    f"{matrix[i, j]:.1f}%",
+                    ha="center",
+                    va="center",
+                    color="white" if matrix[i, j] < 60 else "black",
+                )
+        ax.set_title(
+            f"RM-Bench {d.domain} ({d.n_groups} groups)\n"
+            f"hard {100 * d.hard:.1f}%  ·  normal {100 * d.normal:.1f}%  ·  easy {100 * d.easy:.1f}%",
+            fontsize=10,
+        )
+        fig.colorbar(image, ax=ax, label="chosen wins (%)", shrink=0.8)
+        path = out_dir / f"heatmap-{d.domain}.png"
+        fig.savefig(path, dpi=110)
+        paths.append(path)
+    return paths
+
+
+def write_outputs(evaluation: Evaluation, out_dir: str | Path) -> list[Path]:
+    """Write ``results.json``, ``table.md`` and (RM-Bench) the heatmaps into ``out_dir``.
+
+    The folder is created when absent. Returns the written paths.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = out_dir / "results.json"
+    results.write_text(to_json(result_dict(evaluation)) + "\n")
+    table = out_dir / "table.md"
+    table.write_text(render_markdown(evaluation))
+    paths = [results, table]
+    if isinstance(evaluation.result, RMBenchResult):
+        paths += plot_heatmaps(evaluation.result, out_dir)
+    return paths
+
+
+__all__ = [
+    "Comparison",
+    "Evaluation",
+    "MetricsConfig",
+    "REPORT_DOMAINS",
+    "compare_files",
+    "compare_scores",
+    "comparison_dict",
+    "evaluate",
+    "evaluate_files",
+    "evaluate_records",
+    "figure_values",
+    "plot_heatmaps",
+    "render_comparison",
+    "render_markdown",
+    "result_dict",
+    "to_json",
+    "write_outputs",
+]

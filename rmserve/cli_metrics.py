@@ -1,0 +1,136 @@
+"""``rmserve metrics …``: benchmark figures from score files.
+
+Each command parses its options into a :class:`rmserve.metrics.report.MetricsConfig`, calls
+one library function and renders the result (Markdown on stdout, or JSON with ``--json``).
+Any :class:`rmserve.errors.DataError` ends the command with exit code 2 and one line on
+stderr naming file, line and field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import typer
+
+from rmserve.errors import DataError
+
+metrics_app = typer.Typer(help="Compute benchmark figures from score files.", no_args_is_help=True)
+
+T = TypeVar("T")
+
+FilesArg = Annotated[
+    list[Path],
+    typer.Argument(
+        help="Score files: rmserve score JSONL, official RM-Bench result JSON or RewardBench 2 per-item JSONL "
+        "(format detected; several files are concatenated).",
+        show_default=False,
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the JSON result only.")]
+OutOpt = Annotated[
+    Path | None,
+    typer.Option("--out", help="Folder for results.json, table.md and (RM-Bench) heatmap PNGs.", show_default=False),
+]
+ResamplesOpt = Annotated[
+    int, typer.Option("--resamples", help="Bootstrap resamples per figure (0 = no intervals; at most 1,000,000).")
+]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Bootstrap seed (>= 0).")]
+ConfidenceOpt = Annotated[float, typer.Option("--confidence", help="Interval coverage, in (0, 1).")]
+DomainOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--domain",
+        help="RM-Bench domain of result records without a 'domain' field (default: from the file name).",
+        show_default=False,
+    ),
+]
+BenchOpt = Annotated[
+    str | None,
+    typer.Option("--bench", help="Expected benchmark: rm-bench or rewardbench2 (default: detect).", show_default=False),
+]
+
+
+def _config(**kwargs):
+    from rmserve.metrics.report import MetricsConfig
+
+    try:
+        return MetricsConfig(**kwargs)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _guard(call: Callable[[], T]) -> T:
+    """Run ``call``; a DataError becomes one stderr line and exit code 2."""
+    try:
+        return call()
+    except DataError as exc:
+        typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _emit(evaluation, as_json: bool, out: Path | None) -> None:
+    from rmserve.metrics.report import render_markdown, result_dict, to_json, write_outputs
+
+    if out is not None:
+        try:
+            write_outputs(evaluation, out)
+        except OSError as exc:
+            typer.echo(f"error: cannot write to {out}: {exc.strerror or exc}", err=True)
+            raise typer.Exit(1) from None
+    typer.echo(to_json(result_dict(evaluation)) if as_json else render_markdown(evaluation), nl=as_json)
+
+
+@metrics_app.command("rm-bench")
+def rm_bench(
+    files: FilesArg,
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
+    resamples: ResamplesOpt = 1000,
+    seed: SeedOpt = 0,
+    confidence: ConfidenceOpt = 0.95,
+    domain: DomainOpt = None,
+) -> None:
+    """RM-Bench accuracy: Chat | Math | Code | Safety | Easy | Normal | Hard | Avg."""
+    from rmserve.metrics.report import evaluate_files
+
+    config = _config(resamples=resamples, seed=seed, confidence=confidence, domain=domain, benchmark="rm-bench")
+    _emit(_guard(lambda: evaluate_files(files, config)), as_json, out)
+
+
+@metrics_app.command("rewardbench2")
+def rewardbench2(
+    files: FilesArg,
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
+    resamples: ResamplesOpt = 1000,
+    seed: SeedOpt = 0,
+    confidence: ConfidenceOpt = 0.95,
+) -> None:
+    """RewardBench 2 scores: Factuality | Precise IF | Math | Safety | Focus | Ties | Avg."""
+    from rmserve.metrics.report import evaluate_files
+
+    config = _config(resamples=resamples, seed=seed, confidence=confidence, benchmark="rewardbench2")
+    _emit(_guard(lambda: evaluate_files(files, config)), as_json, out)
+
+
+@metrics_app.command("compare")
+def compare(
+    file_a: Annotated[Path, typer.Argument(help="Score file of A (the baseline).", show_default=False)],
+    file_b: Annotated[Path, typer.Argument(help="Score file of B (compared against A).", show_default=False)],
+    bench: BenchOpt = None,
+    as_json: JsonOpt = False,
+    resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples (1 … 1,000,000).")] = 1000,
+    seed: SeedOpt = 0,
+    confidence: ConfidenceOpt = 0.95,
+    domain: DomainOpt = None,
+) -> None:
+    """Paired difference B − A per figure over the same groups, with its bootstrap interval."""
+    from rmserve.metrics.report import compare_files, comparison_dict, render_comparison, to_json
+
+    if resamples < 1:
+        raise typer.BadParameter(f"resamples must be >= 1 for a comparison, got {resamples}", param_hint="--resamples")
+    config = _config(resamples=resamples, seed=seed, confidence=confidence, domain=domain, benchmark=bench)
+    comparison = _guard(lambda: compare_files(file_a, file_b, config))
+    typer.echo(to_json(comparison_dict(comparison)) if as_json else render_comparison(comparison), nl=as_json)

@@ -1,0 +1,90 @@
+"""Shared test fixtures: the shared-data path, a tiny demo reward model, one real vLLM engine.
+
+- :func:`shared_data_dir` locates ``../shared/data`` next to the repository (read-only
+  benchmark files; never copied into the repo).
+- ``demo_model_dir`` (session): a random-weight demo reward model built once per session from
+  the RM-Bench files (about 15 s; no download).
+- ``vllm_engine`` (session, slow): one started :class:`~rmserve.server.engine.VLLMEngine` over
+  the demo model (25–60 s to start on 2 CPU cores). It lives on the session event loop: tests
+  that use it must run there, e.g. ``pytestmark = pytest.mark.asyncio(loop_scope="session")``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+DEMO_MAX_MODEL_LEN = 4096
+"""Max length of the test engines: the longest RM-Bench sequence (4 shared domains) is 2,507
+tokens with the demo tokenizer, so every real group fits without truncation."""
+
+VLLM_TEST_BLOCK_SIZE = 32
+"""KV-cache block size of the test engine: vLLM's CPU attention needs a multiple of 32."""
+
+VLLM_TEST_KV_CACHE_BYTES = 1 << 30
+"""KV-cache size of the test engine (1 GiB; the CPU default is 4 GiB)."""
+
+
+def shared_data_dir() -> Path:
+    """``<repo>/../shared/data``: benchmark files shared by tests, benchmarks and CI.
+
+    Fails the calling test (not a skip) when the folder is missing: CI has it, and a
+    silently skipped data test cannot fail.
+    """
+    path = (REPO_ROOT / ".." / "shared" / "data").resolve()
+    if not path.is_dir():
+        pytest.fail(f"shared data folder {path} is missing (expected next to the repository)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """Fixture form of :func:`shared_data_dir`."""
+    return shared_data_dir()
+
+
+@pytest.fixture(scope="session")
+def rmbench_dir(shared_data: Path) -> Path:
+    """The RM-Bench release files (four domains) under the shared data folder."""
+    return shared_data / "rm-bench"
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory: pytest.TempPathFactory, rmbench_dir: Path) -> Path:
+    """A default-shape demo reward model (seed 0, max length 4096) built once per session."""
+    from rmserve.server.demo_model import DemoModelConfig, build_demo_model
+
+    out = tmp_path_factory.mktemp("demo-model") / "model"
+    build_demo_model(out, rmbench_dir, DemoModelConfig(seed=0, max_len=DEMO_MAX_MODEL_LEN))
+    return out
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def vllm_engine(demo_model_dir: Path):
+    """One started vLLM engine over the demo model: float32, eager, prefix cache on.
+
+    Shared by the whole session (engine start is the expensive part); shut down at the end.
+    """
+    from rmserve.server.config import EngineConfig
+    from rmserve.server.engine import VLLMEngine
+
+    engine = VLLMEngine(
+        EngineConfig(
+            model=str(demo_model_dir),
+            engine="vllm",
+            dtype="float32",
+            max_model_len=DEMO_MAX_MODEL_LEN,
+            block_size=VLLM_TEST_BLOCK_SIZE,
+            kv_cache_memory_bytes=VLLM_TEST_KV_CACHE_BYTES,
+            enforce_eager=True,
+        )
+    )
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.shutdown()

@@ -1,0 +1,33 @@
+"""Fixtures for the metrics tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _metrics_helpers import RB2_REFERENCE, write_jsonl
+
+
+@pytest.fixture
+def rb2_reference(shared_data: Path) -> Path:
+    """The per-item RewardBench 2 scores of Skywork-Reward-V2-Llama-3.1-8B (skips when absent).
+
+    ``shared_data`` comes from ``tests/conftest.py``.
+    """
+    path = shared_data / RB2_REFERENCE
+    if not path.is_file():
+        pytest.skip(f"shared reference file absent: {path}")
+    return path
+
+
+@pytest.fixture
+def jsonl_writer(tmp_path: Path) -> Callable[[str, Sequence[Any]], Path]:
+    """``write(name, rows)`` → a JSONL file in ``tmp_path``."""
+
+    def write(name: str, rows: Sequence[Any]) -> Path:
+        return write_jsonl(tmp_path / name, rows)
+
+    return write
