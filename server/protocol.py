@@ -3,7 +3,12 @@
 Handlers never touch ``AsyncLLM`` or transformers: they render and tokenize a group with a
 :class:`~rmserve.server.render.Renderer`-like object, then hand token ids to a
 :class:`RewardEngine`. Implementations: ``rmserve.server.engine`` (vLLM),
-``rmserve.server.engine_hf`` (transformers), and a fake in the tests.
+``rmserve.server.engine_hf`` (transformers), and a fake in the tests. Both real engines
+expose, after ``start``, a ``renderer`` attribute (a
+:class:`~rmserve.server.render.Renderer` with the model's tokenizer, the chat template in
+use and the engine's ``max_model_len``); it is not part of the protocol so fakes stay small.
+Optional capabilities are separate protocols (:class:`SupportsPrefixCacheStats`,
+:class:`SupportsWeightReload`): check them with ``isinstance``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,19 @@ class SequenceScore:
 
     reward: float
     num_cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheStats:
+    """Cumulative prefix-cache counters of an engine, in tokens.
+
+    Attributes:
+        query_tokens: tokens of all sequences submitted so far.
+        hit_tokens: of those, tokens served from the prefix cache.
+    """
+
+    query_tokens: int
+    hit_tokens: int
 
 
 @runtime_checkable
@@ -62,3 +80,22 @@ class RewardEngine(Protocol):
 
     async def shutdown(self) -> None:
         """Release the engine; idempotent."""
+
+
+@runtime_checkable
+class SupportsPrefixCacheStats(Protocol):
+    """Optional: an engine with a prefix cache reports its counters (for ``/metrics``)."""
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Cumulative query/hit token counts since start."""
+
+
+@runtime_checkable
+class SupportsWeightReload(Protocol):
+    """Optional: an engine that swaps checkpoints in place (same architecture)."""
+
+    async def reset_prefix_cache(self) -> bool:
+        """Drop all cached prefix blocks."""
+
+    async def reload_weights(self, path: str) -> ModelInfo:
+        """Load the weights at ``path`` and return the new model info (new fingerprint)."""

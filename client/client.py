@@ -1,0 +1,623 @@
+"""Async HTTP client for the rmserve scoring server.
+
+:class:`RewardClient` speaks the wire schema of :mod:`rmserve.schema` over one
+``aiohttp.ClientSession``: ``GET /health``, ``GET /v1/models`` and ``POST /v1/score``.
+:meth:`RewardClient.score_stream` keeps a bounded number of groups in flight and yields one
+:class:`~rmserve.schema.ScoreRecord` per group as its reply arrives (completion order).
+
+Failures are the :mod:`rmserve.errors` classes: a non-200 reply is rebuilt by
+:func:`error_from_reply` (status + ``error.type`` → class, the same table the server maps
+from); transport failures become :class:`~rmserve.errors.ConnectionFailed`. Only retryable
+errors (connection failures, timeouts, 429, 503) are retried, with exponential backoff and
+jitter, honouring ``Retry-After``. Client faults (4xx) are raised after exactly one attempt.
+
+No torch or vllm here: this module must import on a machine without them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import aiohttp
+import msgspec
+import yarl
+
+from rmserve import errors
+from rmserve.schema import (
+    Group,
+    GroupResult,
+    ModelInfo,
+    ModelList,
+    RequestGroup,
+    ScoreRecord,
+    ScoreRequest,
+    ScoreResponse,
+    Truncation,
+    encode,
+)
+
+__all__ = [
+    "Concurrency",
+    "RewardClient",
+    "Retry",
+    "Timeouts",
+    "error_from_reply",
+    "record_from_result",
+]
+
+
+def _check_positive(owner: str, name: str, value: float, *, upper: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{owner}.{name} must be a finite number > 0, got {value!r}")
+    if upper is not None and value > upper:
+        raise ValueError(f"{owner}.{name} must be ≤ {upper:g}, got {value!r}")
+
+
+def _check_int(owner: str, name: str, value: int, *, lower: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lower:
+        raise ValueError(f"{owner}.{name} must be an integer ≥ {lower}, got {value!r}")
+
+
+# --- configuration ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Per-request time limits, in seconds. Every aiohttp timeout field is set from these.
+
+    A scoring reply arrives in one piece once the server has scored the whole request, so
+    ``sock_read_s`` bounds the server's queueing plus scoring time for one request.
+    """
+
+    connect_s: float = 10.0
+    """Seconds to get a connection: pool wait plus TCP connect (aiohttp ``connect`` and
+    ``sock_connect``). Default 10; > 0, ≤ ``total_s``."""
+
+    sock_read_s: float = 600.0
+    """Longest silence while reading a reply (aiohttp ``sock_read``). Default 600; > 0,
+    ≤ ``total_s``."""
+
+    total_s: float = 900.0
+    """Whole request, connect to last byte (aiohttp ``total``). Default 900; > 0."""
+
+    probe_s: float = 10.0
+    """Whole-request limit for the cheap calls, ``/health`` and ``/v1/models``. Default 10;
+    > 0."""
+
+    def __post_init__(self) -> None:
+        _check_positive("Timeouts", "total_s", self.total_s)
+        _check_positive("Timeouts", "connect_s", self.connect_s, upper=self.total_s)
+        _check_positive("Timeouts", "sock_read_s", self.sock_read_s, upper=self.total_s)
+        _check_positive("Timeouts", "probe_s", self.probe_s)
+
+    def for_scoring(self) -> aiohttp.ClientTimeout:
+        """The aiohttp timeout of a ``POST /v1/score`` request (every field set)."""
+        return aiohttp.ClientTimeout(
+            total=self.total_s,
+            connect=self.connect_s,
+            sock_connect=self.connect_s,
+            sock_read=self.sock_read_s,
+        )
+
+    def for_probe(self) -> aiohttp.ClientTimeout:
+        """The aiohttp timeout of ``/health`` and ``/v1/models`` (every field set)."""
+        short_s = min(self.probe_s, self.connect_s)
+        return aiohttp.ClientTimeout(
+            total=self.probe_s, connect=short_s, sock_connect=short_s, sock_read=self.probe_s
+        )
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    """How much work the client keeps in flight and how it holds connections."""
+
+    max_groups_in_flight: int = 32
+    """Most groups sent and not yet answered, across all requests. Default 32; ≥ 1."""
+
+    groups_per_request: int = 1
+    """Groups batched into one ``POST /v1/score``. Default 1 (each group's reply streams
+    out alone); ≥ 1, ≤ ``max_groups_in_flight``."""
+
+    pool_limit: int | None = None
+    """Most open connections of a session this client creates; default (None) is the number
+    of requests in flight, so no request waits for a connection. ≥ that number when set."""
+
+    keepalive_s: float = 15.0
+    """Seconds an idle connection stays open for reuse (aiohttp ``keepalive_timeout``);
+    keep it below the server's keep-alive. Default 15; > 0."""
+
+    def __post_init__(self) -> None:
+        _check_int("Concurrency", "max_groups_in_flight", self.max_groups_in_flight, lower=1)
+        _check_int("Concurrency", "groups_per_request", self.groups_per_request, lower=1)
+        if self.groups_per_request > self.max_groups_in_flight:
+            raise ValueError(
+                f"Concurrency.groups_per_request must be ≤ max_groups_in_flight "
+                f"({self.max_groups_in_flight}), got {self.groups_per_request}"
+            )
+        if self.pool_limit is not None:
+            _check_int("Concurrency", "pool_limit", self.pool_limit, lower=self.max_requests_in_flight)
+        _check_positive("Concurrency", "keepalive_s", self.keepalive_s)
+
+    @property
+    def max_requests_in_flight(self) -> int:
+        """``max_groups_in_flight // groups_per_request``: full requests that fit the bound."""
+        return self.max_groups_in_flight // self.groups_per_request
+
+    @property
+    def connection_limit(self) -> int:
+        """The connector's pool size: ``pool_limit`` or, by default, the requests in flight."""
+        return self.pool_limit if self.pool_limit is not None else self.max_requests_in_flight
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Retry policy for retryable failures (connection errors, timeouts, 429, 503).
+
+    The wait before retry ``n`` (1 = the first retry) is the reply's ``Retry-After`` when
+    it has one, else ``min(max_delay_s, base_delay_s · 2**(n-1)) · (1 - jitter · u)`` with
+    ``u`` uniform in [0, 1) (exponential backoff, "equal"-style jitter when jitter=0.5).
+    """
+
+    max_attempts: int = 5
+    """Attempts per request, the first included. Default 5; ≥ 1 (1 = never retry)."""
+
+    base_delay_s: float = 0.5
+    """Backoff before the first retry, before jitter. Default 0.5; > 0."""
+
+    max_delay_s: float = 30.0
+    """Cap of the exponential backoff. Default 30; ≥ ``base_delay_s``."""
+
+    jitter: float = 0.5
+    """Fraction of each backoff drawn at random, in [0, 1]. Default 0.5."""
+
+    def __post_init__(self) -> None:
+        _check_int("Retry", "max_attempts", self.max_attempts, lower=1)
+        _check_positive("Retry", "base_delay_s", self.base_delay_s)
+        _check_positive("Retry", "max_delay_s", self.max_delay_s)
+        if self.max_delay_s < self.base_delay_s:
+            raise ValueError(
+                f"Retry.max_delay_s must be ≥ base_delay_s ({self.base_delay_s:g}), got {self.max_delay_s!r}"
+            )
+        if isinstance(self.jitter, bool) or not isinstance(self.jitter, (int, float)) or not 0 <= self.jitter <= 1:
+            raise ValueError(f"Retry.jitter must be in [0, 1], got {self.jitter!r}")
+
+    def backoff_s(self, retry_number: int, u: float) -> float:
+        """Wait before retry ``retry_number`` (≥ 1) given a uniform draw ``u`` in [0, 1)."""
+        full_s = min(self.max_delay_s, self.base_delay_s * 2.0 ** (retry_number - 1))
+        return full_s * (1.0 - self.jitter * u)
+
+
+# --- error mapping ----------------------------------------------------------------------
+
+
+def error_from_reply(status: int, body: bytes, *, retry_after: str | None = None) -> errors.RMServeError:
+    """The :mod:`rmserve.errors` instance a non-200 reply stands for.
+
+    The body is decoded as JSON (``{"error": {"type", "message", "field"}}``) when it can be;
+    the class is chosen by :func:`rmserve.errors.from_wire` (``error.type`` first, then the
+    status: 429/503 retryable, other 4xx client fault, else server fault). The parsed
+    ``Retry-After`` header, in seconds, is attached as ``retry_after_s`` (None without one).
+    """
+    try:
+        decoded: Any = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        decoded = body.decode("utf-8", "replace")
+    exc = errors.from_wire(status, decoded)
+    exc.retry_after_s = parse_retry_after(retry_after)  # type: ignore[attr-defined]
+    return exc
+
+
+def parse_retry_after(value: str | None, *, now_s: float | None = None) -> float | None:
+    """``Retry-After`` in seconds: delta-seconds or an HTTP date (RFC 9110 §10.2.3).
+
+    Returns None for a missing or unreadable header; a date in the past gives 0.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now_s is None else now_s)
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+# --- records ------------------------------------------------------------------------------
+
+
+def request_group(group: Group) -> RequestGroup:
+    """The wire form of ``group``: id ``str(group.key)``, its messages and responses."""
+    return RequestGroup(id=str(group.key), responses=group.responses, messages=group.messages)
+
+
+def record_from_result(group: Group, result: GroupResult, *, model: str, fingerprint: str) -> ScoreRecord:
+    """The stored record of one scored group (key, rewards, token counts, model identity)."""
+    return ScoreRecord(
+        benchmark=group.benchmark,
+        domain=group.domain,
+        id=group.id,
+        num_chosen=group.num_chosen,
+        rewards=result.rewards,
+        num_tokens=result.num_tokens,
+        num_cached_tokens=result.num_cached_tokens,
+        model=model,
+        fingerprint=fingerprint,
+        truncated_tokens=result.truncated_tokens,
+        styles=group.styles,
+    )
+
+
+def check_reply(groups: Sequence[Group], reply: ScoreResponse) -> tuple[GroupResult, ...]:
+    """The reply's results in the order of ``groups``, after checking they match.
+
+    Raises:
+        rmserve.errors.ServerFault: a result count different from the groups sent, an id
+            sent but not answered, an id answered but not sent or answered twice, or a
+            ``rewards``/``num_tokens``/``num_cached_tokens``/``truncated_tokens`` length that
+            differs from the group's number of responses.
+    """
+    if len(reply.results) != len(groups):
+        raise errors.ServerFault(
+            f"reply holds {len(reply.results)} results for {len(groups)} groups sent", field="results"
+        )
+    by_id: dict[str, GroupResult] = {}
+    for i, result in enumerate(reply.results):
+        if result.id in by_id:
+            raise errors.ServerFault(f"reply answers group {result.id!r} twice", field=f"results[{i}].id")
+        by_id[result.id] = result
+    ordered = []
+    for group in groups:
+        wire_id = str(group.key)
+        result = by_id.pop(wire_id, None)
+        if result is None:
+            unexpected = sorted(by_id)[:3]
+            raise errors.ServerFault(
+                f"reply has no result for group {wire_id!r} (unexpected ids: {unexpected})", field="results"
+            )
+        n = len(group.responses)
+        for name in ("rewards", "num_tokens", "num_cached_tokens", "truncated_tokens"):
+            values = getattr(result, name)
+            if values is not None and len(values) != n:
+                raise errors.ServerFault(
+                    f"reply for group {wire_id!r} has {len(values)} {name} for {n} responses",
+                    field=f"results[{wire_id}].{name}",
+                    value=len(values),
+                    limit=n,
+                )
+        ordered.append(result)
+    return tuple(ordered)
+
+
+def _batched(groups: Iterable[Group], size: int) -> Iterator[tuple[Group, ...]]:
+    it = iter(groups)
+    while batch := tuple(itertools.islice(it, size)):
+        yield batch
+
+
+# --- the client ---------------------------------------------------------------------------
+
+
+class RewardClient:
+    """Async client of one rmserve server.
+
+    Use as ``async with RewardClient(url) as client: ...``; the client opens one
+    ``aiohttp.ClientSession`` (pool size and keep-alive from ``concurrency``) and closes it on
+    exit. Passing ``session`` reuses that session instead (tests aim it at an in-process
+    app); the client then neither configures its connector nor closes it, but still applies
+    ``timeouts`` to every request.
+
+    Args:
+        base_url: ``http://host:port`` (a path prefix is kept).
+        session: an open session to use instead of creating one.
+        timeouts, concurrency, retry: see :class:`Timeouts`, :class:`Concurrency`,
+            :class:`Retry`.
+        sleep: the coroutine used to wait between retries (a test seam; default
+            ``asyncio.sleep``).
+        rng: the random source of the backoff jitter.
+
+    Attributes:
+        attempts: HTTP requests sent so far (retries included).
+        retries: retries done so far.
+
+    Raises:
+        ValueError: ``base_url`` is not an absolute http(s) URL.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        timeouts: Timeouts = Timeouts(),
+        concurrency: Concurrency = Concurrency(),
+        retry: Retry = Retry(),
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        url = yarl.URL(base_url)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"server URL must be http(s)://host[:port], got {base_url!r}")
+        self.base_url = url
+        self.timeouts = timeouts
+        self.concurrency = concurrency
+        self.retry = retry
+        self._session = session
+        self._owns_session = False
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self.attempts = 0
+        self.retries = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"RewardClient({str(self.base_url)!r}, timeouts={self.timeouts!r}, "
+            f"concurrency={self.concurrency!r}, retry={self.retry!r})"
+        )
+
+    async def __aenter__(self) -> RewardClient:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self.concurrency.connection_limit,
+                limit_per_host=self.concurrency.connection_limit,
+                keepalive_timeout=self.concurrency.keepalive_s,
+            )
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeouts.for_scoring())
+            self._owns_session = True
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+            self._owns_session = False
+
+    # --- transport --------------------------------------------------------------------
+
+    def _url(self, path: str) -> yarl.URL:
+        return self.base_url.joinpath(path.lstrip("/"))
+
+    async def _send_once(
+        self, method: str, path: str, *, data: bytes | None, timeout: aiohttp.ClientTimeout
+    ) -> bytes:
+        """One HTTP exchange: the body of a 200 reply, else the mapped error raised."""
+        if self._session is None:
+            raise RuntimeError("RewardClient is not open: use 'async with RewardClient(...) as client'")
+        url = self._url(path)
+        headers = {"Content-Type": "application/json"} if data is not None else None
+        self.attempts += 1
+        try:
+            async with self._session.request(method, url, data=data, headers=headers, timeout=timeout) as resp:
+                body = await resp.read()
+                if resp.status == 200:
+                    return body
+                raise error_from_reply(resp.status, body, retry_after=resp.headers.get("Retry-After"))
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            what = "timed out" if isinstance(exc, TimeoutError) else f"failed ({type(exc).__name__}: {exc})"
+            failure = errors.ConnectionFailed(f"{method} {url} {what}")
+            failure.retry_after_s = None  # type: ignore[attr-defined]
+            raise failure from exc
+
+    async def _send(self, method: str, path: str, *, data: bytes | None, timeout: aiohttp.ClientTimeout) -> bytes:
+        """:meth:`_send_once` with the retry policy applied to retryable errors."""
+        for attempt in itertools.count(1):
+            try:
+                return await self._send_once(method, path, data=data, timeout=timeout)
+            except errors.RMServeError as exc:
+                if not exc.retryable or attempt >= self.retry.max_attempts:
+                    raise
+                retry_after_s = getattr(exc, "retry_after_s", None)
+                delay_s = retry_after_s if retry_after_s is not None else self.retry.backoff_s(attempt, self._rng.random())
+            self.retries += 1
+            await self._sleep(delay_s)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # --- endpoints --------------------------------------------------------------------
+
+    async def health(self) -> dict[str, Any]:
+        """``GET /health`` once, no retries: the reply body (a JSON object) when ready.
+
+        Raises:
+            rmserve.errors.EngineNotReady: 503, the engine is loading or shutting down.
+            rmserve.errors.ConnectionFailed: nothing answered within ``Timeouts.probe_s``.
+            rmserve.errors.RMServeError: any other non-200 reply, mapped by status and type.
+        """
+        body = await self._send_once("GET", "/health", data=None, timeout=self.timeouts.for_probe())
+        try:
+            decoded = msgspec.json.decode(body) if body else {}
+        except msgspec.DecodeError:
+            decoded = {}
+        return decoded if isinstance(decoded, dict) else {}
+
+    async def wait_until_ready(self, timeout_s: float, *, poll_interval_s: float = 0.5) -> dict[str, Any]:
+        """Poll ``/health`` until it answers 200 or ``timeout_s`` seconds pass.
+
+        Connection failures and 503 count as "not ready yet"; anything else is raised at once.
+
+        Raises:
+            rmserve.errors.EngineNotReady: not ready after ``timeout_s`` (names the URL and the
+                last failure).
+        """
+        _check_positive("wait_until_ready", "timeout_s", timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return await self.health()
+            except errors.RMServeError as exc:
+                if not exc.retryable:
+                    raise
+                last = exc
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                raise errors.EngineNotReady(
+                    f"server {self.base_url} not ready after {timeout_s:g} s (last: {last.type}: {last})"
+                )
+            await asyncio.sleep(min(poll_interval_s, remaining_s))
+
+    async def models(self) -> tuple[ModelInfo, ...]:
+        """``GET /v1/models``: what the server scores with (name, max length, fingerprint …).
+
+        Returns:
+            The ``models`` of the :class:`~rmserve.schema.ModelList` reply (at least one).
+
+        Raises:
+            rmserve.errors.ServerFault: the reply is not a ModelList, or lists no model.
+            rmserve.errors.RMServeError: a non-200 reply (after retries for 429/503).
+        """
+        body = await self._send("GET", "/v1/models", data=None, timeout=self.timeouts.for_probe())
+        try:
+            reply = msgspec.json.decode(body, type=ModelList)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise errors.ServerFault(f"GET /v1/models: invalid reply ({exc})", field="models") from None
+        if not reply.models:
+            raise errors.ServerFault("GET /v1/models: the server lists no model", field="models")
+        return reply.models
+
+    async def score(
+        self,
+        groups: Sequence[Group],
+        *,
+        truncation: Truncation | None = None,
+        model: str | None = None,
+    ) -> ScoreResponse:
+        """``POST /v1/score`` for ``groups`` (one request, retried when retryable).
+
+        Returns:
+            The reply, with its results re-ordered to match ``groups`` and checked by
+            :func:`check_reply`.
+
+        Raises:
+            rmserve.errors.InvalidRequest: no groups, or two groups with the same key.
+            rmserve.errors.ClientFault: the server rejected the request (400/404/413 …),
+                after one attempt.
+            rmserve.errors.ServerFault: a 5xx reply, or a reply that does not match.
+            rmserve.errors.ConnectionFailed: no reply after ``Retry.max_attempts`` attempts.
+        """
+        if not groups:
+            raise errors.InvalidRequest("no groups to score", field="groups", value=0, limit=1)
+        seen: dict[str, int] = {}
+        for i, group in enumerate(groups):
+            wire_id = str(group.key)
+            if wire_id in seen:
+                raise errors.InvalidRequest(
+                    f"group {wire_id!r} appears twice (positions {seen[wire_id]} and {i})", field=f"groups[{i}].id"
+                )
+            seen[wire_id] = i
+        request = ScoreRequest(groups=tuple(request_group(g) for g in groups), model=model, truncation=truncation)
+        body = await self._send("POST", "/v1/score", data=encode(request), timeout=self.timeouts.for_scoring())
+        try:
+            reply = msgspec.json.decode(body, type=ScoreResponse)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise errors.ServerFault(f"POST /v1/score: invalid reply ({exc})") from None
+        results = check_reply(groups, reply)
+        return ScoreResponse(model=reply.model, fingerprint=reply.fingerprint, results=results)
+
+    async def _score_records(
+        self,
+        groups: Sequence[Group],
+        *,
+        truncation: Truncation | None,
+        model: str | None,
+        expect_fingerprint: str | None,
+    ) -> list[ScoreRecord]:
+        reply = await self.score(groups, truncation=truncation, model=model)
+        if expect_fingerprint is not None and reply.fingerprint != expect_fingerprint:
+            raise errors.FingerprintMismatch(
+                f"the server's model changed during the run: fingerprint {reply.fingerprint!r} "
+                f"({reply.model}), expected {expect_fingerprint!r}",
+                field="fingerprint",
+            )
+        return [
+            record_from_result(g, r, model=reply.model, fingerprint=reply.fingerprint)
+            for g, r in zip(groups, reply.results, strict=True)
+        ]
+
+    async def score_stream(
+        self,
+        groups: Iterable[Group],
+        *,
+        truncation: Truncation | None = None,
+        model: str | None = None,
+        expect_fingerprint: str | None = None,
+    ) -> AsyncIterator[ScoreRecord]:
+        """Score ``groups`` with at most ``Concurrency.max_groups_in_flight`` in flight.
+
+        Groups are taken from ``groups`` lazily, batched ``Concurrency.groups_per_request``
+        per request, and one :class:`~rmserve.schema.ScoreRecord` per group is yielded as its
+        request completes (completion order, not input order). When a request fails for
+        good, the records of requests that already completed are yielded first, the other
+        requests are cancelled, then the error is raised. Closing the iterator early cancels
+        the requests in flight.
+
+        Args:
+            groups: the groups; keys must be unique.
+            truncation, model: sent with every request (see :class:`ScoreRequest`).
+            expect_fingerprint: when set, a reply with another fingerprint raises
+                :class:`~rmserve.errors.FingerprintMismatch` (the server's model changed).
+
+        Raises:
+            rmserve.errors.InvalidRequest: a group key seen twice.
+            The errors of :meth:`score`, and FingerprintMismatch as above.
+        """
+        seen: set[str] = set()
+
+        def unique(source: Iterable[Group]) -> Iterator[Group]:
+            for group in source:
+                wire_id = str(group.key)
+                if wire_id in seen:
+                    raise errors.InvalidRequest(f"group {wire_id!r} appears twice in the input", field="groups.id")
+                seen.add(wire_id)
+                yield group
+
+        batches = _batched(unique(groups), self.concurrency.groups_per_request)
+        order: dict[asyncio.Task[list[ScoreRecord]], int] = {}
+        pending: set[asyncio.Task[list[ScoreRecord]]] = set()
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(pending) < self.concurrency.max_requests_in_flight:
+                    batch = next(batches, None)
+                    if batch is None:
+                        exhausted = True
+                        break
+                    task = asyncio.create_task(
+                        self._score_records(
+                            batch, truncation=truncation, model=model, expect_fingerprint=expect_fingerprint
+                        )
+                    )
+                    order[task] = len(order)
+                    pending.add(task)
+                if not pending:
+                    return
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                failure: BaseException | None = None
+                for task in sorted(done, key=order.__getitem__):
+                    del order[task]
+                    exc = task.exception()
+                    if exc is not None:
+                        failure = failure or exc
+                        continue
+                    for record in task.result():
+                        yield record
+                if failure is not None:
+                    raise failure
+        finally:
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)

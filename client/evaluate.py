@@ -1,0 +1,288 @@
+"""``rmserve eval``: score a benchmark through a running server, resumably, then report.
+
+:func:`evaluate` loads the benchmark, waits for the server, reads its model fingerprint,
+skips the groups already in ``OUT/scores.jsonl`` (same model only), streams the rest through
+:class:`~rmserve.client.client.RewardClient` while appending one record per group, and then
+hands the records to the metrics stage (:mod:`rmserve.metrics.report`), which computes every
+figure and writes ``results.json``, ``table.md`` and the heatmaps. Nothing here computes a
+figure.
+
+A run killed at any point keeps every group already answered; running the same command
+again scores exactly the groups that are missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from rmserve import errors
+from rmserve.client.client import Concurrency, RewardClient, Retry, Timeouts
+from rmserve.client.store import SCORES_FILENAME, ScoreStore
+from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreRecord
+
+if TYPE_CHECKING:  # the metrics stage (numpy) is imported when a run reports, not before
+    from rmserve.metrics.report import Evaluation
+
+logger = logging.getLogger("rmserve.client")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Settings of one evaluation run (``rmserve eval``; ``rmserve run`` fills ``server_url``)."""
+
+    bench: str
+    """Benchmark: ``rm-bench`` or ``rewardbench2``."""
+
+    data: str
+    """Benchmark data: a file or folder path, or a hub dataset id."""
+
+    out_dir: Path
+    """Output folder: ``scores.jsonl`` (resumable), ``results.json``, ``table.md``, heatmaps."""
+
+    server_url: str | None = None
+    """Base URL of the scoring server, ``http(s)://host:port``. Required by :func:`evaluate`."""
+
+    max_in_flight: int = 32
+    """Most groups sent and not yet answered. Default 32; 1–4096."""
+
+    groups_per_request: int = 1
+    """Groups per ``POST /v1/score``. Default 1; 1–``max_in_flight``."""
+
+    timeout_s: float = 900.0
+    """Limit of one scoring request, seconds (connect to last byte). Default 900; > 0."""
+
+    ready_timeout_s: float = 600.0
+    """How long to wait for the server's ``/health`` to answer 200, seconds. Default 600; > 0."""
+
+    max_attempts: int = 5
+    """Attempts per request on connection errors, timeouts, 429 and 503. Default 5; ≥ 1."""
+
+    only: tuple[str, ...] | None = None
+    """Score only these domains (RM-Bench) or subsets (RewardBench 2). Default: all present."""
+
+    model: str | None = None
+    """Model name to request and to pick from ``/v1/models``; default: the server's only model."""
+
+    overwrite: bool = False
+    """Discard stored scores of a different model instead of refusing. Default False."""
+
+    fsync: bool = False
+    """fsync the score file after every group (guards against machine crashes). Default False."""
+
+    quiet: bool = False
+    """No progress bar. Default False (the bar shows only on a terminal anyway)."""
+
+    resamples: int = 1000
+    """Bootstrap resamples for the intervals (0 = none). Default 1000."""
+
+    seed: int = 0
+    """Bootstrap seed. Default 0."""
+
+    def __post_init__(self) -> None:
+        if self.bench not in BENCHMARKS:
+            raise ValueError(f"bench must be one of {', '.join(BENCHMARKS)}, got {self.bench!r}")
+        if not str(self.data):
+            raise ValueError("data must be a path or hub id, got an empty string")
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+        for name, lower, upper in (("max_in_flight", 1, 4096), ("groups_per_request", 1, self.max_in_flight), ("max_attempts", 1, 100)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not lower <= value <= upper:
+                raise ValueError(f"{name} must be an integer in [{lower}, {upper}], got {value!r}")
+        for name in ("timeout_s", "ready_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        if self.only is not None:
+            object.__setattr__(self, "only", tuple(self.only))
+            if not self.only:
+                raise ValueError("only must name at least one domain/subset when given")
+        if self.server_url is not None:
+            # The same check RewardClient makes, here so the CLI reports it as bad input.
+            RewardClient(self.server_url)
+
+    def client_settings(self) -> tuple[Timeouts, Concurrency, Retry]:
+        """The client's timeouts, concurrency and retry policy for this run."""
+        timeouts = Timeouts(connect_s=min(10.0, self.timeout_s), sock_read_s=self.timeout_s, total_s=self.timeout_s)
+        concurrency = Concurrency(max_groups_in_flight=self.max_in_flight, groups_per_request=self.groups_per_request)
+        return timeouts, concurrency, Retry(max_attempts=self.max_attempts)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """What one evaluation produced.
+
+    Attributes:
+        evaluation: the metrics stage's :class:`~rmserve.metrics.report.Evaluation`.
+        table_md: the Markdown report the metrics stage rendered (also in ``table.md``).
+        results: the JSON dict the metrics stage wrote to ``results.json``.
+        paths: every file the metrics stage wrote.
+        scores_path: the score file.
+        model: the server's model (name, fingerprint, engine …).
+        n_groups: groups of the benchmark data evaluated.
+        n_scored: groups scored by this run.
+        n_resumed: groups found already scored in the score file.
+        missing: canonical domains/subsets absent from the data (e.g. RM-Bench ``math``).
+        notes: sentences about the run (resume, repaired file, ignored records, missing parts).
+    """
+
+    evaluation: Evaluation
+    table_md: str
+    results: dict[str, Any]
+    paths: tuple[Path, ...]
+    scores_path: Path
+    model: ModelInfo
+    n_groups: int
+    n_scored: int
+    n_resumed: int
+    missing: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+
+def pick_model(models: Sequence[ModelInfo], name: str | None) -> ModelInfo:
+    """The model to score with: the one named ``name``, else the server's only model.
+
+    Raises:
+        rmserve.errors.ModelNotFound: ``name`` is not served, or the server serves several
+            and none was named.
+    """
+    if name is not None:
+        for info in models:
+            if info.name == name:
+                return info
+        raise errors.ModelNotFound(
+            f"the server does not serve {name!r}; it serves {', '.join(m.name for m in models)}",
+            field="model",
+            value=name,
+        )
+    if len(models) > 1:
+        raise errors.ModelNotFound(
+            f"the server serves several models ({', '.join(m.name for m in models)}); name one with --model",
+            field="model",
+        )
+    return models[0]
+
+
+def _progress(total: int, initial: int, quiet: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit="group",
+        desc="scoring",
+        disable=quiet or not sys.stderr.isatty(),
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
+
+
+async def _score_pending(
+    client: RewardClient, store: ScoreStore, pending: Sequence[Group], info: ModelInfo, config: EvalConfig, n_total: int
+) -> None:
+    """Stream ``pending`` through the client, appending each record as it arrives."""
+    bar = _progress(n_total, n_total - len(pending), config.quiet)
+    tokens = 0
+    started = time.monotonic()
+    try:
+        stream = client.score_stream(pending, model=config.model, expect_fingerprint=info.fingerprint)
+        async with contextlib.aclosing(stream):
+            async for record in stream:
+                store.append(record)
+                tokens += sum(record.num_tokens)
+                elapsed_s = max(time.monotonic() - started, 1e-9)
+                bar.set_postfix_str(f"{tokens / elapsed_s:,.0f} tok/s", refresh=False)
+                bar.update(1)
+    finally:
+        bar.close()
+
+
+async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession | None = None) -> EvalResult:
+    """:func:`evaluate` on the running event loop; ``session`` reuses an open aiohttp session."""
+    from rmserve.datasets import load_benchmark
+    from rmserve.metrics.report import MetricsConfig, evaluate_records, render_markdown, result_dict, write_outputs
+
+    if config.server_url is None:
+        raise ValueError("server_url is required to evaluate")
+    dataset = await asyncio.to_thread(load_benchmark, config.bench, config.data, config.only)
+    keys = {g.key: i for i, g in enumerate(dataset.groups)}
+    scores_path = config.out_dir / SCORES_FILENAME
+    notes: list[str] = []
+    if dataset.missing:
+        notes.append(f"not in the data ({dataset.source}): {', '.join(dataset.missing)}")
+    timeouts, concurrency, retry = config.client_settings()
+    with ScoreStore(scores_path, fsync=config.fsync) as store:
+        assert store.existing is not None
+        if store.existing.dropped_note:
+            notes.append(store.existing.dropped_note)
+        async with RewardClient(
+            config.server_url, session=session, timeouts=timeouts, concurrency=concurrency, retry=retry
+        ) as client:
+            await client.wait_until_ready(config.ready_timeout_s)
+            info = pick_model(await client.models(), config.model)
+            n_stored = len(store.records)
+            if store.check_model(model=info.name, fingerprint=info.fingerprint, overwrite=config.overwrite):
+                notes.append(f"--overwrite: discarded {n_stored} stored groups of another model")
+            scored = store.scored_keys()
+            pending = [g for g in dataset.groups if g.key not in scored]
+            n_resumed = len(dataset.groups) - len(pending)
+            if n_resumed:
+                notes.append(f"resumed: {n_resumed} groups already in {scores_path}, {len(pending)} to score")
+            extra = sum(1 for k in scored if k not in keys)
+            if extra:
+                notes.append(f"{extra} stored groups are not in this data and are left out of the figures")
+            if pending:
+                await _score_pending(client, store, pending, info, config, len(dataset.groups))
+        # Figures in data order, so a resumed run reports what an uninterrupted one would.
+        records: list[ScoreRecord] = sorted((r for r in store.records if r.key in keys), key=lambda r: keys[r.key])
+    for note in notes:
+        logger.info("%s", note)
+    metrics_config = MetricsConfig(resamples=config.resamples, seed=config.seed, benchmark=config.bench)
+    evaluation = await asyncio.to_thread(evaluate_records, records, metrics_config, source=str(scores_path))
+    paths = await asyncio.to_thread(write_outputs, evaluation, config.out_dir)
+    return EvalResult(
+        evaluation=evaluation,
+        table_md=render_markdown(evaluation),
+        results=result_dict(evaluation),
+        paths=tuple(paths),
+        scores_path=scores_path,
+        model=info,
+        n_groups=len(dataset.groups),
+        n_scored=len(pending),
+        n_resumed=n_resumed,
+        missing=dataset.missing,
+        notes=tuple(notes),
+    )
+
+
+def evaluate(config: EvalConfig, *, session: aiohttp.ClientSession | None = None) -> EvalResult:
+    """Score ``config.bench`` on the server at ``config.server_url`` and report the figures.
+
+    Steps: load the data → wait for ``/health`` (``ready_timeout_s``) → read the model
+    fingerprint from ``/v1/models`` → check it against ``OUT/scores.jsonl`` → score the
+    groups not yet stored (at most ``max_in_flight`` in flight; progress bar on a terminal)
+    → compute and write the figures with :mod:`rmserve.metrics.report`.
+
+    Returns:
+        An :class:`EvalResult` (table, results dict, paths, counts, notes).
+
+    Raises:
+        ValueError: ``server_url`` missing.
+        rmserve.errors.DataError: bad benchmark data, or an invalid score file (names line).
+        rmserve.errors.FingerprintMismatch: the score file holds another model's scores and
+            ``overwrite`` is False, or the server's model changed during the run.
+        rmserve.errors.EngineNotReady: the server was not ready within ``ready_timeout_s``.
+        rmserve.errors.RMServeError: a scoring request failed for good (the records of the
+            groups answered before it are kept).
+    """
+    return asyncio.run(evaluate_async(config, session=session))

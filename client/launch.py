@@ -1,0 +1,313 @@
+"""``rmserve run MODEL``: start a scoring server in a child process, evaluate, stop it.
+
+The child is ``python -m rmserve.cli serve MODEL --host 127.0.0.1 --port P …`` on a free
+loopback port, in its own process group (so the engine's worker processes stop with it), with
+stdout and stderr appended to ``OUT/server.log``. :class:`ServerProcess` waits until its
+``/health`` answers 200 — failing early, with the log's last lines, if the child exits — and
+always stops it: SIGTERM to the group, then SIGKILL after a grace period, on success, error,
+Ctrl-C or SIGTERM alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rmserve import errors
+from rmserve.client.client import RewardClient, Timeouts
+from rmserve.client.evaluate import EvalConfig, EvalResult, evaluate
+
+SERVER_LOG_FILENAME = "server.log"
+"""Name of the child server's log inside the output folder."""
+
+LOG_TAIL_LINES = 30
+"""Lines of the server log quoted in an error."""
+
+
+def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, release)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file ('' when it does not exist)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            data = fh.read()
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How ``rmserve run`` starts its server. None leaves the ``rmserve serve`` default."""
+
+    model: str
+    """Model path or hub id, passed to ``rmserve serve``."""
+
+    engine: str | None = None
+    """Engine backend: ``vllm`` or ``hf``."""
+
+    dtype: str | None = None
+    """Weights/activations dtype (``auto``, ``bfloat16``, ``float16``, ``float32``)."""
+
+    max_model_len: int | None = None
+    """Longest sequence in tokens."""
+
+    block_size: int | None = None
+    """Prefix-cache block size in tokens."""
+
+    gpu_memory_utilization: float | None = None
+    """Fraction of GPU memory the engine may use."""
+
+    tensor_parallel_size: int | None = None
+    """GPUs to shard the model over."""
+
+    chat_template: Path | None = None
+    """A Jinja chat template file replacing the model's."""
+
+    enforce_eager: bool = False
+    """Disable CUDA graphs / compilation (faster start, slower scoring)."""
+
+    extra_args: tuple[str, ...] = ()
+    """More ``rmserve serve`` arguments, passed as given."""
+
+    startup_timeout_s: float = 1800.0
+    """How long the model may take to load before the run fails, seconds. Default 1800; > 0."""
+
+    stop_grace_s: float = 30.0
+    """Seconds between SIGTERM and SIGKILL when stopping the server. Default 30; ≥ 0."""
+
+    serve_command: tuple[str, ...] = field(default_factory=lambda: (sys.executable, "-m", "rmserve.cli", "serve"))
+    """The command that starts a server; the model and options are appended."""
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model must be a path or hub id, got an empty string")
+        if not self.startup_timeout_s > 0:
+            raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s!r}")
+        if not self.stop_grace_s >= 0:
+            raise ValueError(f"stop_grace_s must be ≥ 0, got {self.stop_grace_s!r}")
+        if not self.serve_command:
+            raise ValueError("serve_command must name a program")
+
+    def argv(self, host: str, port: int) -> list[str]:
+        """The child's command line for a server on ``host:port``."""
+        argv = [*self.serve_command, self.model, "--host", host, "--port", str(port)]
+        options = {
+            "--engine": self.engine,
+            "--dtype": self.dtype,
+            "--max-model-len": self.max_model_len,
+            "--block-size": self.block_size,
+            "--gpu-memory-utilization": self.gpu_memory_utilization,
+            "--tensor-parallel-size": self.tensor_parallel_size,
+            "--chat-template": self.chat_template,
+        }
+        for flag, value in options.items():
+            if value is not None:
+                argv += [flag, str(value)]
+        if self.enforce_eager:
+            argv.append("--enforce-eager")
+        return argv + list(self.extra_args)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Settings of ``rmserve run``: the server to start and the evaluation to run on it.
+
+    ``evaluation.server_url`` must be None: the launcher fills in the child's URL.
+    """
+
+    serve: ServeOptions
+    evaluation: EvalConfig
+
+    def __post_init__(self) -> None:
+        if self.evaluation.server_url is not None:
+            raise ValueError("evaluation.server_url must be None: rmserve run starts its own server")
+
+
+class ServerProcess:
+    """A ``rmserve serve`` child process, as a context manager that always stops it.
+
+    Args:
+        argv: the command line.
+        url: the base URL it will listen on.
+        log_path: where its stdout and stderr are appended.
+        startup_timeout_s: longest wait for ``/health`` 200 in :meth:`wait_ready`.
+        stop_grace_s: seconds between SIGTERM and SIGKILL in :meth:`stop`.
+        poll_interval_s: pause between health checks.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        url: str,
+        log_path: Path,
+        startup_timeout_s: float,
+        stop_grace_s: float,
+        poll_interval_s: float = 0.25,
+    ) -> None:
+        self.argv = list(argv)
+        self.url = url
+        self.log_path = Path(log_path)
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.poll_interval_s = poll_interval_s
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Spawn the child in a new process group, output appended to the log file."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n=== rmserve run: {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+
+    @property
+    def returncode(self) -> int | None:
+        """The child's exit status, or None while it runs (or before it started)."""
+        return None if self.process is None else self.process.poll()
+
+    def _exited_error(self, when: str) -> errors.ServerFault:
+        return errors.ServerFault(
+            f"the server exited with status {self.returncode} {when}; last lines of {self.log_path}:\n"
+            f"{log_tail(self.log_path)}"
+        )
+
+    def wait_ready(self) -> None:
+        """Block until ``GET /health`` answers 200.
+
+        Raises:
+            rmserve.errors.ServerFault: the child exited first (quotes the log's last lines).
+            rmserve.errors.EngineNotReady: not ready after ``startup_timeout_s`` (quotes the
+                log's last lines; the child is left for :meth:`stop`).
+        """
+        asyncio.run(self._wait_ready())
+
+    async def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        probe = Timeouts(connect_s=2.0, sock_read_s=5.0, total_s=5.0, probe_s=5.0)
+        async with RewardClient(self.url, timeouts=probe) as client:
+            while True:
+                if self.returncode is not None:
+                    raise self._exited_error("before it was ready")
+                try:
+                    await client.health()
+                    return
+                except errors.RMServeError as exc:
+                    if not exc.retryable:
+                        raise
+                if time.monotonic() >= deadline:
+                    raise errors.EngineNotReady(
+                        f"the server at {self.url} was not ready after {self.startup_timeout_s:g} s; "
+                        f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+                    )
+                await asyncio.sleep(self.poll_interval_s)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        assert self.process is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, sig)
+
+    def stop(self) -> int | None:
+        """Stop the child and its process group: SIGTERM, then SIGKILL after the grace period.
+
+        Idempotent. Returns the child's exit status (None if it never started).
+        """
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=self.stop_grace_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.process.wait()
+        # Workers the server left behind in its group go too.
+        self._signal_group(signal.SIGKILL)
+        return self.process.returncode
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """While active, SIGTERM raises SystemExit(143) so cleanup (stopping the child) runs."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(config: RunConfig) -> EvalResult:
+    """Start a server for ``config.serve.model``, evaluate on it, and stop it.
+
+    The server's output goes to ``OUT/server.log``. The evaluation is
+    :func:`rmserve.client.evaluate.evaluate` with the child's URL; its score file resumes as
+    usual.
+
+    Raises:
+        rmserve.errors.ServerFault: the server exited before it was ready or during the
+            evaluation (the message quotes the log's last lines).
+        rmserve.errors.EngineNotReady: the server was not ready within ``startup_timeout_s``.
+        The errors of :func:`~rmserve.client.evaluate.evaluate`.
+    """
+    out_dir = config.evaluation.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    host = "127.0.0.1"
+    port = free_loopback_port()
+    url = f"http://{host}:{port}"
+    server = ServerProcess(
+        config.serve.argv(host, port),
+        url=url,
+        log_path=out_dir / SERVER_LOG_FILENAME,
+        startup_timeout_s=config.serve.startup_timeout_s,
+        stop_grace_s=config.serve.stop_grace_s,
+    )
+    with _sigterm_raises(), server:
+        server.wait_ready()
+        try:
+            return evaluate(replace(config.evaluation, server_url=url))
+        except errors.RMServeError as exc:
+            if server.returncode is not None:
+                raise server._exited_error("during the evaluation") from exc
+            raise

@@ -1,0 +1,302 @@
+"""The score file: one :class:`~rmserve.schema.ScoreRecord` per JSONL line, append-only.
+
+Each scored group is written with a single unbuffered ``write`` of its line (plus an
+optional ``fsync``), so a run that is killed loses at most the line being written. Reading
+tolerates that line: a last line with no newline that does not decode is ignored and
+reported (and cut off before the next append); a bad line anywhere else is a
+:class:`~rmserve.errors.DataError` naming file and line.
+
+A score file holds one model: every record carries the server's ``model`` and
+``fingerprint``, and all must agree. Keys (benchmark/domain/id) are unique: resuming skips
+:meth:`ScoreStore.scored_keys` and :meth:`ScoreStore.append` refuses a key already stored.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from rmserve.errors import DataError, FingerprintMismatch
+from rmserve.schema import GroupKey, ScoreRecord, encode
+
+try:  # POSIX advisory locks keep two runs from appending to one file.
+    import fcntl
+except ImportError:  # pragma: no cover - non-POSIX
+    fcntl = None  # type: ignore[assignment]
+
+SCORES_FILENAME = "scores.jsonl"
+"""Name of the score file inside an output folder."""
+
+
+@dataclass(frozen=True)
+class ScoreFile:
+    """The decoded content of a score file.
+
+    Attributes:
+        path: the file.
+        records: the records in file order.
+        valid_bytes: length of the file prefix holding complete, valid lines.
+        ends_with_newline: whether that prefix ends with a newline (False only for a valid
+            last record written without one).
+        dropped_line: the 1-based number of an ignored truncated last line, else None.
+        dropped_bytes: its length in bytes (0 when none).
+    """
+
+    path: Path
+    records: tuple[ScoreRecord, ...]
+    valid_bytes: int
+    ends_with_newline: bool
+    dropped_line: int | None = None
+    dropped_bytes: int = 0
+
+    @property
+    def model(self) -> str | None:
+        """The model name of the records (None for an empty file)."""
+        return self.records[0].model if self.records else None
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The model fingerprint of the records (None for an empty file)."""
+        return self.records[0].fingerprint if self.records else None
+
+    @property
+    def dropped_note(self) -> str | None:
+        """A sentence reporting the ignored truncated last line, if there was one."""
+        if self.dropped_line is None:
+            return None
+        return (
+            f"{self.path}: ignored a truncated last line (line {self.dropped_line}, "
+            f"{self.dropped_bytes} bytes, an interrupted write); its group will be scored again"
+        )
+
+
+def _decode_error_field(exc: msgspec.ValidationError) -> str | None:
+    # msgspec messages end with "- at `$.rewards[0]`"; keep the path for the error's field.
+    text = str(exc)
+    marker = "at `$."
+    if marker in text:
+        return text.rsplit(marker, 1)[1].rstrip("`")
+    return None
+
+
+def read_scores(path: str | Path) -> ScoreFile:
+    """Read and check a score file.
+
+    Blank lines are skipped. A missing file reads as empty.
+
+    Raises:
+        DataError: a line (other than an unterminated last line) that is not a valid
+            ScoreRecord, a key stored twice, or a record whose model fingerprint differs from
+            the first record's. The message names the file and line.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return ScoreFile(path=path, records=(), valid_bytes=0, ends_with_newline=True)
+    lines = raw.split(b"\n")
+    # split() leaves a last piece with no newline after it: empty when the file ends with one.
+    records: list[ScoreRecord] = []
+    first_line: dict[GroupKey, int] = {}
+    offset = 0
+    valid_bytes = 0
+    ends_with_newline = True
+    decoder = msgspec.json.Decoder(ScoreRecord)
+    for index, line in enumerate(lines):
+        lineno = index + 1
+        terminated = index < len(lines) - 1
+        end = offset + len(line) + (1 if terminated else 0)
+        if not line.strip():
+            offset = end
+            if terminated or not line:
+                valid_bytes = end
+            continue
+        try:
+            record = decoder.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            if not terminated:
+                return ScoreFile(
+                    path=path,
+                    records=tuple(records),
+                    valid_bytes=valid_bytes,
+                    ends_with_newline=ends_with_newline,
+                    dropped_line=lineno,
+                    dropped_bytes=len(line),
+                )
+            field = _decode_error_field(exc) if isinstance(exc, msgspec.ValidationError) else None
+            raise DataError(f"not a valid score record ({exc})", path=str(path), line=lineno, field=field) from None
+        key = record.key
+        if key in first_line:
+            raise DataError(
+                f"group {str(key)!r} is stored twice (first at line {first_line[key]})",
+                path=str(path), line=lineno, record_id=record.id,
+            )
+        if records and record.fingerprint != records[0].fingerprint:
+            raise DataError(
+                f"model fingerprint {record.fingerprint!r} differs from {records[0].fingerprint!r} of line "
+                f"{first_line[records[0].key]}; a score file holds one model",
+                path=str(path), line=lineno, record_id=record.id, field="fingerprint",
+            )
+        first_line[key] = lineno
+        records.append(record)
+        offset = end
+        valid_bytes = end
+        ends_with_newline = terminated
+    return ScoreFile(path=path, records=tuple(records), valid_bytes=valid_bytes, ends_with_newline=ends_with_newline)
+
+
+class ScoreStore:
+    """Append-only writer of a score file, for one run at a time.
+
+    ``with ScoreStore(path) as store:`` locks the file (a second writer gets a DataError),
+    reads what is there (:attr:`existing`), cuts off a truncated last line, and then appends
+    one record per :meth:`append`.
+
+    Args:
+        path: the score file (created with its folder if missing).
+        fsync: ``os.fsync`` after every record. A killed process loses nothing already
+            written either way; fsync also guards against a machine crash, at a cost per
+            group. Default False.
+    """
+
+    def __init__(self, path: str | Path, *, fsync: bool = False) -> None:
+        self.path = Path(path)
+        self.fsync = fsync
+        self._fd: int | None = None
+        self._records: list[ScoreRecord] = []
+        self._keys: set[GroupKey] = set()
+        self.existing: ScoreFile | None = None
+
+    def __enter__(self) -> ScoreStore:
+        self.open()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        """Lock the file, load it, and repair an interrupted last write.
+
+        Raises:
+            DataError: another process holds the file, or the file is invalid (see
+                :func:`read_scores`).
+        """
+        if self._fd is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            if fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise DataError("another run is writing this score file", path=str(self.path)) from None
+            existing = read_scores(self.path)
+            if existing.dropped_line is not None:
+                os.ftruncate(fd, existing.valid_bytes)
+            if not existing.ends_with_newline:
+                self._write(fd, b"\n")
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self.existing = existing
+        self._records = list(existing.records)
+        self._keys = {r.key for r in existing.records}
+
+    def close(self) -> None:
+        """Release the lock and the file; idempotent."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @property
+    def records(self) -> tuple[ScoreRecord, ...]:
+        """Every record in the file: those found on open, then those appended."""
+        return tuple(self._records)
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The fingerprint of the stored records (None while empty)."""
+        return self._records[0].fingerprint if self._records else None
+
+    @property
+    def model(self) -> str | None:
+        """The model name of the stored records (None while empty)."""
+        return self._records[0].model if self._records else None
+
+    def scored_keys(self) -> frozenset[GroupKey]:
+        """Keys of the groups already stored (to skip when resuming)."""
+        return frozenset(self._keys)
+
+    def check_model(self, *, model: str, fingerprint: str, overwrite: bool = False) -> bool:
+        """Make sure the stored records belong to the model the server serves.
+
+        Args:
+            model, fingerprint: what the server reports (``GET /v1/models``).
+            overwrite: on a mismatch, empty the file instead of refusing.
+
+        Returns:
+            True when the file was emptied (overwrite of another model's scores).
+
+        Raises:
+            FingerprintMismatch: the file holds another model's scores and ``overwrite`` is
+                False. The message names both models and the way out.
+        """
+        if not self._records or self.fingerprint == fingerprint:
+            return False
+        if not overwrite:
+            raise FingerprintMismatch(
+                f"{self.path} holds scores of a different model ({self.model!r}, fingerprint "
+                f"{self.fingerprint!r}) than the server's ({model!r}, fingerprint {fingerprint!r}); "
+                "use another output folder, or --overwrite to discard the stored scores",
+                field="fingerprint",
+                value=fingerprint,
+            )
+        self.reset()
+        return True
+
+    def reset(self) -> None:
+        """Discard every stored record (truncate the file to empty)."""
+        fd = self._require_open()
+        os.ftruncate(fd, 0)
+        self._records.clear()
+        self._keys.clear()
+
+    def append(self, record: ScoreRecord) -> None:
+        """Write ``record`` as one line, then fsync when configured.
+
+        Raises:
+            DataError: the record's group is already stored.
+            FingerprintMismatch: the record's fingerprint differs from the stored records'.
+        """
+        fd = self._require_open()
+        key = record.key
+        if key in self._keys:
+            raise DataError(f"group {str(key)!r} is already stored", path=str(self.path), record_id=record.id)
+        if self._records and record.fingerprint != self.fingerprint:
+            raise FingerprintMismatch(
+                f"{self.path}: record of {str(key)!r} has fingerprint {record.fingerprint!r}, the file holds "
+                f"{self.fingerprint!r}",
+                field="fingerprint",
+            )
+        self._write(fd, encode(record) + b"\n")
+        if self.fsync:
+            os.fsync(fd)
+        self._records.append(record)
+        self._keys.add(key)
+
+    def _require_open(self) -> int:
+        if self._fd is None:
+            raise RuntimeError("ScoreStore is not open: use 'with ScoreStore(path) as store'")
+        return self._fd
+
+    @staticmethod
+    def _write(fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]

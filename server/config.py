@@ -1,0 +1,146 @@
+"""Engine configuration: one frozen dataclass, validated on construction.
+
+The fields map one-to-one onto ``rmserve serve`` options (attribute docstrings feed the help).
+No torch or vllm import here: the CLI and the HTTP layer build this object without loading
+an engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from rmserve.errors import ServerFault
+
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+"""Accepted ``dtype`` values. ``auto`` = bfloat16 on a CUDA device, float32 otherwise."""
+
+EngineKind = Literal["vllm", "hf"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to load and run the reward model.
+
+    Raises:
+        ValueError: from ``__post_init__``, naming the field, the value and the limit.
+    """
+
+    model: str
+    """Local checkpoint folder or hub id of a ``*ForSequenceClassification`` model with one label."""
+
+    engine: EngineKind = "vllm"
+    """Backend name: ``vllm`` (embedded AsyncLLM, prefix cache) or ``hf`` (transformers)."""
+
+    dtype: str = "auto"
+    """Compute dtype: ``auto`` (bfloat16 on GPU, float32 on CPU), ``float32``, ``bfloat16``, ``float16``."""
+
+    max_model_len: int | None = None
+    """Longest scored sequence in tokens, template included (≥ 16); None = the model's own limit."""
+
+    block_size: int | None = None
+    """KV-cache block size in tokens (vLLM); prefix sharing happens in whole blocks. A power of 2 in 8…256; None = 16 on GPU, 32 on the CPU build (its attention needs a multiple of 32, and its own default of 128 shares little of short prompts)."""
+
+    gpu_memory_utilization: float = 0.9
+    """Fraction of accelerator memory vLLM may use, in (0, 1]."""
+
+    kv_cache_memory_bytes: int | None = None
+    """Explicit KV-cache size in bytes (vLLM); overrides ``gpu_memory_utilization`` for the cache. None = vLLM's choice on GPU; on the CPU build ``VLLM_CPU_KVCACHE_SPACE`` GiB when set, else 4 GiB."""
+
+    tensor_parallel_size: int = 1
+    """Number of accelerators the model is sharded over (vLLM), ≥ 1."""
+
+    chat_template: Path | None = None
+    """Jinja chat-template file replacing the tokenizer's own; None = the model's template."""
+
+    enforce_eager: bool = False
+    """Run vLLM without CUDA graphs / compilation (slower, starts faster)."""
+
+    served_model_name: str | None = None
+    """Name reported in ``/v1/models`` and score replies; None = the model path's last part or the hub id."""
+
+    hf_batch_size: int = 8
+    """Sequences per forward pass in the transformers engine (≥ 1)."""
+
+    def __post_init__(self) -> None:
+        from rmserve.server.backends import ENGINES  # light module: only strings
+
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError("model: must be a non-empty path or hub id")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine: {self.engine!r} is not one of {', '.join(sorted(ENGINES))}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.max_model_len is not None and (not _is_int(self.max_model_len) or self.max_model_len < 16):
+            raise ValueError(f"max_model_len: {self.max_model_len!r} must be an integer ≥ 16 (or None)")
+        if self.block_size is not None and (
+            not _is_int(self.block_size) or not 8 <= self.block_size <= 256 or self.block_size & (self.block_size - 1)
+        ):
+            raise ValueError(f"block_size: {self.block_size!r} must be a power of 2 between 8 and 256")
+        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization: {self.gpu_memory_utilization!r} must be in (0, 1]")
+        if self.kv_cache_memory_bytes is not None and (
+            not _is_int(self.kv_cache_memory_bytes) or self.kv_cache_memory_bytes < 1 << 20
+        ):
+            raise ValueError(f"kv_cache_memory_bytes: {self.kv_cache_memory_bytes!r} must be an integer ≥ 1 MiB (1048576)")
+        if not _is_int(self.tensor_parallel_size) or self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size: {self.tensor_parallel_size!r} must be an integer ≥ 1")
+        if self.chat_template is not None:
+            path = Path(self.chat_template)
+            if not path.is_file():
+                raise ValueError(f"chat_template: {str(path)!r} is not a file")
+            object.__setattr__(self, "chat_template", path)
+        if not _is_int(self.hf_batch_size) or self.hf_batch_size < 1:
+            raise ValueError(f"hf_batch_size: {self.hf_batch_size!r} must be an integer ≥ 1")
+        if self.served_model_name is not None and not self.served_model_name:
+            raise ValueError("served_model_name: must be non-empty when given")
+
+    @property
+    def name(self) -> str:
+        """The served model name: ``served_model_name``, else the folder name or the hub id."""
+        if self.served_model_name:
+            return self.served_model_name
+        path = Path(self.model)
+        return path.name if path.exists() else self.model
+
+    def resolved_dtype(self) -> str:
+        """``dtype`` with ``auto`` resolved: bfloat16 when CUDA is available, else float32.
+
+        Imports torch (only call from an engine module).
+        """
+        if self.dtype != "auto":
+            return self.dtype
+        import torch
+
+        return "bfloat16" if torch.cuda.is_available() else "float32"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_reward_head(model: str) -> None:
+    """Fail fast, before any weight is loaded, unless ``model`` is a one-label classifier.
+
+    Reads only the model config (transformers ``AutoConfig``; imported here).
+
+    Raises:
+        ServerFault: unreadable config, no ``*ForSequenceClassification`` architecture, or
+            ``num_labels != 1`` (per-token reward heads such as ``*ForRewardModel`` are not
+            served: the sequence reward must come from the ``classify`` pooling path).
+    """
+    from transformers import AutoConfig
+
+    try:
+        hf_config = AutoConfig.from_pretrained(model)
+    except Exception as exc:  # noqa: BLE001
+        raise ServerFault(f"cannot read the model config of {model!r}: {type(exc).__name__}: {exc}") from exc
+    architectures = list(getattr(hf_config, "architectures", None) or [])
+    if not any(a.endswith("ForSequenceClassification") for a in architectures):
+        raise ServerFault(
+            f"{model!r} has architectures {architectures}; a reward model must be a *ForSequenceClassification"
+        )
+    num_labels = getattr(hf_config, "num_labels", None)
+    if num_labels != 1:
+        raise ServerFault(f"{model!r} has num_labels={num_labels}; a reward model must have exactly 1")

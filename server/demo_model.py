@@ -1,0 +1,288 @@
+"""A tiny random-weight reward model for tests and benchmarks (no download).
+
+:func:`build_demo_model` writes a ``LlamaForSequenceClassification`` checkpoint
+(``num_labels=1``, fp32 safetensors) with a byte-level BPE tokenizer trained on a local
+corpus and a chat template that starts with BOS and closes every turn with EOS. The weights
+are random: the rewards it produces are reproducible numbers with no meaning, which is all
+a parity or throughput test needs.
+
+Template layout (``<s>`` = BOS, ``</s>`` = EOS)::
+
+    <s><|system|>\\n{system}</s><|user|>\\n{user}</s><|assistant|>\\n{response}</s>
+
+torch, transformers and tokenizers are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rmserve.errors import DataError
+
+log = logging.getLogger(__name__)
+
+BOS_TOKEN = "<s>"
+EOS_TOKEN = "</s>"
+PAD_TOKEN = "<pad>"
+ROLE_TOKENS: dict[str, str] = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
+SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, *ROLE_TOKENS.values())
+"""Special tokens in id order: pad = 0, BOS = 1, EOS = 2, then the role markers."""
+
+CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}<|system|>"
+    "{%- elif message['role'] == 'user' -%}<|user|>"
+    "{%- elif message['role'] == 'assistant' -%}<|assistant|>"
+    "{%- else -%}{{- raise_exception('unknown role ' ~ message['role'] ~ '; expected system, user or assistant') -}}"
+    "{%- endif -%}"
+    "{{- '\\n' ~ message['content'] ~ eos_token -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>{{- '\\n' -}}{%- endif -%}"
+)
+"""The demo chat template (Jinja): BOS once, a role marker and newline per turn, EOS after each turn."""
+
+RANDOM_WEIGHTS_WARNING = (
+    "WARNING: this demo reward model has RANDOM weights. Its rewards are reproducible numbers "
+    "with NO meaning; use it only to test and benchmark the serving path."
+)
+
+_CORPUS_SUFFIXES = (".json", ".jsonl", ".txt", ".md")
+
+
+@dataclass(frozen=True)
+class DemoModelConfig:
+    """Shape of the demo model.
+
+    Attributes:
+        layers: decoder layers (≥ 1).
+        hidden: hidden size; ``hidden / heads`` is the head dim, which must be ≥ 32 (the CPU
+            attention kernels of vLLM need it).
+        heads: attention heads; a multiple of ``kv_heads``.
+        kv_heads: key/value heads (grouped-query attention when < ``heads``).
+        intermediate: MLP size (≥ 1).
+        vocab: tokenizer vocabulary target incl. 256 byte symbols and 6 special tokens (300…65536).
+        seed: torch seed for the weights; same seed + same corpus → identical files.
+        max_len: ``max_position_embeddings`` and the tokenizer's ``model_max_length`` (≥ 16).
+
+    Raises:
+        ValueError: naming the field and the limit.
+    """
+
+    layers: int = 2
+    hidden: int = 128
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 352
+    vocab: int = 2000
+    seed: int = 0
+    max_len: int = 4096
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(message)
+
+        for name in ("layers", "hidden", "heads", "kv_heads", "intermediate"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and value >= 1, f"{name}: {value!r} must be an integer ≥ 1")
+        need(self.hidden % self.heads == 0, f"hidden: {self.hidden} must be a multiple of heads ({self.heads})")
+        need(
+            self.hidden // self.heads >= 32,
+            f"hidden: head dim hidden/heads = {self.hidden // self.heads} must be ≥ 32 (hidden ≥ {32 * self.heads})",
+        )
+        need(self.heads % self.kv_heads == 0, f"kv_heads: {self.kv_heads} must divide heads ({self.heads})")
+        need(300 <= self.vocab <= 65536, f"vocab: {self.vocab} must be between 300 and 65536")
+        need(self.seed >= 0, f"seed: {self.seed} must be ≥ 0")
+        need(self.max_len >= 16, f"max_len: {self.max_len} must be ≥ 16")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+@dataclass(frozen=True)
+class DemoModelReport:
+    """What :func:`build_demo_model` wrote.
+
+    Attributes:
+        path: the checkpoint folder.
+        num_parameters: parameter count of the model.
+        vocab_size: the trained tokenizer's vocabulary size (≤ the requested ``vocab``).
+        head_dim: attention head size.
+        weights_sha256: sha256 hex of ``model.safetensors``.
+    """
+
+    path: Path
+    num_parameters: int
+    vocab_size: int
+    head_dim: int
+    weights_sha256: str
+
+
+def corpus_texts(corpus: Path) -> Iterator[str]:
+    """Texts to train the tokenizer on, in a fixed order.
+
+    ``corpus`` is a file or a folder (searched recursively for ``.json``, ``.jsonl``,
+    ``.txt``, ``.md``, sorted by path). JSON/JSONL files must hold benchmark records: their
+    ``prompt`` (string or message list), ``chosen`` and ``rejected`` strings are used. Other
+    files are read as plain UTF-8 text.
+
+    Raises:
+        DataError: missing corpus, no usable file, or a JSON record without text fields.
+    """
+    from rmserve.datasets import read_records
+
+    corpus = Path(corpus)
+    if corpus.is_dir():
+        files = sorted(p for p in corpus.rglob("*") if p.is_file() and p.suffix.lower() in _CORPUS_SUFFIXES)
+        if not files:
+            raise DataError(f"no {', '.join(_CORPUS_SUFFIXES)} files in the corpus folder", path=str(corpus))
+    elif corpus.is_file():
+        files = [corpus]
+    else:
+        raise DataError("corpus does not exist", path=str(corpus))
+    for path in files:
+        if path.suffix.lower() not in (".json", ".jsonl"):
+            yield path.read_text(encoding="utf-8")
+            continue
+        for index, record in enumerate(read_records(path)):
+            found = False
+            prompt = record.get("prompt")
+            if isinstance(prompt, str):
+                found = True
+                yield prompt
+            elif isinstance(prompt, list):
+                for turn in prompt:
+                    if isinstance(turn, dict) and isinstance(turn.get("content"), str):
+                        found = True
+                        yield turn["content"]
+            for key in ("chosen", "rejected"):
+                value = record.get(key)
+                values = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+                for text in values:
+                    if isinstance(text, str):
+                        found = True
+                        yield text
+            if not found:
+                raise DataError(
+                    "record has no prompt/chosen/rejected text", path=str(path), line=index, field="prompt"
+                )
+
+
+def train_tokenizer(corpus: Path, vocab: int):
+    """Train a byte-level BPE ``tokenizers.Tokenizer`` on :func:`corpus_texts`.
+
+    The special tokens get ids 0…5 in :data:`SPECIAL_TOKENS` order; a post-processor adds
+    BOS in front of plain ``encode`` calls (as Llama tokenizers do), so tokenizing a rendered
+    chat text *with* special tokens would give two BOS — the renderer must not do that.
+    Training is single-pass and deterministic for a fixed corpus.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus_texts(corpus), trainer=trainer)
+    bos_id = tokenizer.token_to_id(BOS_TOKEN)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B", special_tokens=[(BOS_TOKEN, bos_id)]
+    )
+    return tokenizer
+
+
+def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoModelConfig()) -> DemoModelReport:
+    """Write a random-weight ``LlamaForSequenceClassification`` reward model to ``out``.
+
+    Files: ``config.json``, ``model.safetensors`` (fp32), ``tokenizer.json``,
+    ``tokenizer_config.json`` (with the chat template under ``chat_template``),
+    ``README.md`` (says the weights are random). Deterministic for a fixed
+    ``config`` and corpus.
+
+    Raises:
+        ValueError: ``out`` exists and is not an empty folder.
+        DataError: from :func:`corpus_texts`.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+
+    log.warning(RANDOM_WEIGHTS_WARNING)
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"out: {str(out)!r} exists and is not an empty folder")
+    out.mkdir(parents=True, exist_ok=True)
+
+    raw = train_tokenizer(corpus, config.vocab)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        model_max_length=config.max_len,
+        padding_side="right",
+        chat_template=CHAT_TEMPLATE,
+    )
+    ids = {tok: raw.token_to_id(tok) for tok in SPECIAL_TOKENS}
+    model_config = LlamaConfig(
+        vocab_size=raw.get_vocab_size(),
+        hidden_size=config.hidden,
+        intermediate_size=config.intermediate,
+        num_hidden_layers=config.layers,
+        num_attention_heads=config.heads,
+        num_key_value_heads=config.kv_heads,
+        head_dim=config.head_dim,
+        max_position_embeddings=config.max_len,
+        rms_norm_eps=1e-6,
+        bos_token_id=ids[BOS_TOKEN],
+        eos_token_id=ids[EOS_TOKEN],
+        pad_token_id=ids[PAD_TOKEN],
+        num_labels=1,
+        tie_word_embeddings=False,
+        architectures=["LlamaForSequenceClassification"],
+    )
+    model_config.dtype = "float32"
+
+    torch.manual_seed(config.seed)
+    with torch.device("cpu"):
+        model = LlamaForSequenceClassification(model_config).to(torch.float32).eval()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    _inline_chat_template(out)
+    (out / "README.md").write_text(
+        f"# rmserve demo reward model\n\n{RANDOM_WEIGHTS_WARNING}\n\n"
+        f"Shape: {config.layers} layers, hidden {config.hidden}, {config.heads} heads "
+        f"({config.kv_heads} KV heads, head dim {config.head_dim}), intermediate {config.intermediate}, "
+        f"vocab {raw.get_vocab_size()}, max length {config.max_len}, seed {config.seed}.\n",
+        encoding="utf-8",
+    )
+    weights = out / "model.safetensors"
+    return DemoModelReport(
+        path=out,
+        num_parameters=sum(p.numel() for p in model.parameters()),
+        vocab_size=raw.get_vocab_size(),
+        head_dim=config.head_dim,
+        weights_sha256=hashlib.sha256(weights.read_bytes()).hexdigest(),
+    )
+
+
+def _inline_chat_template(out: Path) -> None:
+    """Keep the chat template in ``tokenizer_config.json`` (one source), not a side file."""
+    config_path = out / "tokenizer_config.json"
+    data = json.loads(config_path.read_text(encoding="utf-8"))
+    data["chat_template"] = CHAT_TEMPLATE
+    config_path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    side_file = out / "chat_template.jinja"
+    if side_file.exists():
+        side_file.unlink()

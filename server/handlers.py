@@ -1,0 +1,287 @@
+"""Request handlers and the error middleware of the scoring app.
+
+``POST /v1/score`` flow: check the engine is ready → read the body (size-limited) → decode and
+validate it (render thread) → check the model name and admission limit → render and tokenize
+every group of the request in one render-thread call → score all groups concurrently, each
+group's sequences in one ``engine.score_group`` call so they share the prompt's prefix-cache
+blocks → reply. Cancelling the handler (client disconnect, with ``handler_cancellation``)
+cancels every pending ``score_group`` call, and the engine aborts those requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from aiohttp import web
+
+from rmserve.errors import (
+    BodyTooLarge,
+    EngineError,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    RMServeError,
+    ServerFault,
+)
+from rmserve.schema import GroupResult, ScoreRequest, ScoreResponse
+from rmserve.server import wire
+from rmserve.server.app import (
+    CONFIG_KEY,
+    ENGINE_KEY,
+    EXECUTOR_KEY,
+    METRICS_KEY,
+    STATE_KEY,
+)
+from rmserve.server.protocol import SequenceScore
+from rmserve.server.render import RenderedGroup
+
+logger = logging.getLogger("rmserve.server")
+
+JSON_CONTENT_TYPE = "application/json"
+CLIENT_CLOSED_STATUS = 499
+"""Status recorded in the request counter when the client went away before the reply."""
+
+
+# --- error middleware -------------------------------------------------------------------
+
+
+def _json_response(body: bytes, status: int, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=body, status=status, content_type=JSON_CONTENT_TYPE, headers=headers)
+
+
+def error_response(exc: RMServeError, retry_after_s: int) -> web.Response:
+    """The JSON reply for an rmserve error: status from its class, ``Retry-After`` when retryable."""
+    headers = {"Retry-After": str(retry_after_s)} if exc.retryable else None
+    return _json_response(wire.encode_error(exc), exc.status, headers)
+
+
+def _endpoint(request: web.Request) -> str:
+    route = request.match_info.route
+    resource = route.resource if route is not None else None
+    return resource.canonical if resource is not None else "unmatched"
+
+
+_PATH_LIKE = re.compile(
+    r"(?<![\w:/\\])(?:[A-Za-z]:)?(?:(?:[/\\][\w.\-]+){3,}|(?:[/\\][\w.\-]+)+\.\w+)[/\\]?"
+)
+"""Absolute file-system paths (three or more components, or ending in a file name with an
+extension), cut from 5xx messages; URL paths such as ``/v1/score`` are kept."""
+
+
+def _public(exc: RMServeError) -> RMServeError:
+    """``exc`` as the client may see it: server-fault messages lose file-system paths."""
+    if exc.status < 500:
+        return exc
+    message = _PATH_LIKE.sub("<path>", exc.message)
+    if message == exc.message:
+        return exc
+    public = type(exc)(message, field=exc.field)
+    public.status = exc.status
+    return public
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Write every error reply and count every request.
+
+    - :class:`~rmserve.errors.RMServeError` → its ``status`` and
+      ``{"error": {"type", "message", "field"}}``; ``Retry-After`` on retryable ones; server
+      faults (5xx) are logged with their cause, and paths are cut from their messages.
+    - aiohttp's body-size rejection → 413 ``body_too_large`` naming the limit.
+    - other HTTP errors from routing (404 unknown path, 405 wrong method) → the same JSON shape.
+    - anything else → logged with its traceback, answered 500 ``internal_error`` with a
+      generic message (no exception text, paths or traceback in the body).
+    - cancellation (client gone) → counted as status 499 and re-raised.
+    """
+    app = request.app
+    config = app[CONFIG_KEY]
+    metrics = app[METRICS_KEY]
+    endpoint = _endpoint(request)
+    started = time.perf_counter()
+    try:
+        response = await handler(request)
+    except RMServeError as exc:
+        if exc.status >= 500 and not exc.retryable:
+            logger.error("%s %s failed: %s", request.method, request.path, exc.message, exc_info=exc)
+        response = error_response(_public(exc), config.retry_after_s)
+    except web.HTTPRequestEntityTooLarge:
+        too_large = BodyTooLarge(
+            f"request body exceeds the server's limit of {config.max_body_bytes} bytes (max_body_bytes)",
+            limit=config.max_body_bytes,
+        )
+        response = error_response(too_large, config.retry_after_s)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        type_ = exc.reason.lower().replace(" ", "_")
+        message = f"{exc.reason}: {request.method} {request.path}"
+        allow = exc.headers.get("Allow")
+        headers = {"Allow": allow} if allow is not None else None
+        response = _json_response(wire.encode_error_fields(type_, message), exc.status, headers)
+    except asyncio.CancelledError:
+        metrics.observe_request(endpoint, CLIENT_CLOSED_STATUS, time.perf_counter() - started)
+        logger.info("%s %s cancelled (client disconnected or server stopping)", request.method, request.path)
+        raise
+    except Exception:
+        logger.exception("unexpected error while handling %s %s", request.method, request.path)
+        generic = ServerFault("internal server error; the server log has the details")
+        response = error_response(generic, config.retry_after_s)
+    metrics.observe_request(endpoint, response.status, time.perf_counter() - started)
+    return response
+
+
+# --- simple routes ----------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    """``GET /health``: 200 ``{"status": "ready"}``; 503 with ``Retry-After`` otherwise
+    (``loading``, ``failed``, ``stopping``)."""
+    state = request.app[STATE_KEY]
+    if state.status == "ready":
+        return _json_response(wire.encode_health("ready"), 200)
+    headers = {"Retry-After": str(request.app[CONFIG_KEY].retry_after_s)}
+    return _json_response(wire.encode_health(state.status), 503, headers)
+
+
+async def models(request: web.Request) -> web.Response:
+    """``GET /v1/models``: ``{"models": [ModelInfo]}``; 503 ``engine_not_ready`` while loading."""
+    info, _ = request.app[STATE_KEY].require_ready()
+    return _json_response(wire.encode_models([info]), 200)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``: the app's Prometheus registry in text format."""
+    body, content_type = request.app[METRICS_KEY].render()
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+# --- scoring ----------------------------------------------------------------------------
+
+
+def _check_scores(scores: Sequence[SequenceScore], expected: int, gi: int, group_id: str) -> None:
+    if len(scores) != expected:
+        raise EngineError(
+            f"the engine returned {len(scores)} scores for groups[{gi}] (id {group_id!r}) with {expected} responses"
+        )
+    for ri, score in enumerate(scores):
+        if not math.isfinite(score.reward):
+            raise EngineError(
+                f"the engine returned a non-finite reward ({score.reward}) for groups[{gi}] "
+                f"(id {group_id!r}) response {ri}"
+            )
+
+
+def _first_error(group: BaseExceptionGroup) -> BaseException:
+    """The error to report from a failed task group: an rmserve error if there is one."""
+    leaves: list[BaseException] = []
+
+    def walk(eg: BaseExceptionGroup) -> None:
+        for exc in eg.exceptions:
+            if isinstance(exc, BaseExceptionGroup):
+                walk(exc)
+            else:
+                leaves.append(exc)
+
+    walk(group)
+    for exc in leaves:
+        if isinstance(exc, RMServeError):
+            return exc
+    return leaves[0]
+
+
+async def _score_groups(engine, rendered: list[RenderedGroup], request_id: str) -> list[list[SequenceScore]]:
+    """Score all groups concurrently; the first failure cancels the other groups."""
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [
+                tg.create_task(engine.score_group(group.token_ids, f"{request_id}-{gi}"))
+                for gi, group in enumerate(rendered)
+            ]
+    except BaseExceptionGroup as eg:
+        raise _first_error(eg) from None
+    return [task.result() for task in tasks]
+
+
+async def score(request: web.Request) -> web.Response:
+    """``POST /v1/score``: score every group of the request (see the module docstring).
+
+    Raises (answered by :func:`error_middleware`): ``EngineNotReady`` (503),
+    ``InvalidRequest`` (400), ``ModelNotFound`` (404), ``SequenceTooLong`` /
+    ``BodyTooLarge`` (413), ``Overloaded`` (429), ``EngineError`` (500).
+    """
+    app = request.app
+    config = app[CONFIG_KEY]
+    state = app[STATE_KEY]
+    metrics = app[METRICS_KEY]
+    executor = app[EXECUTOR_KEY]
+    info, renderer = state.require_ready()
+
+    if request.content_length is not None and request.content_length > config.max_body_bytes:
+        raise BodyTooLarge(
+            f"request body is {request.content_length} bytes; the server's limit is "
+            f"{config.max_body_bytes} bytes (max_body_bytes)",
+            value=request.content_length,
+            limit=config.max_body_bytes,
+        )
+    body = await request.read()
+    loop = asyncio.get_running_loop()
+    score_request: ScoreRequest = await loop.run_in_executor(
+        executor, lambda: wire.decode_score_request(body, max_model_len=info.max_model_len)
+    )
+    if score_request.model is not None and score_request.model != info.name:
+        raise ModelNotFound(
+            f"model {score_request.model!r} is not served here; this server scores {info.name!r}",
+            field="model",
+            value=score_request.model,
+        )
+
+    num_groups = len(score_request.groups)
+    limit = config.max_inflight_groups
+    if limit:
+        if num_groups > limit:
+            raise InvalidRequest(
+                f"groups holds {num_groups} groups; the server admits at most {limit} at once "
+                "(max_inflight_groups); split the request",
+                field="groups",
+                value=num_groups,
+                limit=limit,
+            )
+        if state.inflight_groups + num_groups > limit:
+            raise Overloaded(
+                f"{state.inflight_groups} groups in flight; admitting {num_groups} more would exceed "
+                f"max_inflight_groups={limit}; retry later",
+                limit=limit,
+            )
+
+    state.inflight_groups += num_groups
+    metrics.inflight_groups.inc(num_groups)
+    try:
+        rendered: list[RenderedGroup] = await loop.run_in_executor(executor, renderer.render_request, score_request)
+        scores = await _score_groups(app[ENGINE_KEY], rendered, uuid.uuid4().hex)
+    finally:
+        state.inflight_groups -= num_groups
+        metrics.inflight_groups.dec(num_groups)
+
+    results: list[GroupResult] = []
+    for gi, (group, group_rendered, group_scores) in enumerate(zip(score_request.groups, rendered, scores)):
+        _check_scores(group_scores, len(group.responses), gi, group.id)
+        num_tokens = group_rendered.num_tokens
+        num_cached = tuple(int(s.num_cached_tokens) for s in group_scores)
+        results.append(
+            GroupResult(
+                id=group.id,
+                rewards=tuple(float(s.reward) for s in group_scores),
+                num_tokens=num_tokens,
+                num_cached_tokens=num_cached,
+                truncated_tokens=group_rendered.truncated_tokens,
+            )
+        )
+    for result in results:
+        metrics.observe_group(result.num_tokens, result.num_cached_tokens)
+    reply = ScoreResponse(model=info.name, fingerprint=info.fingerprint, results=tuple(results))
+    return _json_response(wire.encode_score_response(reply), 200)

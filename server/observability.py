@@ -1,0 +1,115 @@
+"""Prometheus metrics of one server app, on an app-owned registry.
+
+Every :class:`ServerMetrics` has its own ``CollectorRegistry`` (never prometheus_client's
+global one), so several apps in one process (tests) keep separate counts. ``GET /metrics``
+renders it in the Prometheus text format.
+
+Series (token counts are per scored sequence, template included):
+
+- ``rmserve_requests_total{endpoint, status}``: HTTP requests answered, by route and status.
+- ``rmserve_request_duration_seconds{endpoint}``: request latency histogram (seconds).
+- ``rmserve_groups_total`` / ``rmserve_sequences_total``: groups and sequences scored.
+- ``rmserve_prompt_tokens_total``: tokens of all scored sequences (Σ ``num_tokens``).
+- ``rmserve_prefix_cache_queries_total`` / ``rmserve_prefix_cache_hits_total``: tokens looked
+  up in / served from the engine's prefix cache (Σ ``num_tokens`` / Σ ``num_cached_tokens``),
+  the same definitions as vLLM's ``vllm:prefix_cache_queries`` / ``…_hits``, counted from
+  the replies this server sent.
+- ``rmserve_inflight_groups``: groups admitted by ``/v1/score`` and not yet answered
+  (rendering or in the engine); what ``max_inflight_groups`` bounds.
+- ``rmserve_engine_prefix_cache_queries_total`` / ``…_hits_total``: the engine's own
+  cumulative counters, present only when the engine implements
+  :class:`~rmserve.server.protocol.SupportsPrefixCacheStats`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from rmserve.server.protocol import PrefixCacheStats
+
+LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)
+"""Upper bounds (seconds) of the request latency histogram buckets."""
+
+
+class _EngineCounterCollector(Collector):
+    """Reads the engine's counters at scrape time; yields nothing when it has none."""
+
+    def __init__(self, read: Callable[[], PrefixCacheStats | None]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[Metric]:
+        counters = self._read()
+        if counters is None:
+            return
+        queries = CounterMetricFamily(
+            "rmserve_engine_prefix_cache_queries",
+            "Tokens the engine looked up in its prefix cache (engine's own count).",
+        )
+        queries.add_metric([], float(counters.query_tokens))
+        hits = CounterMetricFamily(
+            "rmserve_engine_prefix_cache_hits",
+            "Tokens the engine served from its prefix cache (engine's own count).",
+        )
+        hits.add_metric([], float(counters.hit_tokens))
+        yield queries
+        yield hits
+
+
+class ServerMetrics:
+    """The metric families of one app (see the module docstring for the series).
+
+    Args:
+        engine_counters: optional zero-argument callable returning the engine's
+            :class:`~rmserve.server.protocol.PrefixCacheStats` (or None when unavailable);
+            read at each scrape.
+    """
+
+    def __init__(self, engine_counters: Callable[[], PrefixCacheStats | None] | None = None) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "rmserve_requests", "HTTP requests answered, by route and status.", ["endpoint", "status"], registry=r
+        )
+        self.request_duration_s = Histogram(
+            "rmserve_request_duration_seconds",
+            "Time from request start to reply, seconds.",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.groups = Counter("rmserve_groups", "Groups scored.", registry=r)
+        self.sequences = Counter("rmserve_sequences", "Sequences (responses) scored.", registry=r)
+        self.prompt_tokens = Counter("rmserve_prompt_tokens", "Tokens of all scored sequences.", registry=r)
+        self.prefix_cache_queries = Counter(
+            "rmserve_prefix_cache_queries", "Tokens looked up in the prefix cache (sum of num_tokens).", registry=r
+        )
+        self.prefix_cache_hits = Counter(
+            "rmserve_prefix_cache_hits", "Tokens served from the prefix cache (sum of num_cached_tokens).", registry=r
+        )
+        self.inflight_groups = Gauge("rmserve_inflight_groups", "Groups admitted and not yet answered (rendering or in the engine).", registry=r)
+        if engine_counters is not None:
+            r.register(_EngineCounterCollector(engine_counters))
+
+    def observe_request(self, endpoint: str, status: int, duration_s: float) -> None:
+        """Count one answered request and its latency."""
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+        self.request_duration_s.labels(endpoint=endpoint).observe(duration_s)
+
+    def observe_group(self, num_tokens: Sequence[int], num_cached_tokens: Sequence[int]) -> None:
+        """Count one scored group from its per-sequence token counts."""
+        tokens = sum(num_tokens)
+        self.groups.inc()
+        self.sequences.inc(len(num_tokens))
+        self.prompt_tokens.inc(tokens)
+        self.prefix_cache_queries.inc(tokens)
+        self.prefix_cache_hits.inc(sum(num_cached_tokens))
+
+    def render(self) -> tuple[bytes, str]:
+        """The Prometheus text exposition of the registry, and its Content-Type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

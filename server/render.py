@@ -1,0 +1,370 @@
+"""Chat-template rendering, tokenization and the length policy.
+
+A group (conversation + N responses) becomes N token-id sequences, each
+``template(messages + [assistant: response])`` tokenized **without** adding special tokens,
+so the BOS the template writes is the only one (tokenizing the rendered text *with*
+special tokens would add a second BOS and change the reward). This is the same text →
+ids path as ``tokenizer.apply_chat_template(..., tokenize=True)`` in transformers.
+
+Efficiency: all texts of a request are rendered with one batched template call; the part
+of a group's text shared by all responses is tokenized once when it ends right after an
+added token (added tokens are cut out of the text before the BPE model runs, so ids
+before and after such a boundary do not depend on each other); the remaining pieces of
+every group go through one batched call of the fast tokenizer (Rust, parallel). The
+renderer never mutates the tokenizer, so concurrent calls from worker threads are safe.
+
+Length policy: a sequence longer than ``max_model_len`` raises
+:class:`~rmserve.errors.SequenceTooLong` unless the request asked for a
+:class:`~rmserve.schema.Truncation`; then every sequence longer than ``max_tokens`` is cut
+from that side and the cut count is reported per response. A left cut keeps the leading
+BOS (drops the tokens right after it), so truncated sequences still start with exactly one
+BOS.
+
+Empty responses are scored: the template renders the assistant turn with empty content
+(``<|assistant|>\\n</s>`` in the demo template), which is a legitimate, usually badly rated,
+answer. Rejecting them would drop items from a benchmark silently on the client side.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rmserve.errors import InvalidRequest, SequenceTooLong, ServerFault
+from rmserve.schema import Message, RequestGroup, ScoreRequest, Truncation
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedGroup:
+    """One group, ready for :meth:`RewardEngine.score_group`.
+
+    Attributes:
+        id: the group id from the request.
+        token_ids: one token-id list per response, response order, template and BOS
+            included, each at most ``max_model_len`` long (after truncation).
+        prompt_tokens: leading tokens identical in every sequence (the shared prompt; what
+            the prefix cache can share).
+        truncated_tokens: tokens cut per response when truncation was requested (0 where
+            nothing was cut), else None.
+    """
+
+    id: str
+    token_ids: tuple[list[int], ...]
+    prompt_tokens: int
+    truncated_tokens: tuple[int, ...] | None = None
+
+    @property
+    def num_tokens(self) -> tuple[int, ...]:
+        """Length of each scored sequence in tokens."""
+        return tuple(len(ids) for ids in self.token_ids)
+
+
+class Renderer:
+    """Renders groups with the model's chat template and tokenizes them.
+
+    Args:
+        tokenizer: a transformers tokenizer with a chat template (fast tokenizers take the
+            batched, prefix-sharing path; slow ones are tokenized text by text).
+        max_model_len: longest sequence the engine accepts, in tokens.
+        chat_template: Jinja text replacing the tokenizer's own template; None = the
+            tokenizer's template.
+
+    Raises:
+        ServerFault: the tokenizer has no chat template and none was given.
+    """
+
+    def __init__(self, tokenizer: Any, *, max_model_len: int, chat_template: str | None = None) -> None:
+        if chat_template is None:
+            chat_template = getattr(tokenizer, "chat_template", None)
+            if not isinstance(chat_template, str):
+                # a dict of named templates, or none at all
+                try:
+                    chat_template = tokenizer.get_chat_template()
+                except Exception as exc:  # noqa: BLE001 - transformers raises ValueError; be broad
+                    raise ServerFault(f"the tokenizer has no chat template ({exc}); pass --chat-template") from None
+        if max_model_len < 2:
+            raise ValueError(f"max_model_len: {max_model_len} must be ≥ 2")
+        self.tokenizer = tokenizer
+        self.chat_template: str = chat_template
+        """The Jinja template actually used (part of the model fingerprint)."""
+        self.max_model_len = max_model_len
+        self.bos_token_id: int | None = getattr(tokenizer, "bos_token_id", None)
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._boundary = _boundary_pattern(tokenizer) if self._backend is not None else None
+
+    @classmethod
+    def from_pretrained(
+        cls, model: str | Path, *, max_model_len: int, chat_template_path: str | Path | None = None
+    ) -> Renderer:
+        """Load the tokenizer of ``model`` (folder or hub id) and wrap it.
+
+        ``chat_template_path`` names a Jinja file that replaces the model's template.
+        """
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(model))
+        template = None if chat_template_path is None else Path(chat_template_path).read_text(encoding="utf-8")
+        return cls(tokenizer, max_model_len=max_model_len, chat_template=template)
+
+    # --- public API ---------------------------------------------------------------------
+
+    def render_request(self, request: ScoreRequest) -> list[RenderedGroup]:
+        """Render every group of a score request (see :meth:`render_groups`)."""
+        return self.render_groups(request.groups, request.truncation)
+
+    def render_group(
+        self,
+        messages: Sequence[Message],
+        responses: Sequence[str],
+        *,
+        group_id: str,
+        group_index: int = 0,
+        truncation: Truncation | None = None,
+    ) -> RenderedGroup:
+        """Render one conversation with each response as the final assistant turn.
+
+        ``group_index`` is the group's position in its request; it appears in error fields
+        (``groups[i].responses[j]``). Errors as :meth:`render_groups`.
+        """
+        rendered = self._render(
+            [(group_index, group_id, tuple(messages), tuple(responses))], truncation
+        )
+        return rendered[0]
+
+    def render_groups(
+        self, groups: Sequence[RequestGroup], truncation: Truncation | None = None
+    ) -> list[RenderedGroup]:
+        """Render and tokenize request groups (one batched tokenizer call for all).
+
+        A group carries either ``messages`` or ``prompt`` (one user turn).
+
+        Returns:
+            One :class:`RenderedGroup` per group, request order.
+
+        Raises:
+            InvalidRequest: a group with neither or both of ``messages``/``prompt``, no
+                responses, a conversation the template rejects (field
+                ``groups[i].messages``), or ``truncation.max_tokens`` outside
+                ``[2, max_model_len]``.
+            SequenceTooLong: a sequence longer than ``max_model_len`` and no truncation;
+                the message names the group id, ``groups[i].responses[j]``, the token count
+                and the limit.
+            ServerFault: the chat template writes BOS twice.
+        """
+        items = []
+        for i, group in enumerate(groups):
+            if (group.messages is None) == (group.prompt is None):
+                raise InvalidRequest(
+                    f"groups[{i}] (id {group.id!r}) must carry exactly one of 'messages' or 'prompt'",
+                    field=f"groups[{i}].messages",
+                )
+            messages = group.messages if group.messages is not None else (Message("user", group.prompt),)
+            items.append((i, group.id, tuple(messages), tuple(group.responses)))
+        return self._render(items, truncation)
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _render(
+        self,
+        items: Sequence[tuple[int, str, tuple[Message, ...], tuple[str, ...]]],
+        truncation: Truncation | None,
+    ) -> list[RenderedGroup]:
+        self._check_truncation(truncation)
+        conversations: list[list[dict[str, str]]] = []
+        for index, group_id, messages, responses in items:
+            if not responses:
+                raise InvalidRequest(
+                    f"groups[{index}] (id {group_id!r}) has no responses; at least 1 is needed",
+                    field=f"groups[{index}].responses", value=0, limit=1,
+                )
+            if not messages:
+                raise InvalidRequest(
+                    f"groups[{index}] (id {group_id!r}) has no messages", field=f"groups[{index}].messages"
+                )
+            turns = [{"role": m.role, "content": m.content} for m in messages]
+            conversations.extend([*turns, {"role": "assistant", "content": r}] for r in responses)
+        texts = self._apply_template(conversations, items)
+
+        # Split each group's texts into a shared head (tokenized once) and per-response tails.
+        pieces: list[str] = []
+        plan: list[tuple[int, list[int]]] = []  # (head piece index or -1, tail piece indices)
+        start = 0
+        for _, _, _, responses in items:
+            group_texts = texts[start : start + len(responses)]
+            start += len(responses)
+            cut = self._shared_cut(group_texts)
+            head = -1
+            if cut > 0:
+                head = len(pieces)
+                pieces.append(group_texts[0][:cut])
+            tails = list(range(len(pieces), len(pieces) + len(group_texts)))
+            pieces.extend(text[cut:] for text in group_texts)
+            plan.append((head, tails))
+        encoded = self._encode(pieces)
+
+        results = []
+        for (index, group_id, _, _), (head, tails) in zip(items, plan, strict=True):
+            head_ids = encoded[head] if head >= 0 else []
+            sequences = [head_ids + encoded[t] for t in tails]
+            self._check_bos(sequences[0], index, group_id)
+            cuts: tuple[int, ...] | None = None
+            shared = len(head_ids) if truncation is None or truncation.side == "right" else 0
+            if truncation is None:
+                for j, ids in enumerate(sequences):
+                    if len(ids) > self.max_model_len:
+                        raise SequenceTooLong(
+                            f"groups[{index}].responses[{j}] of group {group_id!r} is {len(ids)} tokens "
+                            f"(chat template included), over the model limit max_model_len={self.max_model_len}; "
+                            "shorten it or request truncation",
+                            field=f"groups[{index}].responses[{j}]", value=len(ids), limit=self.max_model_len,
+                        )
+            else:
+                sequences, cuts = self._truncate(sequences, truncation)
+            results.append(
+                RenderedGroup(
+                    id=group_id,
+                    token_ids=tuple(sequences),
+                    prompt_tokens=_common_prefix_len(sequences, known=shared),
+                    truncated_tokens=cuts,
+                )
+            )
+        return results
+
+    def _apply_template(self, conversations: list[list[dict[str, str]]], items: Sequence[tuple]) -> list[str]:
+        from jinja2 import TemplateError
+
+        try:
+            texts = self.tokenizer.apply_chat_template(
+                conversations, chat_template=self.chat_template, tokenize=False, add_generation_prompt=False
+            )
+        except TemplateError as exc:
+            # Find the group the template rejected, to name it.
+            for index, group_id, messages, responses in items:
+                turns = [{"role": m.role, "content": m.content} for m in messages]
+                try:
+                    self.tokenizer.apply_chat_template(
+                        [*turns, {"role": "assistant", "content": responses[0]}],
+                        chat_template=self.chat_template, tokenize=False,
+                    )
+                except TemplateError as inner:
+                    raise InvalidRequest(
+                        f"groups[{index}] (id {group_id!r}): the chat template rejected the conversation: {inner}",
+                        field=f"groups[{index}].messages",
+                    ) from None
+            raise InvalidRequest(f"the chat template rejected the request: {exc}", field="groups") from None
+        if isinstance(texts, str):  # a single conversation on some versions
+            texts = [texts]
+        return list(texts)
+
+    def _shared_cut(self, texts: Sequence[str]) -> int:
+        """Character offset up to which all texts agree and ids are independent of what follows.
+
+        0 when there is no such point (then every text is tokenized whole).
+        """
+        if self._boundary is None:
+            return 0
+        pattern, longest = self._boundary
+        text = texts[0]
+        common = len(os.path.commonprefix(list(texts))) if len(texts) > 1 else len(text)
+        cut = 0
+        # Scan a little past `common` so a longer token straddling it is not mistaken for a
+        # shorter one ending before it (the tokenizer matches leftmost-longest).
+        for match in pattern.finditer(text, 0, min(len(text), common + longest)):
+            if match.end() > common:
+                break
+            cut = match.end()
+        return cut
+
+    def _encode(self, pieces: list[str]) -> list[list[int]]:
+        if not pieces:
+            return []
+        if self._backend is not None:
+            encode = getattr(self._backend, "encode_batch_fast", None) or self._backend.encode_batch
+            return [e.ids for e in encode(pieces, add_special_tokens=False)]
+        return [list(self.tokenizer.encode(p, add_special_tokens=False)) for p in pieces]
+
+    def _check_bos(self, ids: list[int], index: int, group_id: str) -> None:
+        bos = self.bos_token_id
+        if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+            raise ServerFault(
+                f"the chat template writes BOS twice (group {group_id!r}, groups[{index}]); "
+                "fix the template or pass --chat-template"
+            )
+
+    def _check_truncation(self, truncation: Truncation | None) -> None:
+        if truncation is None:
+            return
+        if truncation.max_tokens > self.max_model_len:
+            raise InvalidRequest(
+                f"truncation.max_tokens={truncation.max_tokens} exceeds the model limit "
+                f"max_model_len={self.max_model_len}",
+                field="truncation.max_tokens", value=truncation.max_tokens, limit=self.max_model_len,
+            )
+        if truncation.max_tokens < 2:
+            raise InvalidRequest(
+                f"truncation.max_tokens={truncation.max_tokens} must be ≥ 2",
+                field="truncation.max_tokens", value=truncation.max_tokens, limit=2,
+            )
+
+    def _truncate(
+        self, sequences: list[list[int]], truncation: Truncation
+    ) -> tuple[list[list[int]], tuple[int, ...]]:
+        limit = truncation.max_tokens
+        out, cuts = [], []
+        for ids in sequences:
+            excess = len(ids) - limit
+            if excess <= 0:
+                out.append(ids)
+                cuts.append(0)
+                continue
+            if truncation.side == "right":
+                out.append(ids[:limit])
+            elif self.bos_token_id is not None and ids[0] == self.bos_token_id:
+                out.append([ids[0], *ids[excess + 1 :]])
+            else:
+                out.append(ids[excess:])
+            cuts.append(excess)
+        return out, tuple(cuts)
+
+
+def _boundary_pattern(tokenizer: Any) -> tuple[re.Pattern[str], int] | None:
+    """Regex of added tokens after which tokenization restarts independently.
+
+    Only tokens that do not swallow following whitespace (``rstrip``), do not depend on
+    the next character (``single_word``) and are matched on raw text (not ``normalized``,
+    or no normalizer) qualify. Longest first, as the tokenizer matches them.
+    """
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    backend = tokenizer.backend_tokenizer
+    has_normalizer = backend.normalizer is not None
+    contents = sorted(
+        {
+            tok.content
+            for tok in decoder.values()
+            if tok.content
+            and not getattr(tok, "rstrip", False)
+            and not getattr(tok, "single_word", False)
+            and not (getattr(tok, "normalized", False) and has_normalizer)
+        },
+        key=len,
+        reverse=True,
+    )
+    if not contents:
+        return None
+    return re.compile("|".join(re.escape(c) for c in contents)), len(contents[0])
+
+
+def _common_prefix_len(sequences: Sequence[list[int]], *, known: int = 0) -> int:
+    """Length of the longest common prefix of ``sequences``; the first ``known`` are shared."""
+    if len(sequences) == 1:
+        return len(sequences[0])
+    first = sequences[0]
+    n = min(len(s) for s in sequences)
+    k = min(known, n)
+    while k < n and all(s[k] == first[k] for s in sequences):
+        k += 1
+    return k

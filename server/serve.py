@@ -1,0 +1,139 @@
+"""Run the scoring server: build the engine and renderer, listen, load, serve, shut down.
+
+Order: the HTTP listener starts first (``/health`` answers 503 ``loading``), the app's
+``cleanup_ctx`` loads the engine in the background, the URL is announced once the engine is
+ready, and SIGINT/SIGTERM stop the listener, cancel in-flight requests after
+``shutdown_timeout_s`` and shut the engine down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+
+from aiohttp import web
+
+from rmserve.errors import ServerFault
+from rmserve.schema import ModelInfo
+from rmserve.server.app import STATE_KEY, RendererFactory, ServerConfig, create_app
+from rmserve.server.config import EngineConfig
+from rmserve.server.protocol import RewardEngine
+from rmserve.server.render import Renderer
+
+logger = logging.getLogger("rmserve.server")
+
+
+def engine_renderer(engine: RewardEngine) -> RendererFactory:
+    """A renderer factory that takes the started engine's own ``renderer``.
+
+    Both real engines build, while loading, a :class:`~rmserve.server.render.Renderer` with
+    the model's tokenizer, the chat template in use and the resolved max length (which is
+    only known once the engine is up), so the app asks for it after ``start``.
+
+    Raises (when called):
+        ServerFault: the engine has no ``renderer`` attribute.
+    """
+
+    def take(info: ModelInfo) -> Renderer:
+        renderer = getattr(engine, "renderer", None)
+        if renderer is None:
+            raise ServerFault(f"the {info.engine} engine exposes no renderer after start")
+        return renderer
+
+    return take
+
+
+def _bound_url(runner: web.AppRunner, config: ServerConfig) -> str:
+    """The URL of the first listening socket (resolves port 0 to the port the OS chose)."""
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            host, port = str(address[0]), int(address[1])
+            host = f"[{host}]" if ":" in host else host
+            return f"http://{host}:{port}"
+    return config.url
+
+
+async def serve_app(
+    server_config: ServerConfig,
+    engine: RewardEngine,
+    renderer: Renderer | None = None,
+    *,
+    renderer_factory: RendererFactory | None = None,
+    announce: Callable[[str], None] = print,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Serve ``engine`` over HTTP until ``stop`` is set or SIGINT/SIGTERM arrives.
+
+    Args:
+        server_config: host, port and limits.
+        engine: a not yet started engine; the app starts and shuts it down.
+        renderer, renderer_factory: the chat-template renderer for the engine's model, or a
+            factory the app calls once the engine is loaded (see :func:`create_app`).
+        announce: receives one-line status messages (listening, ready, stopping).
+        stop: optional event that stops the server when set (tests); signals always do.
+
+    Returns:
+        0 after a clean shutdown, 1 when the engine failed to load, 2 when the address could
+        not be bound (e.g. the port is taken).
+    """
+    app = create_app(server_config, engine, renderer, renderer_factory=renderer_factory)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, shutdown_timeout=server_config.shutdown_timeout_s, access_log=None
+    )
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / platform
+            pass
+    state = app[STATE_KEY]
+    await runner.setup()
+    try:
+        site = web.TCPSite(
+            runner, server_config.host, server_config.port, shutdown_timeout=server_config.shutdown_timeout_s
+        )
+        try:
+            await site.start()
+        except OSError as exc:
+            announce(f"cannot listen on {server_config.url}: {exc.strerror or exc}")
+            return 2
+        url = _bound_url(runner, server_config)
+        announce(f"listening on {url} (loading the model; /health answers 503 until ready)")
+        settled = asyncio.create_task(state.settled.wait())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({settled, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        settled.cancel()
+        if state.status == "failed":
+            stopped.cancel()
+            announce(f"engine failed to start: {state.error}")
+            return 1
+        if state.status == "ready" and state.info is not None:
+            announce(f"ready: {url} serving {state.info.name}")
+        await stopped
+        announce("stopping")
+        return 0
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+
+
+def serve(engine_config: EngineConfig, server_config: ServerConfig, *, announce: Callable[[str], None] = print) -> int:
+    """Build the engine and renderer from ``engine_config`` and serve until SIGINT/SIGTERM.
+
+    Returns:
+        The process exit status: 0 after a clean shutdown, 1 when the engine failed to load,
+        2 when the address could not be bound.
+
+    Raises:
+        ValueError: ``engine_config.engine`` names no registered engine.
+    """
+    from rmserve.server.backends import build_engine
+
+    engine = build_engine(engine_config)
+    return asyncio.run(serve_app(server_config, engine, renderer_factory=engine_renderer(engine), announce=announce))

@@ -1,0 +1,102 @@
+"""``rmserve eval`` end to end: the server's real app over the fake engine, real RM-Bench data."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+from typer.testing import CliRunner
+
+from rmserve.cli import app
+from rmserve.client.store import read_scores
+
+runner = CliRunner()
+
+# Group counts of the RM-Bench release files (the data README), math absent locally.
+RMBENCH_COUNTS = {"chat": 129, "code": 228, "safety-refuse": 284, "safety-response": 157}
+
+
+def _eval(url, data, out, *extra):
+    args = ["eval", "--server", url, "--bench", "rm-bench", "--data", str(data), "--out", str(out), "--quiet", *extra]
+    return runner.invoke(app, args)
+
+
+def test_eval_rmbench_end_to_end_then_resume(scoring_server, rmbench_dir, tmp_path):
+    url, scored_groups = scoring_server
+    out = tmp_path / "run"
+    first = _eval(url, rmbench_dir, out, "--max-in-flight", "16", "--resamples", "200")
+    assert first.exit_code == 0, first.output
+    records = read_scores(out / "scores.jsonl").records
+    keys = {str(r.key) for r in records}
+    assert len(records) == len(keys) == sum(RMBENCH_COUNTS.values()) == 798
+    assert {d: sum(r.domain == d for r in records) for d in RMBENCH_COUNTS} == RMBENCH_COUNTS
+    assert scored_groups() == 798
+    results = json.loads((out / "results.json").read_text())
+    assert results["n_groups"] == 798
+    assert "math" in results["missing"]
+    assert (out / "table.md").is_file()
+    assert sorted(p.name for p in out.glob("heatmap-*.png"))  # the metrics stage drew them
+    assert "Math" in first.stdout and "math" in first.stdout  # table column + missing note
+    assert "not in the data" in first.stderr and "math" in first.stderr
+
+    second = _eval(url, rmbench_dir, out, "--resamples", "200", "--json")
+    assert second.exit_code == 0, second.output
+    assert scored_groups() == 798  # nothing sent again
+    assert json.loads(second.stdout) == results
+    assert "resumed: 798 groups" in second.stderr
+
+
+def test_eval_fingerprint_mismatch_is_one_line_exit_1(scoring_server, small_rmbench, tmp_path):
+    url, _ = scoring_server
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "scores.jsonl").write_text(
+        '{"benchmark":"rm-bench","domain":"chat","id":"0","num_chosen":3,"rewards":[1,1,1,0,0,0],'
+        '"model":"old-rm","fingerprint":"fp-old"}\n'
+    )
+    result = _eval(url, small_rmbench, out, "--resamples", "0")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: fingerprint_mismatch:")
+    assert "--overwrite" in result.stderr
+    again = _eval(url, small_rmbench, out, "--resamples", "0", "--overwrite")
+    assert again.exit_code == 0, again.output
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--bench", "mmlu"], "'mmlu' is not one of"),
+        (["--max-in-flight", "0"], "max_in_flight must be an integer in [1, 4096]"),
+        (["--server", "localhost:8000"], "server URL must be http(s)://host[:port]"),
+        (["--data", "/nonexistent/rm-bench"], "'--data'"),
+    ],
+)
+def test_eval_bad_input_exits_2(small_rmbench, tmp_path, args, words):
+    base = {"--server": "http://127.0.0.1:9", "--bench": "rm-bench", "--data": str(small_rmbench), "--out": str(tmp_path / "o")}
+    for flag, value in zip(args[::2], args[1::2]):
+        base[flag] = value
+    argv = ["eval", *[x for pair in base.items() for x in pair], "--quiet"]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    assert words in " ".join(result.output.split())
+
+
+def test_eval_unreachable_server_is_one_line_exit_1(small_rmbench, tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = _eval(f"http://127.0.0.1:{port}", small_rmbench, tmp_path / "o", "--ready-timeout-s", "0.5")
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[-1].startswith("error: engine_not_ready:")
+    assert "not ready after 0.5 s" in lines[-1]
+
+
+def test_run_bad_engine_exits_2(small_rmbench, tmp_path):
+    result = runner.invoke(
+        app, ["run", "some/rm", "--bench", "rm-bench", "--data", str(small_rmbench), "--out", str(tmp_path), "--engine", "tpu"]
+    )
+    assert result.exit_code == 2
+    assert "'tpu' is not one of 'vllm', 'hf'" in " ".join(result.output.split())
+    assert not (tmp_path / "server.log").exists()  # nothing was started

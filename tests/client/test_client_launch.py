@@ -1,0 +1,108 @@
+"""The launcher: a child server process (the wire stub as a script), readiness, stopping, run()."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from rmserve import errors
+from rmserve.client.evaluate import EvalConfig
+from rmserve.client.launch import RunConfig, ServeOptions, ServerProcess, free_loopback_port, log_tail, run
+
+STUB_SCRIPT = str(Path(__file__).resolve().parent / "wire_stub.py")
+
+
+def _server(tmp_path, *extra, startup_timeout_s=30.0, stop_grace_s=5.0) -> ServerProcess:
+    port = free_loopback_port()
+    argv = [sys.executable, STUB_SCRIPT, "--port", str(port), *extra]
+    return ServerProcess(
+        argv,
+        url=f"http://127.0.0.1:{port}",
+        log_path=tmp_path / "server.log",
+        startup_timeout_s=startup_timeout_s,
+        stop_grace_s=stop_grace_s,
+    )
+
+
+def _refuses_connections(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_serve_options_build_the_serve_command_line():
+    options = ServeOptions(
+        model="org/rm", engine="hf", dtype="float32", max_model_len=4096, block_size=16, enforce_eager=True,
+        extra_args=("--max-inflight-groups", "64"),
+    )
+    assert options.argv("127.0.0.1", 5123) == [
+        sys.executable, "-m", "rmserve.cli", "serve", "org/rm", "--host", "127.0.0.1", "--port", "5123",
+        "--engine", "hf", "--dtype", "float32", "--max-model-len", "4096", "--block-size", "16",
+        "--enforce-eager", "--max-inflight-groups", "64",
+    ]
+    assert ServeOptions(model="m").argv("127.0.0.1", 1)[4:] == ["m", "--host", "127.0.0.1", "--port", "1"]
+
+
+def test_run_config_refuses_a_server_url(tmp_path):
+    with pytest.raises(ValueError, match="starts its own server"):
+        RunConfig(ServeOptions(model="m"), EvalConfig(bench="rm-bench", data="d", out_dir=tmp_path, server_url="http://h:1"))
+
+
+def test_child_server_becomes_ready_and_stops_on_sigterm(tmp_path):
+    server = _server(tmp_path)
+    port = int(server.url.rsplit(":", 1)[1])
+    with server:
+        server.wait_ready()
+        assert server.returncode is None
+    assert server.returncode is not None and server.returncode != -signal.SIGKILL
+    assert _refuses_connections(port)
+    log = (tmp_path / "server.log").read_text()
+    assert "starting:" in log and f"stub: serving on 127.0.0.1:{port}" in log
+
+
+def test_child_that_dies_early_fails_with_the_log_tail(tmp_path):
+    with _server(tmp_path, "--fail-at-start") as server:
+        with pytest.raises(errors.ServerFault, match="exited with status 3 before it was ready") as info:
+            server.wait_ready()
+    assert "cannot load the model (scripted)" in str(info.value)
+
+
+def test_child_not_ready_in_time_fails_with_the_log_tail(tmp_path):
+    with _server(tmp_path, "--startup-delay-s", "30", startup_timeout_s=0.5) as server:
+        with pytest.raises(errors.EngineNotReady, match="not ready after 0.5 s") as info:
+            server.wait_ready()
+    assert "server.log" in str(info.value)
+    assert server.returncode is not None  # stopped on the way out
+
+
+def test_child_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
+    server = _server(tmp_path, "--ignore-sigterm", stop_grace_s=0.5)
+    with server:
+        server.wait_ready()
+    assert server.returncode == -signal.SIGKILL
+
+
+def test_log_tail_keeps_the_last_lines(tmp_path):
+    path = tmp_path / "log"
+    path.write_text("".join(f"line {i}\n" for i in range(100)))
+    assert log_tail(path, 3) == "line 97\nline 98\nline 99"
+    assert log_tail(tmp_path / "missing") == ""
+
+
+def test_run_starts_evaluates_and_stops_the_server(small_rmbench, tmp_path):
+    out = tmp_path / "out"
+    serve = ServeOptions(model="stub-model", dtype="float32", serve_command=(sys.executable, STUB_SCRIPT), stop_grace_s=5)
+    evaluation = EvalConfig(bench="rm-bench", data=str(small_rmbench), out_dir=out, resamples=0, quiet=True)
+    result = run(RunConfig(serve=serve, evaluation=evaluation))
+    assert (result.n_scored, result.model.name) == (10, "stub-rm")
+    assert json.loads((out / "results.json").read_text())["domains"]["chat"]["score"] == 1.0
+    log = (out / "server.log").read_text()
+    # The engine options reached the child; it served on the port the launcher picked.
+    assert "stub server argv extras: ['stub-model', '--dtype', 'float32']" in log
+    port = int(re.search(r"stub: serving on 127\.0\.0\.1:(\d+)", log).group(1))
+    assert _refuses_connections(port)  # stopped after the evaluation

@@ -1,0 +1,293 @@
+"""RewardClient against the in-process wire stub: streaming, bounds, retries, reply checks."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from rmserve import errors
+from rmserve.client.client import Concurrency, RewardClient, Retry, Timeouts
+from rmserve.schema import GroupResult
+
+
+async def _collect(client, groups, **kwargs):
+    return [record async for record in client.score_stream(groups, **kwargs)]
+
+
+# --- config -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("build", "words"),
+    [
+        (lambda: Timeouts(connect_s=0), "Timeouts.connect_s"),
+        (lambda: Timeouts(connect_s=1, total_s=5, sock_read_s=6), "Timeouts.sock_read_s must be ≤ 5"),
+        (lambda: Concurrency(max_groups_in_flight=0), "Concurrency.max_groups_in_flight must be an integer ≥ 1"),
+        (lambda: Concurrency(max_groups_in_flight=4, groups_per_request=5), "groups_per_request must be ≤"),
+        (lambda: Concurrency(max_groups_in_flight=8, groups_per_request=2, pool_limit=3), "pool_limit must be an integer ≥ 4"),
+        (lambda: Retry(max_attempts=0), "Retry.max_attempts"),
+        (lambda: Retry(jitter=1.5), "Retry.jitter must be in [0, 1]"),
+        (lambda: Retry(base_delay_s=2, max_delay_s=1), "Retry.max_delay_s must be ≥"),
+    ],
+)
+def test_config_rejects_bad_values_naming_field_and_limit(build, words):
+    with pytest.raises(ValueError, match=None) as info:
+        build()
+    assert words in str(info.value)
+
+
+def test_config_repr_shows_units_and_timeouts_set_every_field():
+    t = Timeouts(connect_s=3, sock_read_s=20, total_s=40, probe_s=2)
+    assert repr(t) == "Timeouts(connect_s=3, sock_read_s=20, total_s=40, probe_s=2)"
+    ct = t.for_scoring()
+    assert (ct.total, ct.connect, ct.sock_connect, ct.sock_read) == (40, 3, 3, 20)
+    pt = t.for_probe()
+    assert (pt.total, pt.connect, pt.sock_connect, pt.sock_read) == (2, 2, 2, 2)
+
+
+def test_backoff_is_exponential_capped_and_jittered():
+    r = Retry(base_delay_s=0.5, max_delay_s=3.0, jitter=0.5)
+    # min(3, 0.5·2^(n-1)) · (1 − 0.5·u), by hand:
+    assert r.backoff_s(1, 0.0) == 0.5
+    assert r.backoff_s(2, 0.0) == 1.0
+    assert r.backoff_s(3, 0.5) == 2.0 * 0.75
+    assert r.backoff_s(10, 0.0) == 3.0
+    assert r.backoff_s(10, 1.0) == 1.5
+
+
+def test_concurrency_derives_requests_and_pool():
+    c = Concurrency(max_groups_in_flight=7, groups_per_request=2)
+    assert c.max_requests_in_flight == 3
+    assert c.connection_limit == 3
+
+
+def test_bad_url_is_refused():
+    with pytest.raises(ValueError, match="http"):
+        RewardClient("localhost:8000")
+
+
+# --- endpoints ----------------------------------------------------------------------------
+
+
+async def test_health_models_and_not_ready(make_client, stub, stub_state):
+    async with make_client() as client:
+        assert await client.health() == {"status": "ready"}
+        assert await client.models() == (stub.STUB_MODEL,)
+        stub_state.ready = False
+        with pytest.raises(errors.EngineNotReady):
+            await client.health()
+        with pytest.raises(errors.EngineNotReady, match="not ready after 0.2 s"):
+            await client.wait_until_ready(0.2, poll_interval_s=0.05)
+        assert stub_state.health_requests >= 3
+
+
+async def test_score_stream_returns_every_group_with_the_stub_rewards(make_client, make_groups, stub_state):
+    groups = make_groups(10)
+    async with make_client(max_groups_in_flight=3) as client:
+        records = await _collect(client, groups)
+    assert sorted(r.key for r in records) == sorted(g.key for g in groups)
+    by_key = {r.key: r for r in records}
+    for g in groups:
+        r = by_key[g.key]
+        # The stub's reward is len(response)/100; responses are "x"*(10i+k+1).
+        i = int(g.id)
+        assert r.rewards == tuple((10 * i + k + 1) / 100 for k in range(6))
+        assert (r.model, r.fingerprint, r.num_chosen) == ("stub-rm", "fp-stub-1", 3)
+    assert stub_state.score_requests == 10
+    assert sorted(stub_state.received_ids) == sorted(str(g.key) for g in groups)
+
+
+@pytest.mark.parametrize(("limit", "per_request", "expected_max"), [(4, 1, 4), (5, 2, 4), (1, 1, 1)])
+async def test_groups_in_flight_stay_within_the_bound(make_client, make_groups, stub_state, limit, per_request, expected_max):
+    stub_state.delay_s = 0.02  # every request overlaps the ones launched with it
+    groups = make_groups(16)
+    async with make_client(max_groups_in_flight=limit, groups_per_request=per_request) as client:
+        records = await _collect(client, groups)
+    assert len(records) == 16
+    # floor(limit / per_request) requests of per_request groups: 4, 2·2, 1.
+    assert stub_state.max_in_flight_groups == expected_max
+    assert stub_state.score_requests == -(-16 // per_request)
+
+
+async def test_results_stream_in_completion_order(make_client, make_groups, stub_state):
+    groups = make_groups(8)
+    first = str(groups[0].key)
+    stub_state.hold_until_completed[first] = 7  # group 0 answers only after the 7 others
+    async with make_client(max_groups_in_flight=4) as client:
+        records = await _collect(client, groups)
+    assert stub_state.received_ids[0] == first  # sent first …
+    assert str(records[0].key) != first  # … answered after others
+    assert first in [str(r.key) for r in records]
+    assert sorted(r.key for r in records) == sorted(g.key for g in groups)
+
+
+@pytest.mark.parametrize(
+    ("status", "type_", "drop"),
+    [(503, "engine_not_ready", False), (429, "overloaded", False), (200, "", True)],
+    ids=["503", "429", "dropped-connection"],
+)
+async def test_retryable_failures_are_retried_then_succeed(make_client, make_groups, stub, stub_state, sleeps, status, type_, drop):
+    failure = stub.Failure(status, type_, drop_connection=drop)
+    stub_state.failures = [failure, failure]
+    async with make_client(max_attempts=4) as client:
+        records = await _collect(client, make_groups(1))
+        assert client.attempts == 3 and client.retries == 2
+    assert len(records) == 1
+    assert stub_state.score_requests == 3
+    # Backoff without jitter: 0.25 s, then 0.5 s.
+    assert sleeps.delays_s == [0.25, 0.5]
+
+
+async def test_retry_after_header_is_honoured(make_client, stub, make_groups, stub_state, sleeps):
+    stub_state.failures = [
+        stub.Failure(503, "engine_not_ready", {"Retry-After": "7"}),
+        stub.Failure(429, "overloaded", {"Retry-After": "2"}),
+    ]
+    async with make_client() as client:
+        await client.score(make_groups(1))
+    assert sleeps.delays_s == [7.0, 2.0]
+
+
+async def test_retries_stop_after_max_attempts(make_client, stub, make_groups, stub_state, sleeps):
+    stub_state.failures = [stub.Failure(503, "engine_not_ready")] * 5
+    async with make_client(max_attempts=3) as client:
+        with pytest.raises(errors.EngineNotReady):
+            await client.score(make_groups(1))
+    assert stub_state.score_requests == 3
+    assert len(sleeps.delays_s) == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "type_", "cls"),
+    [
+        (400, "invalid_request", errors.InvalidRequest),
+        (413, "sequence_too_long", errors.SequenceTooLong),
+        (413, "body_too_large", errors.BodyTooLarge),
+        (404, "model_not_found", errors.ModelNotFound),
+        (500, "engine_error", errors.EngineError),
+    ],
+    ids=["400", "413-seq", "413-body", "404", "500"],
+)
+async def test_non_retryable_failures_raise_after_one_attempt(make_client, make_groups, stub, stub_state, sleeps, status, type_, cls):
+    failure = stub.Failure(status, type_)
+    stub_state.failures = [failure, failure]
+    async with make_client(max_attempts=5) as client:
+        with pytest.raises(cls) as info:
+            await _collect(client, make_groups(1))
+        assert client.attempts == 1
+    assert type(info.value) is cls
+    assert stub_state.score_requests == 1
+    assert sleeps.delays_s == []
+
+
+async def test_failure_mid_stream_yields_finished_groups_then_raises(make_client, stub, make_groups, stub_state):
+    groups = make_groups(3)
+    stub_state.fail_ids[str(groups[1].key)] = stub.Failure(413, "sequence_too_long")
+    got = []
+    async with make_client(max_groups_in_flight=1) as client:
+        with pytest.raises(errors.SequenceTooLong):
+            async for record in client.score_stream(groups):
+                got.append(record.key)
+    assert got == [groups[0].key]
+    assert stub_state.score_requests == 2  # group 2 was never sent
+
+
+async def test_connection_refused_becomes_connection_failed_after_retries(sleeps, make_groups):
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = RewardClient(
+        f"http://127.0.0.1:{port}",
+        timeouts=Timeouts(connect_s=2, sock_read_s=5, total_s=5, probe_s=2),
+        retry=Retry(max_attempts=3, base_delay_s=0.1, max_delay_s=1, jitter=0),
+        sleep=sleeps,
+    )
+    async with client:
+        with pytest.raises(errors.ConnectionFailed, match="failed") as info:
+            await client.score(make_groups(1))
+    assert client.attempts == 3 and sleeps.delays_s == [0.1, 0.2]
+    assert info.value.__cause__ is not None
+
+
+async def test_read_timeout_is_retried_as_connection_failed(make_client, make_groups, stub_state, sleeps):
+    stub_state.delay_s = 0.5
+    timeouts = Timeouts(connect_s=0.1, sock_read_s=0.1, total_s=0.1, probe_s=1)
+    async with make_client(max_attempts=2, timeouts=timeouts) as client:
+        with pytest.raises(errors.ConnectionFailed, match="timed out"):
+            await client.score(make_groups(1))
+        assert client.attempts == 2
+    assert stub_state.score_requests == 2
+
+
+# --- reply checks ---------------------------------------------------------------------------
+
+
+def _drop_last(request, results):
+    return results[:-1]
+
+
+def _rename(request, results):
+    return [GroupResult(id=r.id + "-x", rewards=r.rewards, num_tokens=r.num_tokens, num_cached_tokens=r.num_cached_tokens) for r in results]
+
+
+def _short_rewards(request, results):
+    return [GroupResult(id=r.id, rewards=r.rewards[:-1], num_tokens=r.num_tokens, num_cached_tokens=r.num_cached_tokens) for r in results]
+
+
+def _duplicate(request, results):
+    return [results[0], results[0]]
+
+
+@pytest.mark.parametrize(
+    ("tamper", "words"),
+    [
+        (_drop_last, "1 results for 2 groups"),
+        (_rename, "no result for group"),
+        (_short_rewards, "5 rewards for 6 responses"),
+        (_duplicate, "twice"),
+    ],
+)
+async def test_mismatched_reply_is_a_server_fault(make_client, make_groups, stub_state, tamper, words):
+    stub_state.reply_tamper = tamper
+    async with make_client(max_groups_in_flight=2, groups_per_request=2) as client:
+        with pytest.raises(errors.ServerFault, match=words):
+            await client.score(make_groups(2))
+        assert client.attempts == 1
+
+
+async def test_results_are_put_back_in_request_order(make_client, make_groups, stub_state):
+    stub_state.reply_tamper = lambda request, results: list(reversed(results))
+    groups = make_groups(3)
+    async with make_client() as client:
+        reply = await client.score(groups)
+    assert [r.id for r in reply.results] == [str(g.key) for g in groups]
+
+
+async def test_model_change_mid_run_is_refused(make_client, make_groups, stub_state):
+    stub_state.fingerprint_after[3] = "fp-other"
+    got = []
+    async with make_client(max_groups_in_flight=1) as client:
+        with pytest.raises(errors.FingerprintMismatch, match="fp-other"):
+            async for record in client.score_stream(make_groups(5), expect_fingerprint="fp-stub-1"):
+                got.append(record)
+    assert len(got) == 2
+
+
+async def test_duplicate_groups_are_refused_before_sending(make_client, make_groups, stub_state):
+    groups = make_groups(2)
+    async with make_client() as client:
+        with pytest.raises(errors.InvalidRequest, match="twice"):
+            await client.score([groups[0], groups[0]])
+        with pytest.raises(errors.InvalidRequest, match="twice"):
+            await _collect(client, [groups[0], groups[1], groups[0]])
+    assert stub_state.groups_received <= 2
+
+
+async def test_closing_the_stream_early_cancels_the_rest(make_client, make_groups, stub_state):
+    stub_state.delay_s = 0.01
+    async with make_client(max_groups_in_flight=4) as client:
+        stream = client.score_stream(make_groups(50))
+        async for _ in stream:
+            break
+        await stream.aclose()
+    assert stub_state.score_requests <= 5  # the 4 in flight, plus at most the one launched after

@@ -1,0 +1,201 @@
+"""A fake engine and a fake renderer for server (and client) tests: no model, no torch.
+
+:class:`FakeEngine` implements :class:`rmserve.server.protocol.RewardEngine` with rewards and
+prefix-cache counts computed from the token ids, so a test can work out every number by hand:
+
+- ``reward = sum(ids) % 1000 / 100``
+- ``num_cached_tokens``: 0 for the first sequence of a group; for a later one, its longest
+  common prefix with any earlier sequence of the group, capped at ``len(ids) - 1`` (the last
+  token is always recomputed), rounded down to a multiple of ``block_size``.
+
+:class:`FakeRenderer` is the real :class:`rmserve.server.render.Renderer` over
+:class:`FakeTokenizer`, a character tokenizer (token id = Unicode code point) whose "chat
+template" writes ``BOS`` once, then per turn a role marker, the content and ``EOS``::
+
+    ids = [1] + Σ_turns ([ROLE_IDS[role]] + [ord(c) for c in content] + [2])
+
+so a sequence is ``1 + Σ_turns (len(content) + 2)`` tokens. The renderer's own length policy
+(``SequenceTooLong``, truncation, empty responses) applies unchanged.
+
+Import from a test in ``tests/server`` as ``from fakes import …``; from other test folders load
+this file by path (``importlib.util.spec_from_file_location``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rmserve.errors import EngineNotReady
+from rmserve.schema import ModelInfo
+from rmserve.server.protocol import PrefixCacheStats, SequenceScore
+from rmserve.server.render import Renderer
+
+BOS_ID = 1
+EOS_ID = 2
+ROLE_IDS: dict[str, int] = {"system": 3, "user": 4, "assistant": 5}
+"""Token id of each role marker; other roles make the fake template fail (as the demo template does)."""
+
+FAKE_MODEL = ModelInfo(name="fake-rm", max_model_len=64, dtype="float32", fingerprint="fp-fake-1", engine="fake")
+
+
+def fake_reward(token_ids: Sequence[int]) -> float:
+    """The reward :class:`FakeEngine` gives a sequence: ``sum(ids) % 1000 / 100``."""
+    return sum(token_ids) % 1000 / 100
+
+
+def fake_cached_tokens(group: Sequence[Sequence[int]], index: int, block_size: int) -> int:
+    """Prefix-cache hit tokens :class:`FakeEngine` reports for ``group[index]`` (see module doc)."""
+    if index == 0:
+        return 0
+    ids = group[index]
+    best = 0
+    for earlier in group[:index]:
+        n = 0
+        for a, b in zip(ids, earlier):
+            if a != b:
+                break
+            n += 1
+        best = max(best, n)
+    best = min(best, len(ids) - 1)
+    return best // block_size * block_size
+
+
+@dataclass
+class FakeEngine:
+    """In-memory :class:`~rmserve.server.protocol.RewardEngine` with test hooks.
+
+    Attributes:
+        model: what :meth:`info` reports.
+        block_size: prefix-cache block size in tokens.
+        start_gate: when set, :meth:`start` waits for it (to observe the loading state).
+        score_gate: when set, :meth:`score_group` waits for it after recording the call.
+        fail_with: raised by :meth:`score_group` (after recording the call) when not None.
+        start_error: raised by :meth:`start` when not None.
+        calls: ``(request_id, token_ids)`` of every ``score_group`` call, in call order.
+        cancelled: request ids whose ``score_group`` was cancelled (the engine's abort).
+        entered: set whenever a ``score_group`` call has been recorded.
+    """
+
+    model: ModelInfo = FAKE_MODEL
+    block_size: int = 4
+    start_gate: asyncio.Event | None = None
+    score_gate: asyncio.Event | None = None
+    fail_with: BaseException | None = None
+    start_error: BaseException | None = None
+    calls: list[tuple[str, tuple[tuple[int, ...], ...]]] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    entered: asyncio.Event = field(default_factory=asyncio.Event)
+    started: bool = False
+    shutdown_calls: int = 0
+    queries_tokens: int = 0
+    hits_tokens: int = 0
+
+    async def start(self) -> None:
+        if self.start_gate is not None:
+            await self.start_gate.wait()
+        if self.start_error is not None:
+            raise self.start_error
+        self.started = True
+
+    def info(self) -> ModelInfo:
+        return self.model
+
+    async def score_group(self, token_ids: Sequence[Sequence[int]], request_id: str) -> list[SequenceScore]:
+        if not self.started:
+            raise EngineNotReady("fake engine not started")
+        group = tuple(tuple(ids) for ids in token_ids)
+        self.calls.append((request_id, group))
+        self.entered.set()
+        try:
+            if self.score_gate is not None:
+                await self.score_gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(request_id)
+            raise
+        if self.fail_with is not None:
+            raise self.fail_with
+        scores = [
+            SequenceScore(reward=fake_reward(ids), num_cached_tokens=fake_cached_tokens(group, i, self.block_size))
+            for i, ids in enumerate(group)
+        ]
+        self.queries_tokens += sum(len(ids) for ids in group)
+        self.hits_tokens += sum(s.num_cached_tokens for s in scores)
+        return scores
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Cumulative tokens queried / hit (:class:`~rmserve.server.protocol.SupportsPrefixCacheStats`)."""
+        return PrefixCacheStats(query_tokens=self.queries_tokens, hit_tokens=self.hits_tokens)
+
+    async def shutdown(self) -> None:
+        self.started = False
+        self.shutdown_calls += 1
+
+
+class FakeTokenizer:
+    """The subset of a transformers tokenizer :class:`Renderer` uses, character-level.
+
+    ``apply_chat_template`` writes control characters for the special tokens (U+0001 BOS,
+    U+0002 EOS, U+0003–U+0005 role markers), so ``encode`` can map every character to its
+    code point and the ids equal those in the module docstring.
+    """
+
+    chat_template = "fake: BOS, then per turn role marker + content + EOS"
+    bos_token_id = BOS_ID
+
+    def apply_chat_template(self, conversations, *, chat_template=None, tokenize=False, add_generation_prompt=False):
+        from jinja2 import TemplateError
+
+        single = bool(conversations) and isinstance(conversations[0], dict)
+        batch = [conversations] if single else conversations
+        texts = []
+        for conversation in batch:
+            parts = [chr(BOS_ID)]
+            for turn in conversation:
+                role = turn["role"]
+                if role not in ROLE_IDS:
+                    raise TemplateError(f"unknown role {role}; expected system, user or assistant")
+                parts.append(chr(ROLE_IDS[role]) + turn["content"] + chr(EOS_ID))
+            texts.append("".join(parts))
+        assert not tokenize and not add_generation_prompt
+        return texts[0] if single else texts
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        assert not add_special_tokens, "the renderer must tokenize without adding special tokens"
+        return [ord(c) for c in text]
+
+
+class FakeRenderer(Renderer):
+    """The real :class:`Renderer` over :class:`FakeTokenizer`, with hooks for loop-blocking tests.
+
+    Args:
+        max_model_len: longest sequence accepted, tokens.
+        gate: when given, :meth:`render_request` waits (in its thread) until it is set, at most
+            ``gate_timeout_s``; ``gate_timed_out`` records whether that limit was hit.
+    """
+
+    def __init__(self, max_model_len: int = FAKE_MODEL.max_model_len, *, gate: threading.Event | None = None,
+                 gate_timeout_s: float = 30.0) -> None:
+        super().__init__(FakeTokenizer(), max_model_len=max_model_len)
+        self.gate = gate
+        self.gate_timeout_s = gate_timeout_s
+        self.gate_timed_out = False
+        self.render_entered = threading.Event()
+        self.thread_ids: list[int] = []
+
+    def render_request(self, request):
+        self.thread_ids.append(threading.get_ident())
+        self.render_entered.set()
+        if self.gate is not None and not self.gate.wait(self.gate_timeout_s):
+            self.gate_timed_out = True
+        return super().render_request(request)
+
+
+def fake_ids(messages: Sequence[tuple[str, str]], response: str) -> list[int]:
+    """Token ids :class:`FakeRenderer` produces for ``messages`` + ``response`` (for test arithmetic)."""
+    ids = [BOS_ID]
+    for role, content in [*messages, ("assistant", response)]:
+        ids += [ROLE_IDS[role], *map(ord, content), EOS_ID]
+    return ids

@@ -1,0 +1,115 @@
+"""The demo reward model: deterministic, valid shapes, loud about its random weights."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rmserve.cli import app
+from rmserve.errors import DataError
+from rmserve.server.demo_model import DemoModelConfig, build_demo_model
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def chat_corpus(rmbench_dir: Path) -> Path:
+    return rmbench_dir / "chat_filtered.json"
+
+
+def test_cli_builds_deterministically_and_warns_about_random_weights(tmp_path, chat_corpus):
+    runner = CliRunner()
+    first = runner.invoke(app, ["demo-model", str(tmp_path / "a"), "--corpus", str(chat_corpus), "--seed", "0"])
+    assert first.exit_code == 0, first.output
+    assert "RANDOM weights" in first.stderr and "mean nothing" in first.stderr
+    build_demo_model(tmp_path / "b", chat_corpus, DemoModelConfig(seed=0))
+    build_demo_model(tmp_path / "c", chat_corpus, DemoModelConfig(seed=1))
+
+    a, b, c = (tmp_path / name for name in "abc")
+    assert _sha256(a / "model.safetensors") == _sha256(b / "model.safetensors")
+    assert _sha256(a / "tokenizer.json") == _sha256(b / "tokenizer.json")
+    assert _sha256(a / "model.safetensors") != _sha256(c / "model.safetensors")
+    assert _sha256(a / "tokenizer.json") == _sha256(c / "tokenizer.json")  # the seed only drives weights
+    assert _sha256(a / "model.safetensors")[:16] in first.stdout
+
+
+def test_default_model_layout(demo_model_dir: Path):
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForSequenceClassification
+
+    config = json.loads((demo_model_dir / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForSequenceClassification"]
+    assert len(config["id2label"]) == 1  # num_labels = 1
+    assert config["head_dim"] == config["hidden_size"] // config["num_attention_heads"] == 32
+    assert (config["num_hidden_layers"], config["num_key_value_heads"], config["intermediate_size"]) == (2, 2, 352)
+    assert config["pad_token_id"] is not None and config["pad_token_id"] != config["eos_token_id"]
+    tokenizer_config = json.loads((demo_model_dir / "tokenizer_config.json").read_text())
+    assert tokenizer_config["chat_template"].startswith("{{- bos_token -}}")
+    assert not (demo_model_dir / "chat_template.jinja").exists()
+    assert "RANDOM weights" in (demo_model_dir / "README.md").read_text()
+    with safe_open(str(demo_model_dir / "model.safetensors"), framework="pt") as weights:
+        dtypes = {weights.get_slice(name).get_dtype() for name in weights.keys()}
+        assert "score.weight" in set(weights.keys())
+    assert dtypes == {"F32"}
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(demo_model_dir), dtype=torch.float32)
+    with torch.inference_mode():
+        logits = model(torch.tensor([[1, 4, 100, 2, 5, 200, 2]])).logits
+    assert logits.shape == (1, 1)
+
+
+def test_benchmark_shape_from_plain_text(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(
+        "\n".join(f"Sentence {i}: the reward model scores chosen and rejected answers." for i in range(500)),
+        encoding="utf-8",
+    )
+    config = DemoModelConfig(layers=4, hidden=512, heads=8, kv_heads=4, intermediate=1408, vocab=2000)
+    report = build_demo_model(tmp_path / "bench", corpus, config)
+    written = json.loads((tmp_path / "bench" / "config.json").read_text())
+    assert (written["num_hidden_layers"], written["hidden_size"], written["num_attention_heads"]) == (4, 512, 8)
+    assert (written["num_key_value_heads"], written["intermediate_size"], written["head_dim"]) == (4, 1408, 64)
+    assert written["vocab_size"] == report.vocab_size <= 2000
+    tokenizer = json.loads((tmp_path / "bench" / "tokenizer.json").read_text())
+    assert len(tokenizer["model"]["vocab"]) == report.vocab_size
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"hidden": 96, "heads": 4}, ("head dim", "24", "32")),
+        ({"kv_heads": 3}, ("kv_heads", "3")),
+        ({"vocab": 100}, ("vocab", "300")),
+        ({"layers": 0}, ("layers", "1")),
+    ],
+)
+def test_invalid_shape_names_field_and_limit(kwargs, words):
+    with pytest.raises(ValueError) as info:
+        DemoModelConfig(**kwargs)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_corpus_errors_name_the_problem(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        build_demo_model(tmp_path / "x", tmp_path / "missing")
+    records = tmp_path / "records.json"
+    records.write_text('[{"id": 1, "text": "no prompt here"}]', encoding="utf-8")
+    with pytest.raises(DataError) as info:
+        build_demo_model(tmp_path / "y", records)
+    assert info.value.field == "prompt" and "records.json" in str(info.value)
+
+
+def test_refuses_a_non_empty_output_folder(tmp_path, chat_corpus):
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "keep.txt").write_text("x")
+    with pytest.raises(ValueError, match="not an empty folder"):
+        build_demo_model(tmp_path / "used", chat_corpus)
+    assert (tmp_path / "used" / "keep.txt").read_text() == "x"

@@ -1,0 +1,273 @@
+"""Renderer: chat template → token ids, exactly one BOS, length policy, truncation.
+
+Expected ids are built independently: by hand from the demo template's layout
+(``<s><|role|>\\n{content}</s>`` per turn, see ``rmserve.server.demo_model``) with the
+tokenizer encoding only the plain-text pieces, or with transformers'
+``apply_chat_template(tokenize=True)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rmserve.datasets import load_rmbench
+from rmserve.errors import InvalidRequest, SequenceTooLong, ServerFault
+from rmserve.schema import Message, RequestGroup, ScoreRequest, Truncation
+from rmserve.server.render import Renderer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(demo_model_dir))
+
+
+@pytest.fixture(scope="module")
+def renderer(tokenizer) -> Renderer:
+    return Renderer(tokenizer, max_model_len=4096)
+
+
+@pytest.fixture(scope="module")
+def special(tokenizer) -> dict[str, int]:
+    names = {"bos": "<s>", "eos": "</s>", "system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
+    return {key: tokenizer.convert_tokens_to_ids(tok) for key, tok in names.items()}
+
+
+def _text_ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _hand_ids(tokenizer, special, turns: list[tuple[str, str]]) -> list[int]:
+    """The demo template's ids, assembled turn by turn."""
+    ids = [special["bos"]]
+    for role, content in turns:
+        ids += [special[role], *_text_ids(tokenizer, "\n" + content), special["eos"]]
+    return ids
+
+
+def _hf_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    return list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+
+
+def test_ids_have_exactly_one_bos_and_match_hand_built_sequence(tokenizer, renderer, special):
+    messages = (Message("user", "What is 2 + 2?"),)
+    group = renderer.render_group(messages, ["It is 4.", "Five."], group_id="g0")
+
+    for response, ids in zip(["It is 4.", "Five."], group.token_ids, strict=True):
+        assert ids == _hand_ids(tokenizer, special, [("user", "What is 2 + 2?"), ("assistant", response)])
+        assert ids[0] == special["bos"] and ids.count(special["bos"]) == 1
+    # The trap the renderer avoids: tokenizing the rendered text with special tokens adds a
+    # second BOS (the demo tokenizer prepends BOS like Llama tokenizers do).
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "Five."}], tokenize=False
+    )
+    naive = tokenizer(text).input_ids
+    assert naive[:2] == [special["bos"], special["bos"]]
+    assert naive[1:] == group.token_ids[1]
+
+
+def test_multi_turn_conversation_renders_every_turn(tokenizer, renderer, special):
+    turns = [
+        ("system", "You are terse."),
+        ("user", "Name a prime."),
+        ("assistant", "Seven."),
+        ("user", "Another one?"),
+    ]
+    group = renderer.render_group([Message(r, c) for r, c in turns], ["Eleven."], group_id="multi")
+    ids = group.token_ids[0]
+    assert ids == _hand_ids(tokenizer, special, [*turns, ("assistant", "Eleven.")])
+    markers = [i for i in ids if i in (special["system"], special["user"], special["assistant"])]
+    assert markers == [special["system"], special["user"], special["assistant"], special["user"], special["assistant"]]
+    assert ids.count(special["eos"]) == 5
+
+
+@pytest.mark.parametrize(
+    "responses",
+    [
+        ["Hello world", "Hello there", "Hello"],  # shared text runs into the responses
+        ["", "x"],
+        ["same", "same"],
+        ["only one"],
+    ],
+)
+def test_shared_prompt_split_equals_whole_text_tokenization(tokenizer, renderer, responses):
+    messages = [Message("user", "Say hello, twice over: hello hello.")]
+    group = renderer.render_group(messages, responses, group_id="split")
+    for response, ids in zip(responses, group.token_ids, strict=True):
+        assert ids == _hf_ids(tokenizer, [{"role": "user", "content": messages[0].content}, {"role": "assistant", "content": response}])
+
+
+def test_all_rmbench_groups_match_apply_chat_template(tokenizer, renderer, rmbench_dir):
+    dataset = load_rmbench(rmbench_dir)
+    groups = [RequestGroup(id=str(g.key), responses=g.responses, messages=g.messages) for g in dataset.groups]
+    rendered = renderer.render_groups(groups)
+
+    assert len(rendered) == len(groups) == 798
+    conversations = [
+        [*({"role": m.role, "content": m.content} for m in g.messages), {"role": "assistant", "content": r}]
+        for g in dataset.groups
+        for r in g.responses
+    ]
+    # whole-text tokenization by transformers, one batched call
+    expected = iter(tokenizer.apply_chat_template(conversations, tokenize=True, return_dict=True)["input_ids"])
+    mismatched = []
+    for group, result in zip(dataset.groups, rendered, strict=True):
+        assert result.id == str(group.key)
+        for j in range(len(group.responses)):
+            if result.token_ids[j] != list(next(expected)):
+                mismatched.append((result.id, j))
+        # prompt_tokens = longest common prefix of the group's sequences, counted by hand
+        first, k = result.token_ids[0], 0
+        while k < min(map(len, result.token_ids)) and all(ids[k] == first[k] for ids in result.token_ids):
+            k += 1
+        assert result.prompt_tokens == k
+        assert result.truncated_tokens is None
+    assert mismatched == []
+
+
+def test_prompt_string_equals_single_user_turn(renderer):
+    by_prompt = renderer.render_groups([RequestGroup(id="a", responses=("r1", "r2"), prompt="Why?")])[0]
+    by_messages = renderer.render_groups(
+        [RequestGroup(id="a", responses=("r1", "r2"), messages=(Message("user", "Why?"),))]
+    )[0]
+    assert by_prompt.token_ids == by_messages.token_ids
+
+
+def test_render_request_uses_request_truncation(renderer):
+    request = ScoreRequest(
+        groups=(RequestGroup(id="t", responses=("word " * 40,), prompt="Repeat."),),
+        truncation=Truncation(side="right", max_tokens=12),
+    )
+    (result,) = renderer.render_request(request)
+    assert result.num_tokens == (12,)
+    assert result.truncated_tokens is not None and result.truncated_tokens[0] > 0
+
+
+def test_empty_response_is_scored_as_an_empty_assistant_turn(tokenizer, renderer, special):
+    group = renderer.render_group([Message("user", "Anything?")], ["", "Yes."], group_id="empty")
+    expected = _hand_ids(tokenizer, special, [("user", "Anything?"), ("assistant", "")])
+    assert group.token_ids[0] == expected
+    assert expected[-3:] == [special["assistant"], *_text_ids(tokenizer, "\n"), special["eos"]]
+
+
+def _long_group(renderer: Renderer):
+    messages = [Message("user", "Count to forty.")]
+    responses = ["ok", " ".join(str(i) for i in range(40)), "one two three four five six seven"]
+    full = renderer.render_group(messages, responses, group_id="long").token_ids
+    return messages, responses, full
+
+
+def test_truncation_right_keeps_the_start_and_reports_cuts(renderer):
+    messages, responses, full = _long_group(renderer)
+    limit = 20
+    group = renderer.render_group(
+        messages, responses, group_id="long", truncation=Truncation(side="right", max_tokens=limit)
+    )
+    assert group.truncated_tokens == tuple(max(0, len(ids) - limit) for ids in full)
+    assert group.truncated_tokens[0] == 0 and group.truncated_tokens[1] > 0
+    for ids, cut_ids in zip(full, group.token_ids, strict=True):
+        assert cut_ids == ids[:limit]
+
+
+def test_truncation_left_keeps_the_end_and_a_single_bos(renderer, special):
+    messages, responses, full = _long_group(renderer)
+    limit = 20
+    group = renderer.render_group(
+        messages, responses, group_id="long", truncation=Truncation(side="left", max_tokens=limit)
+    )
+    assert group.truncated_tokens == tuple(max(0, len(ids) - limit) for ids in full)
+    for ids, cut_ids in zip(full, group.token_ids, strict=True):
+        if len(ids) <= limit:
+            assert cut_ids == ids
+        else:
+            assert len(cut_ids) == limit
+            assert cut_ids == [special["bos"], *ids[len(ids) - limit + 1 :]]
+            assert cut_ids.count(special["bos"]) == 1
+
+
+def test_too_long_sequence_names_group_index_count_and_limit(tokenizer):
+    small = Renderer(tokenizer, max_model_len=30)
+    responses = ["short", " ".join(str(i) for i in range(60))]
+    full_len = len(_hf_ids(tokenizer, [{"role": "user", "content": "Count."}, {"role": "assistant", "content": responses[1]}]))
+    assert full_len > 30
+    groups = [
+        RequestGroup(id="ok-group", responses=("fine",), prompt="Hi."),
+        RequestGroup(id="rm-bench/chat/17", responses=tuple(responses), prompt="Count."),
+    ]
+    with pytest.raises(SequenceTooLong) as info:
+        small.render_groups(groups)
+    err = info.value
+    assert err.field == "groups[1].responses[1]"
+    assert (err.value, err.limit) == (full_len, 30)
+    for part in ("rm-bench/chat/17", "groups[1].responses[1]", str(full_len), "30"):
+        assert part in err.message
+    assert err.status == 413
+
+
+def test_truncation_avoids_too_long_error(tokenizer):
+    small = Renderer(tokenizer, max_model_len=30)
+    group = small.render_group(
+        [Message("user", "Count.")], [" ".join(str(i) for i in range(60))], group_id="g",
+        truncation=Truncation(side="left", max_tokens=30),
+    )
+    assert group.num_tokens == (30,)
+
+
+@pytest.mark.parametrize(("max_tokens", "limit"), [(31, 30), (1, 2)])
+def test_truncation_max_tokens_outside_range_is_rejected(tokenizer, max_tokens, limit):
+    small = Renderer(tokenizer, max_model_len=30)
+    with pytest.raises(InvalidRequest) as info:
+        small.render_group([Message("user", "x")], ["y"], group_id="g", truncation=Truncation("right", max_tokens))
+    assert info.value.field == "truncation.max_tokens"
+    assert (info.value.value, info.value.limit) == (max_tokens, limit)
+    assert str(limit) in info.value.message
+
+
+def test_unknown_role_is_an_invalid_request_naming_the_group(renderer):
+    groups = [
+        RequestGroup(id="fine", responses=("a",), prompt="q"),
+        RequestGroup(id="bad", responses=("a",), messages=(Message("tool", "output"), Message("user", "q"))),
+    ]
+    with pytest.raises(InvalidRequest) as info:
+        renderer.render_groups(groups)
+    assert info.value.field == "groups[1].messages"
+    assert "'bad'" in info.value.message and "tool" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("group", "field"),
+    [
+        (RequestGroup(id="n", responses=("a",)), "groups[0].messages"),
+        (RequestGroup(id="b", responses=("a",), prompt="p", messages=(Message("user", "p"),)), "groups[0].messages"),
+        (RequestGroup(id="z", responses=(), prompt="p"), "groups[0].responses"),
+    ],
+)
+def test_malformed_groups_are_rejected(renderer, group, field):
+    with pytest.raises(InvalidRequest) as info:
+        renderer.render_groups([group])
+    assert info.value.field == field
+
+
+def test_chat_template_override_file_is_used(demo_model_dir, tmp_path, tokenizer, special):
+    template = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    path = tmp_path / "plain.jinja"
+    path.write_text(template, encoding="utf-8")
+    renderer = Renderer.from_pretrained(demo_model_dir, max_model_len=4096, chat_template_path=path)
+    assert renderer.chat_template == template
+    ids = renderer.render_group([Message("user", "Hi")], ["Yo"], group_id="o").token_ids[0]
+    assert ids == [
+        special["user"], *_text_ids(tokenizer, "Hi"), special["eos"],
+        special["assistant"], *_text_ids(tokenizer, "Yo"), special["eos"],
+    ]
+
+
+def test_template_writing_bos_twice_is_a_server_fault(tokenizer):
+    renderer = Renderer(
+        tokenizer, max_model_len=4096,
+        chat_template="{{ bos_token }}{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+    )
+    with pytest.raises(ServerFault, match="BOS twice"):
+        renderer.render_group([Message("user", "Hi")], ["Yo"], group_id="double")

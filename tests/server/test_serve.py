@@ -1,0 +1,185 @@
+"""``serve_app`` (listener first, engine loaded in the background, signals) and ``rmserve serve``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+
+import aiohttp
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from fakes import FakeEngine, FakeRenderer
+from rmserve.cli import app as cli_app
+from rmserve.server import serve as serve_module
+from rmserve.server.app import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from rmserve.server.config import EngineConfig
+
+VALID = {"groups": [{"id": "g0", "prompt": "hi", "responses": ["yo", "ya"]}]}
+
+
+async def wait_until(predicate, timeout_s: float = 10.0) -> None:
+    """Yield to the loop until ``predicate()`` holds (a deadlock guard, not a timing assert)."""
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+def line_starting(lines: list[str], prefix: str) -> str | None:
+    return next((line for line in lines if line.startswith(prefix)), None)
+
+
+async def test_serve_app_listens_before_the_engine_is_ready_and_stops_cleanly():
+    engine = FakeEngine(start_gate=asyncio.Event(), score_gate=asyncio.Event())
+    lines: list[str] = []
+    stop = asyncio.Event()
+    server = asyncio.create_task(
+        serve_module.serve_app(ServerConfig(port=0), engine, FakeRenderer(), announce=lines.append, stop=stop)
+    )
+    await wait_until(lambda: line_starting(lines, "listening on ") is not None)
+    url = line_starting(lines, "listening on ").split()[2]
+    assert url.startswith("http://127.0.0.1:") and not url.endswith(":0")
+    async with aiohttp.ClientSession(url) as session:
+        async with session.get("/health") as resp:
+            assert resp.status == 503
+        engine.start_gate.set()
+        await wait_until(lambda: line_starting(lines, "ready: ") is not None)
+        assert line_starting(lines, "ready: ") == f"ready: {url} serving fake-rm"
+        async with session.get("/health") as resp:
+            assert resp.status == 200
+
+        # a client that goes away cancels its engine calls (the runner uses handler_cancellation)
+        request = asyncio.create_task(session.post("/v1/score", json=VALID))
+        await wait_until(lambda: len(engine.calls) == 1)
+        request.cancel()
+        await wait_until(lambda: len(engine.cancelled) == 1)
+        assert engine.cancelled == [engine.calls[0][0]]
+
+        engine.score_gate.set()
+        async with session.post("/v1/score", json=VALID) as resp:
+            assert resp.status == 200
+            assert orjson.loads(await resp.read())["results"][0]["rewards"] == [4.55, 4.41]
+    stop.set()
+    assert await server == 0
+    assert engine.shutdown_calls == 1
+    assert lines[-1] == "stopping"
+
+
+async def test_serve_app_stops_on_sigterm():
+    engine = FakeEngine()
+    lines: list[str] = []
+    server = asyncio.create_task(serve_module.serve_app(ServerConfig(port=0), engine, FakeRenderer(),
+                                                        announce=lines.append))
+    await wait_until(lambda: line_starting(lines, "ready: ") is not None)
+    os.kill(os.getpid(), signal.SIGTERM)  # serve_app's handler is installed before it announces
+    assert await server == 0
+    assert engine.shutdown_calls == 1
+
+
+async def test_serve_app_returns_1_when_the_engine_fails_to_load():
+    engine = FakeEngine(start_error=RuntimeError("no weights"))
+    lines: list[str] = []
+    assert await serve_module.serve_app(ServerConfig(port=0), engine, FakeRenderer(), announce=lines.append) == 1
+    assert lines[-1] == "engine failed to start: no weights"
+    assert engine.shutdown_calls == 1
+
+
+async def test_serve_app_returns_2_when_the_port_is_taken():
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    try:
+        port = blocker.getsockname()[1]
+        engine = FakeEngine()
+        lines: list[str] = []
+        assert await serve_module.serve_app(ServerConfig(port=port), engine, FakeRenderer(), announce=lines.append) == 2
+    finally:
+        blocker.close()
+    assert len(lines) == 1 and lines[0].startswith(f"cannot listen on http://127.0.0.1:{port}: ")
+    assert engine.shutdown_calls == 1
+
+
+async def test_renderer_factory_is_called_after_the_engine_started():
+    engine = FakeEngine()
+    seen = []
+
+    def factory(info):
+        seen.append((info.name, engine.started))
+        return FakeRenderer(max_model_len=info.max_model_len)
+
+    lines: list[str] = []
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve_module.serve_app(
+        ServerConfig(port=0), engine, renderer_factory=factory, announce=lines.append, stop=stop))
+    await wait_until(lambda: line_starting(lines, "ready: ") is not None)
+    stop.set()
+    assert await server == 0
+    assert seen == [("fake-rm", True)]
+
+
+# --- rmserve serve ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    calls = []
+
+    def fake_serve(engine_config, server_config, *, announce=print):
+        calls.append((engine_config, server_config))
+        return 0
+
+    monkeypatch.setattr(serve_module, "serve", fake_serve)
+    return calls
+
+
+def test_cli_serve_builds_both_configs(captured, tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ bos_token }}")
+    result = CliRunner().invoke(cli_app, [
+        "serve", "some/model", "--engine", "hf", "--dtype", "float32", "--max-model-len", "512",
+        "--block-size", "32", "--gpu-memory-utilization", "0.5", "--tensor-parallel-size", "2",
+        "--chat-template", str(template), "--served-model-name", "rm", "--enforce-eager",
+        "--host", "0.0.0.0", "--port", "9001", "--max-body-bytes", "4096", "--max-inflight-groups", "8",
+    ])
+    assert result.exit_code == 0, result.output
+    assert captured == [(
+        EngineConfig(model="some/model", engine="hf", dtype="float32", max_model_len=512, block_size=32,
+                     gpu_memory_utilization=0.5, tensor_parallel_size=2, chat_template=template,
+                     served_model_name="rm", enforce_eager=True),
+        ServerConfig(host="0.0.0.0", port=9001, max_body_bytes=4096, max_inflight_groups=8, served_model_name="rm"),
+    )]
+
+
+def test_cli_serve_defaults(captured):
+    result = CliRunner().invoke(cli_app, ["serve", "m"])
+    assert result.exit_code == 0, result.output
+    engine_config, server_config = captured[0]
+    assert engine_config == EngineConfig(model="m")
+    assert server_config == ServerConfig()
+    assert (server_config.host, server_config.port, server_config.max_body_bytes) == (
+        "127.0.0.1", 8000, DEFAULT_MAX_BODY_BYTES,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--port", "70000"], "port"),
+        (["--engine", "tgi"], "hf, vllm"),
+        (["--block-size", "24"], "block_size"),
+        (["--max-body-bytes", "10"], "max_body_bytes"),
+    ],
+)
+def test_cli_serve_rejects_bad_values(captured, args, fragment):
+    result = CliRunner().invoke(cli_app, ["serve", "m", *args])
+    assert result.exit_code == 2
+    assert fragment in result.output
+    assert captured == []
+
+
+def test_cli_serve_exit_code_follows_serve(monkeypatch):
+    monkeypatch.setattr(serve_module, "serve", lambda e, s, *, announce=print: 1)
+    assert CliRunner().invoke(cli_app, ["serve", "m"]).exit_code == 1

@@ -1,0 +1,44 @@
+"""`pip install .` with no extras gives working client and metrics without torch or vllm."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RB2_REFERENCE = (
+    REPO.parent / "shared" / "data" / "reference-results" / "rewardbench2" / "Skywork__Skywork-Reward-V2-Llama-3.1-8B.jsonl"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_plain_install_has_metrics_and_client_without_torch(tmp_path):
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", str(REPO)], check=True, cwd=tmp_path, timeout=800
+    )
+    probe = (
+        "import importlib.util, sys\n"
+        "import rmserve.client, rmserve.metrics, rmserve.cli\n"
+        "print(importlib.util.find_spec('torch') is None, importlib.util.find_spec('vllm') is None,"
+        " 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([str(py), "-c", probe], check=True, cwd=tmp_path, capture_output=True, text=True)
+    assert out.stdout.split() == ["True", "True", "False"]
+    res = subprocess.run(
+        [str(env_dir / "bin" / "rmserve"), "metrics", "rewardbench2", str(RB2_REFERENCE), "--json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    # Figures from the reference README (computed by the official code from the same scores).
+    result = json.loads(res.stdout)
+    assert round(result["subsets"]["Ties"]["score"], 4) == 0.8124
+    assert round(result["average"]["score"], 4) == 0.8402
