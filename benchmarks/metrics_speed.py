@@ -28,10 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-
 from rmserve.metrics.bootstrap import BootstrapConfig, rb2_intervals, rmbench_intervals
 from rmserve.metrics.rewardbench2 import rewardbench2_scores
 from rmserve.metrics.rmbench import rmbench_accuracy
+
 from rmserve.schema import RB2_SUBSETS, RMBENCH_DOMAINS
 
 

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
+from rmserve.client.store import SCORES_FILENAME, ScoreStore
 
 from rmserve import errors
-from rmserve.client.client import Concurrency, RewardClient, Retry, Timeouts
-from rmserve.client.store import SCORES_FILENAME, ScoreStore
 from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreRecord
 
 if TYPE_CHECKING:  # the metrics stage (numpy) is imported when a run reports, not before
@@ -209,8 +209,9 @@ async def _score_pending(
 
 async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession | None = None) -> EvalResult:
     """:func:`evaluate` on the running event loop; ``session`` reuses an open aiohttp session."""
-    from rmserve.datasets import load_benchmark
     from rmserve.metrics.report import MetricsConfig, evaluate_records, render_markdown, result_dict, write_outputs
+
+    from rmserve.datasets import load_benchmark
 
     if config.server_url is None:
         raise ValueError("server_url is required to evaluate")

@@ -22,9 +22,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rmserve import errors
 from rmserve.client.client import RewardClient, Timeouts
 from rmserve.client.evaluate import EvalConfig, EvalResult, evaluate
+
+from rmserve import errors
 
 SERVER_LOG_FILENAME = "server.log"
 """Name of the child server's log inside the output folder."""
@@ -75,6 +76,9 @@ class ServeOptions:
     gpu_memory_utilization: float | None = None
     """Fraction of GPU memory the engine may use."""
 
+    kv_cache_memory_bytes: int | None = None
+    """KV-cache size in bytes (vLLM); None = the server's default."""
+
     tensor_parallel_size: int | None = None
     """GPUs to shard the model over."""
 
@@ -115,6 +119,7 @@ class ServeOptions:
             "--max-model-len": self.max_model_len,
             "--block-size": self.block_size,
             "--gpu-memory-utilization": self.gpu_memory_utilization,
+            "--kv-cache-memory-bytes": self.kv_cache_memory_bytes,
             "--tensor-parallel-size": self.tensor_parallel_size,
             "--chat-template": self.chat_template,
         }

@@ -24,8 +24,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from rmserve.errors import DataError
 from rmserve.metrics.rewardbench2 import (
     TIES,
     TIES_WEIGHTS,
@@ -36,6 +34,8 @@ from rmserve.metrics.rewardbench2 import (
     ties_prompts,
 )
 from rmserve.metrics.rmbench import DOMAIN_PARTS, REPORT_DOMAINS, check_rewards, domain_codes, group_contributions
+
+from rmserve.errors import DataError
 from rmserve.schema import RB2_SUBSETS, RMBENCH_DOMAINS
 
 RMBENCH_FIGURES: tuple[str, ...] = ("hard", "normal", "easy", "score")

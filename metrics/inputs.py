@@ -34,9 +34,9 @@ from typing import Any, ClassVar
 import msgspec
 import numpy as np
 import orjson
+from rmserve.metrics.rewardbench2 import TIES, TIES_ID
 
 from rmserve.errors import DataError
-from rmserve.metrics.rewardbench2 import TIES, TIES_ID
 from rmserve.schema import BENCHMARKS, RB2_SUBSETS, RMBENCH_DOMAINS, RMBENCH_STYLES, ScoreRecord
 
 FORMATS: tuple[str, ...] = ("score-records", "rm-bench-results", "rewardbench2-items")

@@ -25,8 +25,6 @@ from typing import Any
 
 import numpy as np
 import orjson
-
-from rmserve.errors import DataError
 from rmserve.metrics.bootstrap import (
     BootstrapConfig,
     Interval,
@@ -40,6 +38,8 @@ from rmserve.metrics.bootstrap import (
 from rmserve.metrics.inputs import RB2Scores, RMBenchScores, ScoreSet, read_score_files, scores_from_records
 from rmserve.metrics.rewardbench2 import TIES, TIES_WEIGHTS, RB2Result, rewardbench2_scores
 from rmserve.metrics.rmbench import DOMAIN_PARTS, REPORT_DOMAINS, RMBenchResult, rmbench_accuracy
+
+from rmserve.errors import DataError
 from rmserve.schema import BENCHMARKS, RB2_SUBSETS, RMBENCH_DOMAINS, RMBENCH_STYLES, ScoreRecord
 
 RMBENCH_COLUMNS: tuple[tuple[str, str], ...] = (

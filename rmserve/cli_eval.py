@@ -165,6 +165,9 @@ def run_command(
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Longest sequence, tokens."),
     block_size: Optional[int] = typer.Option(None, "--block-size", help="Prefix-cache block size, tokens."),
     gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization", help="GPU memory fraction."),
+    kv_cache_memory_bytes: Optional[int] = typer.Option(
+        None, "--kv-cache-memory-bytes", help="KV-cache size in bytes (CPU build default: 4 GiB)."
+    ),
     tensor_parallel_size: Optional[int] = typer.Option(None, "--tensor-parallel-size", help="GPUs to shard over."),
     chat_template: Optional[Path] = typer.Option(None, "--chat-template", help="Jinja chat template file."),
     enforce_eager: bool = typer.Option(False, "--enforce-eager", help="No CUDA graphs / compilation."),
@@ -199,6 +202,7 @@ def run_command(
             max_model_len=max_model_len,
             block_size=block_size,
             gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
             tensor_parallel_size=tensor_parallel_size,
             chat_template=chat_template,
             enforce_eager=enforce_eager,

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING
 
 import msgspec
 from aiohttp import web
+from rmserve.server.protocol import PrefixCacheStats, RewardEngine, SupportsPrefixCacheStats
+from rmserve.server.render import Renderer
 
 from rmserve.errors import EngineNotReady
 from rmserve.schema import ModelInfo
-from rmserve.server.protocol import PrefixCacheStats, RewardEngine, SupportsPrefixCacheStats
-from rmserve.server.render import Renderer
 
 if TYPE_CHECKING:  # prometheus_client is a server extra; importing this module must not need it
     from rmserve.server.observability import ServerMetrics

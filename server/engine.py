@@ -27,14 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm import AsyncEngineArgs, PoolingParams
-
-from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, SequenceTooLong, ServerFault
-from rmserve.schema import ModelInfo
 from rmserve.server.config import EngineConfig, check_reward_head
 from rmserve.server.fingerprint import model_fingerprint
-from rmserve.server.protocol import PrefixCacheStats, SequenceScore
+from rmserve.server.protocol import PrefixCacheStats, SequenceScore, check_token_ids
 from rmserve.server.render import Renderer
+from vllm import AsyncEngineArgs, PoolingParams
+
+from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, ServerFault
+from rmserve.schema import ModelInfo
 
 try:  # vllm ≥ 0.10 layout
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -211,14 +211,7 @@ class VLLMEngine:
         if self._swapping:
             raise EngineNotReady("the engine is swapping weights; retry shortly")
         limit = loaded.info.max_model_len
-        for j, ids in enumerate(token_ids):
-            if len(ids) == 0:
-                raise InvalidRequest(f"token_ids[{j}] is empty", field=f"token_ids[{j}]", value=0, limit=1)
-            if len(ids) > limit:
-                raise SequenceTooLong(
-                    f"token_ids[{j}] is {len(ids)} tokens, over max_model_len={limit}",
-                    field=f"token_ids[{j}]", value=len(ids), limit=limit,
-                )
+        check_token_ids(token_ids, limit)
         request_ids = [f"{request_id}-{j}" for j in range(len(token_ids))]
         self._inflight += 1
         self._idle.clear()

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, SequenceTooLong, ServerFault
-from rmserve.schema import ModelInfo
 from rmserve.server.config import EngineConfig, check_reward_head
 from rmserve.server.fingerprint import model_fingerprint
-from rmserve.server.protocol import SequenceScore
+from rmserve.server.protocol import SequenceScore, check_token_ids
 from rmserve.server.render import Renderer
+
+from rmserve.errors import EngineError, EngineNotReady, ServerFault
+from rmserve.schema import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -147,14 +147,7 @@ class HFEngine:
         """
         loaded = self._require()
         limit = loaded.info.max_model_len
-        for j, ids in enumerate(token_ids):
-            if len(ids) == 0:
-                raise InvalidRequest(f"token_ids[{j}] is empty", field=f"token_ids[{j}]", value=0, limit=1)
-            if len(ids) > limit:
-                raise SequenceTooLong(
-                    f"token_ids[{j}] is {len(ids)} tokens, over max_model_len={limit}",
-                    field=f"token_ids[{j}]", value=len(ids), limit=limit,
-                )
+        check_token_ids(token_ids, limit)
         async with self._lock:
             try:
                 rewards = await asyncio.to_thread(self._rewards, loaded, token_ids)

@@ -17,7 +17,18 @@ import re
 import time
 import uuid
 from collections.abc import Sequence
+
 from aiohttp import web
+from rmserve.server import wire
+from rmserve.server.app import (
+    CONFIG_KEY,
+    ENGINE_KEY,
+    EXECUTOR_KEY,
+    METRICS_KEY,
+    STATE_KEY,
+)
+from rmserve.server.protocol import SequenceScore
+from rmserve.server.render import RenderedGroup
 
 from rmserve.errors import (
     BodyTooLarge,
@@ -29,16 +40,6 @@ from rmserve.errors import (
     ServerFault,
 )
 from rmserve.schema import GroupResult, ScoreRequest, ScoreResponse
-from rmserve.server import wire
-from rmserve.server.app import (
-    CONFIG_KEY,
-    ENGINE_KEY,
-    EXECUTOR_KEY,
-    METRICS_KEY,
-    STATE_KEY,
-)
-from rmserve.server.protocol import SequenceScore
-from rmserve.server.render import RenderedGroup
 
 logger = logging.getLogger("rmserve.server")
 

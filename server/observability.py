@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterable, Sequence
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
-
 from rmserve.server.protocol import PrefixCacheStats
 
 LATENCY_BUCKETS_S: tuple[float, ...] = (

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from rmserve.errors import InvalidRequest, SequenceTooLong
 from rmserve.schema import ModelInfo
 
 
@@ -99,3 +100,20 @@ class SupportsWeightReload(Protocol):
 
     async def reload_weights(self, path: str) -> ModelInfo:
         """Load the weights at ``path`` and return the new model info (new fingerprint)."""
+
+
+def check_token_ids(token_ids: Sequence[Sequence[int]], max_model_len: int) -> None:
+    """The engines' own guard on a group's sequences (the renderer already enforces it).
+
+    Raises:
+        InvalidRequest: an empty sequence (field ``token_ids[j]``).
+        SequenceTooLong: a sequence longer than ``max_model_len`` tokens.
+    """
+    for j, ids in enumerate(token_ids):
+        if len(ids) == 0:
+            raise InvalidRequest(f"token_ids[{j}] is empty", field=f"token_ids[{j}]", value=0, limit=1)
+        if len(ids) > max_model_len:
+            raise SequenceTooLong(
+                f"token_ids[{j}] is {len(ids)} tokens, over max_model_len={max_model_len}",
+                field=f"token_ids[{j}]", value=len(ids), limit=max_model_len,
+            )

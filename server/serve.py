@@ -14,13 +14,13 @@ import signal
 from collections.abc import Callable
 
 from aiohttp import web
-
-from rmserve.errors import ServerFault
-from rmserve.schema import ModelInfo
 from rmserve.server.app import STATE_KEY, RendererFactory, ServerConfig, create_app
 from rmserve.server.config import EngineConfig
 from rmserve.server.protocol import RewardEngine
 from rmserve.server.render import Renderer
+
+from rmserve.errors import ServerFault
+from rmserve.schema import ModelInfo
 
 logger = logging.getLogger("rmserve.server")
 

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
 
-from rmserve.client.client import Concurrency, RewardClient, Retry, Timeouts
 from rmserve.schema import Group, Message
 
 HERE = Path(__file__).resolve().parent

@@ -6,10 +6,10 @@ import json
 import socket
 
 import pytest
+from rmserve.client.store import read_scores
 from typer.testing import CliRunner
 
 from rmserve.cli import app
-from rmserve.client.store import read_scores
 
 runner = CliRunner()
 

@@ -6,9 +6,9 @@ import email.utils
 
 import msgspec
 import pytest
+from rmserve.client.client import error_from_reply, parse_retry_after
 
 from rmserve import errors
-from rmserve.client.client import error_from_reply, parse_retry_after
 
 
 def _body(type_: str, message: str = "msg", field: str | None = None) -> bytes:

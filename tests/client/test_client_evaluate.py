@@ -6,10 +6,10 @@ import json
 
 import msgspec
 import pytest
-
-from rmserve import errors
 from rmserve.client.evaluate import EvalConfig, evaluate_async, pick_model
 from rmserve.client.store import read_scores
+
+from rmserve import errors
 from rmserve.schema import ModelInfo
 
 N_SMALL = 10  # groups in the small_rmbench fixture (6 chat + 4 code)

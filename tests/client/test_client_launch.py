@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from rmserve import errors
 from rmserve.client.evaluate import EvalConfig
 from rmserve.client.launch import RunConfig, ServeOptions, ServerProcess, free_loopback_port, log_tail, run
+
+from rmserve import errors
 
 STUB_SCRIPT = str(Path(__file__).resolve().parent / "wire_stub.py")
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import socket
 
 import pytest
+from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
+
 from rmserve import errors
-from rmserve.client.client import Concurrency, RewardClient, Retry, Timeouts
 from rmserve.schema import GroupResult
 
 

@@ -6,9 +6,9 @@ import os
 
 import msgspec
 import pytest
-
 from rmserve.client import store as store_module
 from rmserve.client.store import ScoreStore, read_scores
+
 from rmserve.errors import DataError, FingerprintMismatch
 from rmserve.schema import GroupKey, ScoreRecord
 

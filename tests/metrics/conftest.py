@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from _metrics_helpers import RB2_REFERENCE, write_jsonl
 
 

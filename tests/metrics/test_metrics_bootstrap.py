@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from rmserve.errors import DataError
 from rmserve.metrics.bootstrap import (
     BootstrapConfig,
     Interval,
@@ -23,6 +21,8 @@ from rmserve.metrics.inputs import read_score_files
 from rmserve.metrics.report import figure_values
 from rmserve.metrics.rewardbench2 import rewardbench2_scores
 from rmserve.metrics.rmbench import rmbench_accuracy
+
+from rmserve.errors import DataError
 
 
 def rmbench_arrays(seed: int = 0, shift: float = 0.8):

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from _metrics_helpers import random_rmbench_records, rmbench_record
 from typer.testing import CliRunner
 
 from rmserve.cli import app
-
-from _metrics_helpers import random_rmbench_records, rmbench_record
 
 runner = CliRunner()
 

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _metrics_helpers import rmbench_record
+from rmserve.metrics.inputs import RB2Scores, RMBenchScores, read_score_files, scores_from_records
 
 from rmserve.errors import DataError
-from rmserve.metrics.inputs import RB2Scores, RMBenchScores, read_score_files, scores_from_records
 from rmserve.schema import ScoreRecord
-
-from _metrics_helpers import rmbench_record
 
 
 def rb2_item(subset: str, item_id: str, scores: list[float], num_correct: int = 1) -> dict:

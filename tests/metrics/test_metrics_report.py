@@ -6,8 +6,7 @@ import json
 
 import numpy as np
 import pytest
-
-from rmserve.errors import DataError
+from _metrics_helpers import random_rmbench_records, rmbench_record
 from rmserve.metrics.report import (
     MetricsConfig,
     compare_files,
@@ -21,7 +20,7 @@ from rmserve.metrics.report import (
 )
 from rmserve.metrics.rmbench import rmbench_accuracy
 
-from _metrics_helpers import random_rmbench_records, rmbench_record
+from rmserve.errors import DataError
 
 COUNTS = {"chat": 40, "code": 50, "safety-refuse": 30, "safety-response": 20}
 

@@ -6,10 +6,8 @@ import json
 
 import numpy as np
 import pytest
-
-from rmserve.metrics.rmbench import combine_domains, group_contributions, rmbench_accuracy
-
 from _metrics_helpers import RMBENCH_REFERENCE
+from rmserve.metrics.rmbench import combine_domains, group_contributions, rmbench_accuracy
 
 NAN = float("nan")
 

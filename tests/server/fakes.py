@@ -28,10 +28,11 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rmserve.errors import EngineNotReady
-from rmserve.schema import ModelInfo
 from rmserve.server.protocol import PrefixCacheStats, SequenceScore
 from rmserve.server.render import Renderer
+
+from rmserve.errors import EngineNotReady
+from rmserve.schema import ModelInfo
 
 BOS_ID = 1
 EOS_ID = 2

@@ -19,13 +19,13 @@ import threading
 
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from fakes import FAKE_MODEL, FakeEngine, FakeRenderer
-from rmserve.errors import EngineError
-from rmserve.schema import GroupResult, ModelList, ScoreResponse, decode
+from prometheus_client.parser import text_string_to_metric_families
 from rmserve.server.app import STATE_KEY, ServerConfig, create_app
 from rmserve.server.protocol import SequenceScore
+
+from rmserve.errors import EngineError
+from rmserve.schema import GroupResult, ModelList, ScoreResponse, decode
 
 VALID = {"groups": [{"id": "g0", "prompt": "hi", "responses": ["yo", "ya"]}]}
 VALID_RESULT = GroupResult(id="g0", rewards=(4.55, 4.41), num_tokens=(9, 9), num_cached_tokens=(0, 4))

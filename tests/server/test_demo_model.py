@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from rmserve.server.demo_model import DemoModelConfig, build_demo_model
 from typer.testing import CliRunner
 
 from rmserve.cli import app
 from rmserve.errors import DataError
-from rmserve.server.demo_model import DemoModelConfig, build_demo_model
 
 
 def _sha256(path: Path) -> str:

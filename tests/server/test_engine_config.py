@@ -7,11 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from rmserve.errors import ServerFault
 from rmserve.server.backends import ENGINES, engine_class
 from rmserve.server.config import EngineConfig
 from rmserve.server.fingerprint import model_fingerprint
+
+from rmserve.errors import ServerFault
 
 
 @pytest.mark.parametrize(
@@ -104,3 +104,19 @@ def test_fingerprint_needs_a_config(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ServerFault, match="config.json"):
         model_fingerprint(tmp_path / "empty", None)
+
+
+def test_cpu_build_cache_defaults(monkeypatch):
+    """On the CPU build an unset block size is 32 and an unset KV cache is 4 GiB (or the env's)."""
+    pytest.importorskip("vllm")
+    from vllm.platforms import current_platform
+
+    from rmserve.server.engine import _platform_cache_defaults
+
+    if not current_platform.is_cpu():
+        pytest.skip("CPU-build defaults")
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert _platform_cache_defaults(EngineConfig(model="m")) == (32, 4 * 1024**3)
+    assert _platform_cache_defaults(EngineConfig(model="m", block_size=64, kv_cache_memory_bytes=1 << 30)) == (64, 1 << 30)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    assert _platform_cache_defaults(EngineConfig(model="m")) == (32, None)

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from rmserve.server.config import EngineConfig
 
 from rmserve.datasets import load_rmbench
 from rmserve.schema import RequestGroup
-from rmserve.server.config import EngineConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
@@ -203,8 +203,9 @@ async def test_reload_weights_swaps_checkpoint_and_back(vllm_engine, demo_model_
 
 @pytest.mark.parametrize("kind", ["vllm", "hf"])
 async def test_models_without_exactly_one_label_are_refused(kind, demo_model_dir, tmp_path):
-    from rmserve.errors import ServerFault
     from rmserve.server.backends import build_engine
+
+    from rmserve.errors import ServerFault
 
     two_labels = tmp_path / "two-labels"
     shutil.copytree(demo_model_dir, two_labels)

@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rmserve.server.render import Renderer
 
 from rmserve.datasets import load_rmbench
 from rmserve.errors import InvalidRequest, SequenceTooLong, ServerFault
 from rmserve.schema import Message, RequestGroup, ScoreRequest, Truncation
-from rmserve.server.render import Renderer
 
 
 @pytest.fixture(scope="module")

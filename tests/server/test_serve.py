@@ -10,13 +10,13 @@ import socket
 import aiohttp
 import orjson
 import pytest
-from typer.testing import CliRunner
-
 from fakes import FakeEngine, FakeRenderer
-from rmserve.cli import app as cli_app
 from rmserve.server import serve as serve_module
 from rmserve.server.app import DEFAULT_MAX_BODY_BYTES, ServerConfig
 from rmserve.server.config import EngineConfig
+from typer.testing import CliRunner
+
+from rmserve.cli import app as cli_app
 
 VALID = {"groups": [{"id": "g0", "prompt": "hi", "responses": ["yo", "ya"]}]}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from rmserve.server import wire
 
 from rmserve.errors import InvalidRequest
 from rmserve.schema import (
@@ -17,7 +18,6 @@ from rmserve.schema import (
     Truncation,
     decode,
 )
-from rmserve.server import wire
 
 MAX_LEN = 64
 
