@@ -296,6 +296,10 @@ def run(config: RunConfig) -> EvalResult:
         rmserve.errors.EngineNotReady: the server was not ready within ``startup_timeout_s``.
         The errors of :func:`~rmserve.client.evaluate.evaluate`.
     """
+    from rmserve.datasets import load_benchmark
+
+    # Bad data fails here, in a second, not after the model has loaded.
+    load_benchmark(config.evaluation.bench, config.evaluation.data, config.evaluation.only)
     out_dir = config.evaluation.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     host = "127.0.0.1"

@@ -503,6 +503,18 @@ def _read_file(rows: _Rows, path: Path, *, domain: str | None, benchmark: str | 
 
 
 def _to_scores(rows: _Rows) -> ScoreSet:
+    """Arrays of the rows in canonical order (by domain/subset, then id).
+
+    The order of records in a file (e.g. completion order of an evaluation) must not change
+    any figure; sorting also makes the bootstrap, which resamples row indices, independent of
+    it: the same groups and seed give the same intervals whatever order they were stored in.
+    """
+    scores = _to_scores_in_file_order(rows)
+    domains = scores.domains if isinstance(scores, RMBenchScores) else scores.subsets
+    return scores.take(np.lexsort((scores.ids, domains)))
+
+
+def _to_scores_in_file_order(rows: _Rows) -> ScoreSet:
     domains = _frozen(np.array(rows.domains, dtype=str))
     ids = _frozen(np.array(rows.ids, dtype=str))
     if rows.benchmark == "rm-bench":

@@ -296,3 +296,28 @@ def test_reader_does_not_touch_files(jsonl_writer):
     before = path.read_bytes()
     read_score_files([path])
     assert path.read_bytes() == before
+
+
+def test_record_order_changes_no_figure_and_no_interval(tmp_path):
+    """A score file in completion order gives the same figures and intervals as one in data order."""
+    import random
+
+    from rmserve.metrics.report import MetricsConfig, evaluate_files, result_dict
+    from rmserve.schema import ScoreRecord, encode
+
+    rng = random.Random(7)
+    records = [
+        ScoreRecord(benchmark="rm-bench", domain=d, id=str(i), num_chosen=3, rewards=tuple(rng.gauss(0, 1) for _ in range(6)))
+        for d in ("chat", "code") for i in range(40)
+    ]
+    shuffled = records[:]
+    rng.shuffle(shuffled)
+    paths = []
+    for name, recs in (("ordered.jsonl", records), ("shuffled.jsonl", shuffled)):
+        path = tmp_path / name
+        path.write_bytes(b"".join(encode(r) + b"\n" for r in recs))
+        paths.append(path)
+    config = MetricsConfig(resamples=200, seed=3, benchmark="rm-bench")
+    a, b = (result_dict(evaluate_files([p], config)) for p in paths)
+    a.pop("files"), b.pop("files")
+    assert a == b
