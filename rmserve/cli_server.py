@@ -53,6 +53,29 @@ def _given(**options: object) -> dict[str, object]:
     return {name: value for name, value in options.items() if value is not None}
 
 
+ADMIN_TOKEN_ENV = "RMSERVE_ADMIN_TOKEN"
+"""Environment variable holding the admin token when ``--admin-token-file`` is not given."""
+
+
+def _admin_token(token_file: Path | None) -> str | None:
+    """The admin token: the file's stripped text, else ``$RMSERVE_ADMIN_TOKEN``, else None.
+
+    Raises:
+        ValueError: the file cannot be read or is empty.
+    """
+    import os
+
+    if token_file is None:
+        return os.environ.get(ADMIN_TOKEN_ENV) or None
+    try:
+        token = token_file.read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"--admin-token-file {str(token_file)!r} cannot be read: {exc.strerror}") from None
+    if not token:
+        raise ValueError(f"--admin-token-file {str(token_file)!r} is empty")
+    return token
+
+
 def serve_command(
     model: str = typer.Argument(..., help=_engine_help("model")),
     engine: Optional[str] = typer.Option(None, "--engine", help=_engine_help("engine")),
@@ -79,6 +102,15 @@ def serve_command(
     max_inflight_groups: Optional[int] = typer.Option(
         None, "--max-inflight-groups", help=_server_help("max_inflight_groups")
     ),
+    admin_token_file: Optional[Path] = typer.Option(
+        None, "--admin-token-file",
+        help="File holding the admin token for POST /v1/models/load (else env RMSERVE_ADMIN_TOKEN; "
+        "neither = endpoint disabled).",
+    ),
+    checkpoint_root: Optional[list[Path]] = typer.Option(
+        None, "--checkpoint-root", help="Folder checkpoint swaps may load from (repeatable)."
+    ),
+    swap_wait_s: Optional[float] = typer.Option(None, "--swap-wait-s", help=_server_help("swap_wait_s")),
 ) -> None:
     """Serve a reward model over HTTP: POST /v1/score, GET /health, /v1/models, /metrics.
 
@@ -89,6 +121,7 @@ def serve_command(
     from rmserve.server.serve import serve
 
     try:
+        admin_token = _admin_token(admin_token_file)
         engine_config = EngineConfig(
             model=model,
             enforce_eager=enforce_eager,
@@ -111,6 +144,9 @@ def serve_command(
                 max_body_bytes=max_body_bytes,
                 max_inflight_groups=max_inflight_groups,
                 served_model_name=served_model_name,
+                admin_token=admin_token,
+                checkpoint_roots=tuple(str(root) for root in checkpoint_root) if checkpoint_root else None,
+                swap_wait_s=swap_wait_s,
             )
         )
     except ValueError as exc:

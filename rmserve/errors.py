@@ -67,6 +67,14 @@ class Forbidden(ClientFault):
     status = 403
 
 
+class Conflict(ClientFault):
+    """The action conflicts with the server's state (409): another checkpoint swap is in
+    progress, or the checkpoint's architecture/tokenizer differs from the loaded model's."""
+
+    type = "conflict"
+    status = 409
+
+
 class ModelNotFound(ClientFault):
     """The request named a model this server does not serve (404)."""
 
@@ -193,6 +201,7 @@ _WIRE_TYPES: dict[str, type[RMServeError]] = {
         InvalidRequest,
         Unauthorized,
         Forbidden,
+        Conflict,
         ModelNotFound,
         SequenceTooLong,
         BodyTooLarge,

@@ -152,7 +152,9 @@ class ModelInfo(msgspec.Struct, frozen=True):
     """Body of ``GET /v1/models`` (one entry): what the server scores with.
 
     ``fingerprint`` hashes config, weight index, tokenizer and chat template, so a stored
-    score can be tied to exactly one model.
+    score can be tied to exactly one model. ``swap_count`` counts the checkpoint swaps
+    (``POST /v1/models/load``) since start; ``last_swap_time`` is the Unix time (seconds) the
+    last one finished, None before any. Both default so older replies decode unchanged.
     """
 
     name: str
@@ -160,6 +162,15 @@ class ModelInfo(msgspec.Struct, frozen=True):
     dtype: str
     fingerprint: str
     engine: str
+    swap_count: int = 0
+    last_swap_time: float | None = None
+
+
+class LoadModelRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Body of ``POST /v1/models/load``: serve the checkpoint folder ``path`` as ``name``."""
+
+    name: str
+    path: str
 
 
 class ModelList(msgspec.Struct, frozen=True):

@@ -7,7 +7,8 @@ the engine is loaded in a background task once the app starts, so the HTTP liste
 ``GET /health`` with 503 while the model loads; on cleanup the load is cancelled if still
 running and the engine is shut down.
 
-Routes: ``POST /v1/score``, ``GET /health``, ``GET /v1/models``, ``GET /metrics`` (see
+Routes: ``POST /v1/score``, ``GET /health``, ``GET /v1/models``, ``POST /v1/models/load``
+(checkpoint swap, admin token), ``GET /metrics`` (see
 :mod:`rmserve.server.handlers`). Errors are written by one middleware
 (:func:`rmserve.server.handlers.error_middleware`).
 """
@@ -20,6 +21,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -79,6 +81,15 @@ class ServerConfig:
     shutdown_timeout_s: float = 10.0
     """Seconds in-flight requests get to finish on shutdown before they are cancelled (≥ 0); default 10."""
 
+    admin_token: str | None = field(default=None, repr=False)
+    """Bearer token of POST /v1/models/load; None (default) disables the endpoint (403)."""
+
+    checkpoint_roots: tuple[str, ...] = ()
+    """Folders a checkpoint swap may load from (after resolving symlinks); empty = none (403)."""
+
+    swap_wait_s: float = 30.0
+    """Seconds a scoring request waits for a checkpoint swap to finish before 503 (≥ 0); default 30."""
+
     def __post_init__(self) -> None:
         if not self.host:
             raise ValueError("ServerConfig.host must be a non-empty host name or address")
@@ -98,6 +109,13 @@ class ServerConfig:
             raise ValueError(f"ServerConfig.render_threads is {self.render_threads}; it must be at least 1")
         if self.shutdown_timeout_s < 0:
             raise ValueError(f"ServerConfig.shutdown_timeout_s is {self.shutdown_timeout_s}; it must be ≥ 0")
+        if self.admin_token is not None and not self.admin_token.strip():
+            raise ValueError("ServerConfig.admin_token must be None or a non-empty token")
+        for root in self.checkpoint_roots:
+            if not Path(root).is_dir():
+                raise ValueError(f"ServerConfig.checkpoint_roots: {root!r} is not an existing folder")
+        if self.swap_wait_s < 0:
+            raise ValueError(f"ServerConfig.swap_wait_s is {self.swap_wait_s}; it must be ≥ 0")
 
     @property
     def url(self) -> str:
@@ -119,6 +137,12 @@ class EngineState:
         renderer: the chat-template renderer (given to :func:`create_app`, or built by its
             ``renderer_factory`` once the engine is ready).
         inflight_groups: groups admitted by ``/v1/score`` and not yet answered.
+        scoring_requests: ``/v1/score`` requests past the swap gate and not yet answered.
+        scoring_idle: set while ``scoring_requests == 0`` (a swap drains on it).
+        serving: cleared while a checkpoint swap runs; scoring requests wait on it.
+        swap_lock: held by the one checkpoint swap that may run at a time.
+        checkpoint_dir: folder of the loaded checkpoint (for the swap's compatibility check);
+            None when the engine does not say.
     """
 
     status: str = "loading"
@@ -127,6 +151,15 @@ class EngineState:
     error: BaseException | None = None
     settled: asyncio.Event = field(default_factory=asyncio.Event)
     inflight_groups: int = 0
+    scoring_requests: int = 0
+    scoring_idle: asyncio.Event = field(default_factory=asyncio.Event)
+    serving: asyncio.Event = field(default_factory=asyncio.Event)
+    swap_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    checkpoint_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.scoring_idle.set()
+        self.serving.set()
 
     def require_ready(self) -> tuple[ModelInfo, Renderer]:
         """Model info and renderer; raises :class:`EngineNotReady` unless the engine is ready."""
@@ -158,6 +191,17 @@ def _engine_counter_reader(engine: RewardEngine) -> Callable[[], PrefixCacheStat
     return reader
 
 
+def _engine_checkpoint_dir(engine: RewardEngine) -> Path | None:
+    """The loaded checkpoint's folder: ``engine.checkpoint_dir``, else ``engine.config.model``
+    when that is a local folder; None otherwise (hub ids, engines that do not say)."""
+    folder = getattr(engine, "checkpoint_dir", None)
+    if folder is None:
+        folder = getattr(getattr(engine, "config", None), "model", None)
+    if folder is None or not Path(folder).is_dir():
+        return None
+    return Path(folder).resolve()
+
+
 async def _render_executor_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG_KEY]
     executor = ThreadPoolExecutor(max_workers=config.render_threads, thread_name_prefix="rmserve-render")
@@ -184,6 +228,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
                 loop = asyncio.get_running_loop()
                 state.renderer = await loop.run_in_executor(app[EXECUTOR_KEY], factory, info)
             state.info = info
+            state.checkpoint_dir = _engine_checkpoint_dir(engine)
             state.status = "ready"
             logger.info("engine ready: model %s (%s, %s)", info.name, info.engine, info.dtype)
         except asyncio.CancelledError:
@@ -251,5 +296,6 @@ def create_app(
     app.router.add_post("/v1/score", handlers.score)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/v1/models", handlers.models)
+    app.router.add_post("/v1/models/load", handlers.load_model)
     app.router.add_get("/metrics", handlers.metrics)
     return app

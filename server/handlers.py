@@ -11,15 +11,17 @@ cancels every pending ``score_group`` call, and the engine aborts those requests
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
+import msgspec
 from aiohttp import web
-from rmserve.server import wire
+from rmserve.server import swap, wire
 from rmserve.server.app import (
     CONFIG_KEY,
     ENGINE_KEY,
@@ -27,12 +29,14 @@ from rmserve.server.app import (
     METRICS_KEY,
     STATE_KEY,
 )
-from rmserve.server.protocol import SequenceScore
+from rmserve.server.protocol import SequenceScore, SupportsWeightReload
 from rmserve.server.render import RenderedGroup
 
 from rmserve.errors import (
     BodyTooLarge,
+    Conflict,
     EngineError,
+    EngineNotReady,
     InvalidRequest,
     ModelNotFound,
     Overloaded,
@@ -208,13 +212,51 @@ async def _score_groups(engine, rendered: list[RenderedGroup], request_id: str) 
     return [task.result() for task in tasks]
 
 
+@contextlib.asynccontextmanager
+async def _scoring_slot(state, wait_s: float) -> AsyncIterator[None]:
+    """Admit one scoring request past the swap gate and count it until it is answered.
+
+    While a checkpoint swap runs (``state.serving`` cleared) the request waits up to
+    ``wait_s`` seconds, then gets :class:`EngineNotReady` (503, Retry-After). Between the
+    gate opening and the count there is no await, so a swap that has started draining
+    never sees a request slip in.
+    """
+    if not state.serving.is_set():
+        try:
+            async with asyncio.timeout(wait_s):
+                while not state.serving.is_set():
+                    await state.serving.wait()
+        except TimeoutError:
+            raise EngineNotReady(
+                f"a checkpoint swap is in progress (waited swap_wait_s={wait_s:g} s); retry later"
+            ) from None
+    state.scoring_requests += 1
+    state.scoring_idle.clear()
+    try:
+        yield
+    finally:
+        state.scoring_requests -= 1
+        if state.scoring_requests == 0:
+            state.scoring_idle.set()
+
+
 async def score(request: web.Request) -> web.Response:
     """``POST /v1/score``: score every group of the request (see the module docstring).
+
+    During a checkpoint swap the request waits (up to ``swap_wait_s``) until the new model
+    serves; requests already past the gate finish on the old weights before the swap starts.
 
     Raises (answered by :func:`error_middleware`): ``EngineNotReady`` (503),
     ``InvalidRequest`` (400), ``ModelNotFound`` (404), ``SequenceTooLong`` /
     ``BodyTooLarge`` (413), ``Overloaded`` (429), ``EngineError`` (500).
     """
+    state = request.app[STATE_KEY]
+    state.require_ready()
+    async with _scoring_slot(state, request.app[CONFIG_KEY].swap_wait_s):
+        return await _score(request)
+
+
+async def _score(request: web.Request) -> web.Response:
     app = request.app
     config = app[CONFIG_KEY]
     state = app[STATE_KEY]
@@ -286,3 +328,65 @@ async def score(request: web.Request) -> web.Response:
         metrics.observe_group(result.num_tokens, result.num_cached_tokens)
     reply = ScoreResponse(model=info.name, fingerprint=info.fingerprint, results=tuple(results))
     return _json_response(wire.encode_score_response(reply), 200)
+
+
+# --- checkpoint swap --------------------------------------------------------------------
+
+
+async def load_model(request: web.Request) -> web.Response:
+    """``POST /v1/models/load`` ``{"name", "path"}``: swap the served checkpoint in place.
+
+    Order: admin token → engine ready → body → path under a checkpoint root → one swap at a
+    time → same architecture/shape and tokenizer as the loaded checkpoint → drain (new
+    scoring requests wait on the gate, in-flight ones finish on the old weights) → engine
+    ``reload_weights`` then ``reset_prefix_cache`` (cached prompt states of the old weights
+    must not be reused) → the served name becomes ``name``, the fingerprint is the new
+    checkpoint's, ``swap_count`` / ``last_swap_time`` advance → the gate opens. Replies
+    ``{"models": [ModelInfo]}`` like ``GET /v1/models``.
+
+    Raises (answered by :func:`error_middleware`; the loaded model is unchanged unless the
+    engine itself failed mid-load): ``Forbidden`` (403: no admin token configured, path
+    outside the roots), ``Unauthorized`` (401), ``InvalidRequest`` (400), ``Conflict``
+    (409: another swap in progress — a second load is refused, not queued — or a different
+    architecture/tokenizer, or an engine without in-place reload), ``EngineNotReady``
+    (503), ``EngineError`` (500: the engine failed while loading the weights).
+    """
+    app = request.app
+    config = app[CONFIG_KEY]
+    state = app[STATE_KEY]
+    metrics = app[METRICS_KEY]
+    engine = app[ENGINE_KEY]
+    swap.check_admin_token(request.headers.get("Authorization"), config.admin_token)
+    info, _ = state.require_ready()
+    body = await request.read()
+    load = wire.decode_load_request(body)
+    folder = swap.resolve_checkpoint(load.path, config.checkpoint_roots)
+    if not isinstance(engine, SupportsWeightReload):
+        raise Conflict(f"the {info.engine} engine cannot swap checkpoints in place; {swap.RESTART_HINT}")
+    if state.swap_lock.locked():
+        raise Conflict("another checkpoint swap is in progress; retry after it finishes")
+    async with state.swap_lock:
+        if state.checkpoint_dir is not None:
+            swap.check_compatible(state.checkpoint_dir, folder)
+        started = time.perf_counter()
+        state.serving.clear()
+        try:
+            await state.scoring_idle.wait()
+            try:
+                new_info = await engine.reload_weights(str(folder))
+                await engine.reset_prefix_cache()
+            except BaseException:
+                metrics.swaps.labels(outcome="error").inc()
+                raise
+            info = state.require_ready()[0]
+            state.info = msgspec.structs.replace(
+                new_info, name=load.name, swap_count=info.swap_count + 1, last_swap_time=time.time()
+            )
+            state.checkpoint_dir = folder
+        finally:
+            state.serving.set()
+        metrics.swaps.labels(outcome="ok").inc()
+        metrics.swap_duration_s.observe(time.perf_counter() - started)
+    logger.info("checkpoint swap %d: now serving %s (fingerprint %s)", state.info.swap_count, load.name,
+                state.info.fingerprint)
+    return _json_response(wire.encode_models([state.info]), 200)

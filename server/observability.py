@@ -16,6 +16,10 @@ Series (token counts are per scored sequence, template included):
   the replies this server sent.
 - ``rmserve_inflight_groups``: groups admitted by ``/v1/score`` and not yet answered
   (rendering or in the engine); what ``max_inflight_groups`` bounds.
+- ``rmserve_checkpoint_swaps_total{outcome}``: checkpoint swaps (``POST /v1/models/load``)
+  that reached the engine, by outcome (``ok`` / ``error``).
+- ``rmserve_checkpoint_swap_duration_seconds``: time from drain start to the swapped model
+  serving (seconds), successful swaps only.
 - ``rmserve_engine_prefix_cache_queries_total`` / ``…_hits_total``: the engine's own
   cumulative counters, present only when the engine implements
   :class:`~rmserve.server.protocol.SupportsPrefixCacheStats`.
@@ -92,6 +96,15 @@ class ServerMetrics:
             "rmserve_prefix_cache_hits", "Tokens served from the prefix cache (sum of num_cached_tokens).", registry=r
         )
         self.inflight_groups = Gauge("rmserve_inflight_groups", "Groups admitted and not yet answered (rendering or in the engine).", registry=r)
+        self.swaps = Counter(
+            "rmserve_checkpoint_swaps", "Checkpoint swaps that reached the engine, by outcome.", ["outcome"], registry=r
+        )
+        self.swap_duration_s = Histogram(
+            "rmserve_checkpoint_swap_duration_seconds",
+            "Checkpoint swap time from drain start to serving the new weights, seconds.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         if engine_counters is not None:
             r.register(_EngineCounterCollector(engine_counters))
 

@@ -14,13 +14,14 @@ from typing import Any
 import msgspec
 
 from rmserve.errors import InvalidRequest, RMServeError
-from rmserve.schema import ModelInfo, ModelList, ScoreRequest, ScoreResponse
+from rmserve.schema import LoadModelRequest, ModelInfo, ModelList, ScoreRequest, ScoreResponse
 
 MIN_TRUNCATION_TOKENS = 2
 """Smallest ``truncation.max_tokens`` accepted (a scored sequence needs at least 2 tokens)."""
 
 _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(ScoreRequest)
+_load_decoder = msgspec.json.Decoder(LoadModelRequest)
 
 # msgspec's ValidationError text ends with " - at `$.path`" when the fault is below the root.
 _PATH_SUFFIX = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -143,6 +144,25 @@ def validate_score_request(request: ScoreRequest, *, max_model_len: int) -> None
             value=truncation.max_tokens,
             limit=max_model_len,
         )
+
+
+def decode_load_request(body: bytes) -> LoadModelRequest:
+    """Decode and validate a ``POST /v1/models/load`` body.
+
+    Raises:
+        InvalidRequest: malformed JSON, a missing/unknown field, or an empty ``name`` /
+            ``path`` (the field is named).
+    """
+    try:
+        request = _load_decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(exc) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    for name in ("name", "path"):
+        if not getattr(request, name).strip():
+            raise InvalidRequest(f"{name} must be a non-empty string", field=name)
+    return request
 
 
 def encode_score_response(response: ScoreResponse) -> bytes:

@@ -20,6 +20,7 @@ ROWS = [
     (400, "invalid_request", errors.InvalidRequest, False),
     (401, "unauthorized", errors.Unauthorized, False),
     (403, "forbidden", errors.Forbidden, False),
+    (409, "conflict", errors.Conflict, False),
     (404, "model_not_found", errors.ModelNotFound, False),
     (413, "sequence_too_long", errors.SequenceTooLong, False),
     (413, "body_too_large", errors.BodyTooLarge, False),

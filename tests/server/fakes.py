@@ -93,6 +93,7 @@ class FakeEngine:
     shutdown_calls: int = 0
     queries_tokens: int = 0
     hits_tokens: int = 0
+    reward_offset: float = 0.0
 
     async def start(self) -> None:
         if self.start_gate is not None:
@@ -119,7 +120,7 @@ class FakeEngine:
         if self.fail_with is not None:
             raise self.fail_with
         scores = [
-            SequenceScore(reward=fake_reward(ids), num_cached_tokens=fake_cached_tokens(group, i, self.block_size))
+            SequenceScore(reward=fake_reward(ids) + self.reward_offset, num_cached_tokens=fake_cached_tokens(group, i, self.block_size))
             for i, ids in enumerate(group)
         ]
         self.queries_tokens += sum(len(ids) for ids in group)
@@ -200,3 +201,80 @@ def fake_ids(messages: Sequence[tuple[str, str]], response: str) -> list[int]:
     for role, content in [*messages, ("assistant", response)]:
         ids += [ROLE_IDS[role], *map(ord, content), EOS_ID]
     return ids
+
+
+FAKE_OFFSET_KEY = "fake_reward_offset"
+"""``config.json`` key of a fake checkpoint: the reward offset its "weights" add."""
+
+
+def write_fake_checkpoint(folder, reward_offset: float, *, tokenizer: str = "tok-v1", hidden_size: int = 8):
+    """A fake checkpoint folder: ``config.json`` (shape keys + :data:`FAKE_OFFSET_KEY`) and a
+    ``tokenizer.json``; returns the folder as a ``Path``."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"architectures": ["FakeForSequenceClassification"], "hidden_size": hidden_size, "num_labels": 1,
+              FAKE_OFFSET_KEY: reward_offset}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "tokenizer.json").write_text(tokenizer)
+    return folder
+
+
+@dataclass
+class ReloadableFakeEngine(FakeEngine):
+    """:class:`FakeEngine` with :class:`~rmserve.server.protocol.SupportsWeightReload`.
+
+    ``reload_weights(path)`` reads the reward offset from the checkpoint's ``config.json``
+    (reward = ``fake_reward(ids) + offset``) and reports the real
+    :func:`~rmserve.server.fingerprint.model_fingerprint` of the folder.
+
+    Attributes:
+        checkpoint_dir: the loaded fake checkpoint (the app's compatibility check reads it).
+        reload_gate: when set, a reload waits for it half-way (the offset is already NaN,
+            so any request scored mid-swap would be visible).
+        reload_entered: set when a reload starts.
+        reloads: paths reloaded, in order; resets: ``reset_prefix_cache`` calls.
+        mixed: scores computed while a reload was in progress (must stay 0).
+    """
+
+    checkpoint_dir: object = None
+    reload_gate: asyncio.Event | None = None
+    reload_entered: asyncio.Event = field(default_factory=asyncio.Event)
+    reloads: list[str] = field(default_factory=list)
+    resets: int = 0
+    mixed: int = 0
+    reloading: bool = False
+
+    async def score_group(self, token_ids, request_id):
+        scores = await super().score_group(token_ids, request_id)
+        if self.reloading:
+            self.mixed += 1
+        return scores
+
+    async def reload_weights(self, path: str) -> ModelInfo:
+        import json
+        from pathlib import Path
+
+        from rmserve.server.fingerprint import model_fingerprint
+
+        self.reloading = True
+        self.reloads.append(path)
+        self.reload_entered.set()
+        try:
+            self.reward_offset = float("nan")  # half-loaded weights
+            if self.reload_gate is not None:
+                await self.reload_gate.wait()
+            offset = json.loads((Path(path) / "config.json").read_text())[FAKE_OFFSET_KEY]
+            self.reward_offset = float(offset)
+            self.checkpoint_dir = path
+            self.model = ModelInfo(name=self.model.name, max_model_len=self.model.max_model_len, dtype=self.model.dtype,
+                                   fingerprint=model_fingerprint(path, None), engine=self.model.engine)
+            return self.model
+        finally:
+            self.reloading = False
+
+    async def reset_prefix_cache(self) -> bool:
+        self.resets += 1
+        return True

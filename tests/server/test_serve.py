@@ -183,3 +183,22 @@ def test_cli_serve_rejects_bad_values(captured, args, fragment):
 def test_cli_serve_exit_code_follows_serve(monkeypatch):
     monkeypatch.setattr(serve_module, "serve", lambda e, s, *, announce=print: 1)
     assert CliRunner().invoke(cli_app, ["serve", "m"]).exit_code == 1
+
+
+def test_cli_serve_swap_options(captured, tmp_path, monkeypatch):
+    token_file = tmp_path / "token"
+    token_file.write_text("  tok-123\n")
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    monkeypatch.setenv("RMSERVE_ADMIN_TOKEN", "from-env")
+    args = ["serve", "m", "--checkpoint-root", str(a), "--checkpoint-root", str(b), "--swap-wait-s", "2.5"]
+    result = CliRunner().invoke(cli_app, [*args, "--admin-token-file", str(token_file)])
+    assert result.exit_code == 0, result.output
+    assert captured[-1][1] == ServerConfig(admin_token="tok-123", checkpoint_roots=(str(a), str(b)), swap_wait_s=2.5)
+    result = CliRunner().invoke(cli_app, args)  # no file: the environment variable
+    assert result.exit_code == 0, result.output
+    assert captured[-1][1].admin_token == "from-env"
+    monkeypatch.delenv("RMSERVE_ADMIN_TOKEN")
+    token_file.write_text("\n")
+    result = CliRunner().invoke(cli_app, [*args, "--admin-token-file", str(token_file)])
+    assert result.exit_code == 2 and "is empty" in result.output

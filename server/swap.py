@@ -1,0 +1,114 @@
+"""Checks of an in-place checkpoint swap (``POST /v1/models/load``): token, path, shape.
+
+No torch, no vllm: these run on the event loop (file reads of a few KiB) before the app
+drains scoring and asks the engine to reload its weights.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from rmserve.server.fingerprint import TOKENIZER_FILES
+
+from rmserve.errors import Conflict, Forbidden, Unauthorized
+
+SHAPE_KEYS: tuple[str, ...] = (
+    "architectures",
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "num_labels",
+    "torch_dtype",
+    "tie_word_embeddings",
+)
+"""``config.json`` keys that must match for weights to load into the running engine."""
+
+RESTART_HINT = "load it by restarting the server on it (an automatic engine restart is not supported yet)"
+
+
+def check_admin_token(authorization: str | None, admin_token: str | None) -> None:
+    """Check the ``Authorization: Bearer <token>`` header against the configured token.
+
+    Raises:
+        Forbidden: no admin token is configured (the endpoint is disabled).
+        Unauthorized: the header is missing, not ``Bearer``, or the token is wrong
+            (compared in constant time).
+    """
+    if admin_token is None:
+        raise Forbidden(
+            "checkpoint swap is disabled: the server was started without an admin token "
+            "(--admin-token-file or RMSERVE_ADMIN_TOKEN)"
+        )
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), admin_token.encode()):
+        raise Unauthorized("missing or wrong admin token (header Authorization: Bearer <token>)")
+
+
+def resolve_checkpoint(path: str, roots: Sequence[str]) -> Path:
+    """The checkpoint folder ``path`` resolved (symlinks followed), if it lies under a root.
+
+    Args:
+        path: the requested folder (absolute, or relative to the server's working directory).
+        roots: the allowed checkpoint roots (``--checkpoint-root``), each resolved too.
+
+    Raises:
+        Forbidden (field ``path``): no roots configured; the path does not exist; it
+            resolves outside every root (a symlink inside a root that points out of it
+            included); or it is not a folder.
+    """
+    if not roots:
+        raise Forbidden("no checkpoint roots are configured (--checkpoint-root); nothing may be loaded", field="path")
+    try:
+        resolved = Path(path).resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise Forbidden(f"checkpoint path {path!r} does not exist under a checkpoint root", field="path") from None
+    if not any(resolved.is_relative_to(Path(root).resolve()) for root in roots):
+        raise Forbidden(f"checkpoint path {path!r} resolves outside the checkpoint roots", field="path")
+    if not resolved.is_dir():
+        raise Forbidden(f"checkpoint path {path!r} is not a folder", field="path")
+    return resolved
+
+
+def _shape(folder: Path) -> dict[str, object]:
+    file = folder / "config.json"
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise Conflict(f"checkpoint {folder.name!r} has no readable config.json: {type(exc).__name__}", field="path") from None
+    return {key: config.get(key) for key in SHAPE_KEYS}
+
+
+def check_compatible(current: Path, new: Path) -> None:
+    """Check that ``new`` has the loaded checkpoint's architecture/shape and tokenizer.
+
+    Compares the :data:`SHAPE_KEYS` of both ``config.json`` files and the bytes of every
+    tokenizer file (:data:`~rmserve.server.fingerprint.TOKENIZER_FILES`) present in either.
+
+    Raises:
+        Conflict (409, field ``path``): a config key or a tokenizer file differs; the message
+            names them and says a restart is needed.
+    """
+    old_shape, new_shape = _shape(current), _shape(new)
+    differing = [key for key in SHAPE_KEYS if old_shape[key] != new_shape[key]]
+    if differing:
+        detail = ", ".join(f"{k}: {old_shape[k]!r} → {new_shape[k]!r}" for k in differing)
+        raise Conflict(
+            f"checkpoint {new.name!r} has a different architecture/shape ({detail}); {RESTART_HINT}", field="path"
+        )
+    for name in TOKENIZER_FILES:
+        a, b = current / name, new / name
+        old_bytes = a.read_bytes() if a.is_file() else None
+        new_bytes = b.read_bytes() if b.is_file() else None
+        if old_bytes != new_bytes:
+            raise Conflict(
+                f"checkpoint {new.name!r} has a different tokenizer ({name} differs); {RESTART_HINT}", field="path"
+            )
