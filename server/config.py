@@ -63,6 +63,9 @@ class EngineConfig:
     hf_batch_size: int = 8
     """Sequences per forward pass in the transformers engine (≥ 1)."""
 
+    enable_prefix_caching: bool = True
+    """Reuse the KV blocks of shared prefixes across sequences (vLLM). Off only to measure what the prefix cache saves."""
+
     def __post_init__(self) -> None:
         from rmserve.server.backends import ENGINES  # light module: only strings
 
@@ -93,6 +96,8 @@ class EngineConfig:
             object.__setattr__(self, "chat_template", path)
         if not _is_int(self.hf_batch_size) or self.hf_batch_size < 1:
             raise ValueError(f"hf_batch_size: {self.hf_batch_size!r} must be an integer ≥ 1")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching: {self.enable_prefix_caching!r} must be true or false")
         if self.served_model_name is not None and not self.served_model_name:
             raise ValueError("served_model_name: must be non-empty when given")
 

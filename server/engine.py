@@ -137,7 +137,7 @@ class VLLMEngine:
             dtype=dtype,
             max_model_len=cfg.max_model_len,
             block_size=block_size,
-            enable_prefix_caching=True,
+            enable_prefix_caching=cfg.enable_prefix_caching,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             tensor_parallel_size=cfg.tensor_parallel_size,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -149,6 +150,7 @@ class HFEngine:
         limit = loaded.info.max_model_len
         check_token_ids(token_ids, limit)
         async with self._lock:
+            loaded = self._require()  # a checkpoint swap may have replaced the model meanwhile
             try:
                 rewards = await asyncio.to_thread(self._rewards, loaded, token_ids)
             except (RuntimeError, ValueError) as exc:
@@ -157,18 +159,50 @@ class HFEngine:
 
     def _rewards(self, loaded: _Loaded, token_ids: Sequence[Sequence[int]]) -> list[float]:
         """Rewards in input order; batches of ``hf_batch_size``, longest first (less padding)."""
-        order = sorted(range(len(token_ids)), key=lambda j: -len(token_ids[j]))
-        rewards = [0.0] * len(token_ids)
-        step = self.config.hf_batch_size
-        with torch.inference_mode():
-            for start in range(0, len(order), step):
-                chunk = order[start : start + step]
-                values = last_token_rewards(
-                    loaded.base, loaded.head, [token_ids[j] for j in chunk], pad_id=loaded.pad_id, device=loaded.device
-                )
-                for j, value in zip(chunk, values, strict=True):
-                    rewards[j] = value
-        return rewards
+        return length_sorted_rewards(
+            loaded.base, loaded.head, token_ids, pad_id=loaded.pad_id, device=loaded.device,
+            max_batch_tokens=sys.maxsize, max_batch_size=self.config.hf_batch_size,
+        )
+
+    async def reset_prefix_cache(self) -> bool:
+        """No prefix cache here: nothing to drop; True."""
+        return True
+
+    async def reload_weights(self, path: str) -> ModelInfo:
+        """Replace the model in place with the checkpoint at ``path`` (same architecture).
+
+        Waits for the forward pass in progress, loads the new model in a worker thread and
+        swaps it in; the renderer (same tokenizer) is kept, the fingerprint recomputed. On
+        any failure the loaded model is unchanged.
+
+        Raises:
+            EngineNotReady: not started or shut down.
+            EngineError: the checkpoint could not be loaded or is not a one-label classifier.
+        """
+        async with self._lock:
+            loaded = self._require()
+            try:
+                self._loaded = await asyncio.to_thread(self._reload, loaded, path)
+            except (OSError, RuntimeError, ValueError, ServerFault) as exc:
+                raise EngineError(f"reloading weights failed: {type(exc).__name__}: {exc}") from exc
+            return self._loaded.info
+
+    def _reload(self, loaded: _Loaded, path: str) -> _Loaded:
+        from transformers import AutoModelForSequenceClassification
+
+        dtype = loaded.info.dtype
+        model = AutoModelForSequenceClassification.from_pretrained(path, **_dtype_kwargs(dtype))
+        model = model.to(loaded.device).eval()
+        head = getattr(model, "score", None)
+        base = getattr(model, model.base_model_prefix, None)
+        if model.config.num_labels != 1 or head is None or base is None:
+            raise ValueError(f"checkpoint is not a one-label classifier with a 'score' head ({type(model).__name__})")
+        info = ModelInfo(
+            name=loaded.info.name, max_model_len=loaded.info.max_model_len, dtype=dtype,
+            fingerprint=model_fingerprint(path, loaded.renderer.chat_template), engine=self.kind,
+        )
+        return _Loaded(model=model, base=base, head=head, device=loaded.device, pad_id=loaded.pad_id,
+                       renderer=loaded.renderer, info=info)
 
     def _require(self) -> _Loaded:
         if self._closing:
@@ -213,3 +247,65 @@ def last_token_rewards(
     last = attention_mask.sum(dim=-1) - 1
     pooled = hidden[torch.arange(hidden.shape[0], device=device), last]
     return head(pooled).float().reshape(-1).tolist()
+
+
+def length_sorted_batches(lengths: Sequence[int], *, max_batch_tokens: int, max_batch_size: int) -> list[list[int]]:
+    """Pack sequence indices into right-padded batches, longest first.
+
+    Indices are sorted by length, longest first (ties in input order), and cut greedily:
+    a batch grows while ``rows × its longest length ≤ max_batch_tokens`` (the padded size
+    of the batch, which bounds activation memory) and ``rows ≤ max_batch_size``. A single
+    sequence longer than ``max_batch_tokens`` gets a batch of its own. Sorting keeps
+    similar lengths together, so little of each batch is padding.
+
+    Args:
+        lengths: length of each sequence in tokens (≥ 1).
+        max_batch_tokens: padded-token budget of one batch (≥ 1).
+        max_batch_size: most sequences in one batch (≥ 1).
+
+    Returns:
+        Batches of indices into ``lengths``; every index appears exactly once.
+
+    Raises:
+        ValueError: a budget below 1.
+    """
+    if max_batch_tokens < 1 or max_batch_size < 1:
+        raise ValueError(f"max_batch_tokens ({max_batch_tokens}) and max_batch_size ({max_batch_size}) must be ≥ 1")
+    order = sorted(range(len(lengths)), key=lambda j: -lengths[j])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for j in order:
+        width = lengths[current[0]] if current else lengths[j]
+        if current and (len(current) + 1 > max_batch_size or (len(current) + 1) * width > max_batch_tokens):
+            batches.append(current)
+            current = []
+        current.append(j)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def length_sorted_rewards(
+    base: Any,
+    head: Any,
+    sequences: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    device: torch.device,
+    max_batch_tokens: int,
+    max_batch_size: int,
+) -> list[float]:
+    """Rewards of many sequences (any groups) through :func:`length_sorted_batches`.
+
+    Each batch goes through :func:`last_token_rewards`; the result is in input order.
+    """
+    rewards = [0.0] * len(sequences)
+    batches = length_sorted_batches(
+        [len(s) for s in sequences], max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size
+    )
+    with torch.inference_mode():
+        for batch in batches:
+            values = last_token_rewards(base, head, [sequences[j] for j in batch], pad_id=pad_id, device=device)
+            for j, value in zip(batch, values, strict=True):
+                rewards[j] = value
+    return rewards

@@ -303,6 +303,7 @@ def test_record_order_changes_no_figure_and_no_interval(tmp_path):
     import random
 
     from rmserve.metrics.report import MetricsConfig, evaluate_files, result_dict
+
     from rmserve.schema import ScoreRecord, encode
 
     rng = random.Random(7)

