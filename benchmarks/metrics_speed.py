@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import platform
 import statistics
 import time
@@ -36,32 +35,10 @@ from rmserve.schema import RB2_SUBSETS, RMBENCH_DOMAINS
 
 
 def machine_info() -> dict[str, object]:
-    """CPU model, core count, memory and library versions of this machine."""
-    cpu_model = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    memory_gib = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                memory_gib = round(int(line.split()[1]) / 2**20, 1)
-                break
-    except OSError:
-        pass
-    return {
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "memory_gib": memory_gib,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-    }
+    """The benchmark machine (see ``throughput.machine_info``) plus the Python and numpy versions."""
+    from throughput import machine_info as base_machine_info  # this folder, on sys.path as a script
+
+    return {**base_machine_info(), "python": platform.python_version(), "numpy": np.__version__}
 
 
 def timed(call: Callable[[], object], repeats: int) -> dict[str, object]:
