@@ -96,6 +96,11 @@ def serve_command(
         None, "--served-model-name", help=_engine_help("served_model_name")
     ),
     enforce_eager: bool = typer.Option(False, "--enforce-eager", help=_engine_help("enforce_eager")),
+    max_num_batched_tokens: Optional[int] = typer.Option(
+        None, "--max-num-batched-tokens", help=_engine_help("max_num_batched_tokens")
+    ),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help=_engine_help("max_num_seqs")),
+    cpu_threads_bind: Optional[str] = typer.Option(None, "--cpu-threads-bind", help=_engine_help("cpu_threads_bind")),
     host: Optional[str] = typer.Option(None, "--host", help=_server_help("host")),
     port: Optional[int] = typer.Option(None, "--port", help=_server_help("port")),
     max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", help=_server_help("max_body_bytes")),
@@ -111,6 +116,12 @@ def serve_command(
         None, "--checkpoint-root", help="Folder checkpoint swaps may load from (repeatable)."
     ),
     swap_wait_s: Optional[float] = typer.Option(None, "--swap-wait-s", help=_server_help("swap_wait_s")),
+    swap_drain_timeout_s: Optional[float] = typer.Option(
+        None, "--swap-drain-timeout-s", help=_server_help("swap_drain_timeout_s")
+    ),
+    result_cache_groups: Optional[int] = typer.Option(
+        None, "--result-cache-groups", help=_server_help("result_cache_groups")
+    ),
 ) -> None:
     """Serve a reward model over HTTP: POST /v1/score, GET /health, /v1/models, /metrics.
 
@@ -135,6 +146,9 @@ def serve_command(
                 tensor_parallel_size=tensor_parallel_size,
                 chat_template=chat_template,
                 served_model_name=served_model_name,
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_num_seqs=max_num_seqs,
+                cpu_threads_bind=cpu_threads_bind,
             ),
         )
         server_config = ServerConfig(
@@ -147,6 +161,8 @@ def serve_command(
                 admin_token=admin_token,
                 checkpoint_roots=tuple(str(root) for root in checkpoint_root) if checkpoint_root else None,
                 swap_wait_s=swap_wait_s,
+                swap_drain_timeout_s=swap_drain_timeout_s,
+                result_cache_groups=result_cache_groups,
             )
         )
     except ValueError as exc:

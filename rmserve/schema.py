@@ -179,6 +179,15 @@ class ModelList(msgspec.Struct, frozen=True):
     models: tuple[ModelInfo, ...]
 
 
+class LoadModelResponse(ModelList, frozen=True):
+    """Body of a successful ``POST /v1/models/load``: ``GET /v1/models``'s reply plus how the
+    checkpoint was loaded — ``swap_kind`` ``reload`` (weights into the running engine) or
+    ``restart`` (the engine restarted on it: another architecture or tokenizer). Decodes as
+    :class:`ModelList` too."""
+
+    swap_kind: str
+
+
 class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     """One scored group as stored (one JSONL line) and read back by the metrics.
 

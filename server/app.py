@@ -28,6 +28,7 @@ import msgspec
 from aiohttp import web
 from rmserve.server.protocol import PrefixCacheStats, RewardEngine, SupportsPrefixCacheStats
 from rmserve.server.render import Renderer
+from rmserve.server.result_cache import ResultCache
 
 from rmserve.errors import EngineNotReady
 from rmserve.schema import ModelInfo
@@ -90,6 +91,12 @@ class ServerConfig:
     swap_wait_s: float = 30.0
     """Seconds a scoring request waits for a checkpoint swap to finish before 503 (≥ 0); default 30."""
 
+    result_cache_groups: int = 100_000
+    """Recent group results kept so a group sent again (a resumed or retrying client) is answered without engine work; ≥ 0, 0 = off. Keyed by fingerprint and token ids (:mod:`rmserve.server.result_cache`)."""
+
+    swap_drain_timeout_s: float = 600.0
+    """Seconds a checkpoint swap waits for in-flight scoring to finish (≥ 0); default 600. Past it the load fails with 503, nothing is loaded and scoring resumes."""
+
     def __post_init__(self) -> None:
         if not self.host:
             raise ValueError("ServerConfig.host must be a non-empty host name or address")
@@ -114,8 +121,12 @@ class ServerConfig:
         for root in self.checkpoint_roots:
             if not Path(root).is_dir():
                 raise ValueError(f"ServerConfig.checkpoint_roots: {root!r} is not an existing folder")
+        if self.result_cache_groups < 0:
+            raise ValueError(f"ServerConfig.result_cache_groups is {self.result_cache_groups}; it must be ≥ 0 (0 = off)")
         if self.swap_wait_s < 0:
             raise ValueError(f"ServerConfig.swap_wait_s is {self.swap_wait_s}; it must be ≥ 0")
+        if not self.swap_drain_timeout_s >= 0:
+            raise ValueError(f"ServerConfig.swap_drain_timeout_s is {self.swap_drain_timeout_s}; it must be ≥ 0")
 
     @property
     def url(self) -> str:
@@ -129,20 +140,26 @@ class EngineState:
     """Lifecycle of the app's engine, mutated only by the app's startup task and cleanup.
 
     Attributes:
-        status: ``loading`` → ``ready`` (or ``failed``) → ``stopping``.
+        status: ``loading`` → ``ready`` (or ``failed``) → ``stopping``; also ``ready`` →
+            ``failed`` when a checkpoint swap restarted the engine, the new checkpoint did
+            not start and neither did the previous one (no model is served).
         info: the served model's :class:`ModelInfo` (name overridden by
-            ``served_model_name``); set when ready.
-        error: why loading failed, when ``status == "failed"``.
+            ``served_model_name``); set when ready, None after such a failed restart.
+        error: why loading (or that restart) failed, when ``status == "failed"``.
         settled: set once loading finished, successfully or not.
         renderer: the chat-template renderer (given to :func:`create_app`, or built by its
-            ``renderer_factory`` once the engine is ready).
+            ``renderer_factory`` once the engine is ready, and again after each engine
+            restart).
         inflight_groups: groups admitted by ``/v1/score`` and not yet answered.
         scoring_requests: ``/v1/score`` requests past the swap gate and not yet answered.
         scoring_idle: set while ``scoring_requests == 0`` (a swap drains on it).
         serving: cleared while a checkpoint swap runs; scoring requests wait on it.
         swap_lock: held by the one checkpoint swap that may run at a time.
-        checkpoint_dir: folder of the loaded checkpoint (for the swap's compatibility check);
-            None when the engine does not say.
+        restarting: True while a checkpoint swap restarts the engine (no model is loaded;
+            ``/health`` answers 503 ``restarting`` while scoring requests wait on the gate).
+        checkpoint_dir: folder of the loaded checkpoint (for the swap's compatibility check,
+            and to restore it when a restart on another checkpoint fails); None when the
+            engine does not say.
     """
 
     status: str = "loading"
@@ -155,6 +172,7 @@ class EngineState:
     scoring_idle: asyncio.Event = field(default_factory=asyncio.Event)
     serving: asyncio.Event = field(default_factory=asyncio.Event)
     swap_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    restarting: bool = False
     checkpoint_dir: Path | None = None
 
     def __post_init__(self) -> None:
@@ -174,6 +192,7 @@ RENDERER_FACTORY_KEY = web.AppKey("renderer_factory", object)
 METRICS_KEY: web.AppKey[ServerMetrics] = web.AppKey("metrics")
 STATE_KEY = web.AppKey("engine_state", EngineState)
 EXECUTOR_KEY = web.AppKey("render_executor", ThreadPoolExecutor)
+RESULT_CACHE_KEY = web.AppKey("result_cache", ResultCache)
 
 
 def _engine_counter_reader(engine: RewardEngine) -> Callable[[], PrefixCacheStats | None] | None:
@@ -270,8 +289,9 @@ def create_app(
         renderer: a :class:`~rmserve.server.render.Renderer` (chat template → token ids);
             called from the app's render threads, never on the event loop.
         renderer_factory: instead of ``renderer``: called (in a render thread) with the
-            engine's :class:`ModelInfo` once the engine has started; the app is ready after
-            it returns.
+            engine's :class:`ModelInfo` once the engine has started, and again after every
+            engine restart (checkpoint swap to another architecture or tokenizer); the app
+            is ready after it returns. A fixed ``renderer`` is kept across restarts.
 
     Raises:
         ValueError: not exactly one of ``renderer`` / ``renderer_factory`` given.
@@ -291,6 +311,7 @@ def create_app(
     app[RENDERER_FACTORY_KEY] = renderer_factory
     app[STATE_KEY] = EngineState(renderer=renderer)
     app[METRICS_KEY] = ServerMetrics(engine_counters=_engine_counter_reader(engine))
+    app[RESULT_CACHE_KEY] = ResultCache(config.result_cache_groups)
     app.cleanup_ctx.append(_render_executor_ctx)
     app.cleanup_ctx.append(_engine_ctx)
     app.router.add_post("/v1/score", handlers.score)

@@ -66,6 +66,15 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     """Reuse the KV blocks of shared prefixes across sequences (vLLM). Off only to measure what the prefix cache saves."""
 
+    max_num_batched_tokens: int | None = None
+    """Most tokens the vLLM scheduler packs into one engine step (≥ 16); None = vLLM's default (2048 on the CPU build)."""
+
+    max_num_seqs: int | None = None
+    """Most sequences in one engine step (vLLM, ≥ 1); None = vLLM's default."""
+
+    cpu_threads_bind: str | None = None
+    """CPU build only: the CPU ids the engine's compute threads run on, as ``0-3`` or ``0,2`` (``nobind`` = no pinning); None = ``VLLM_CPU_OMP_THREADS_BIND`` when set, else every CPU this process may use. vLLM's own default keeps one CPU idle for its scheduler, which halves a 2-core machine."""
+
     def __post_init__(self) -> None:
         from rmserve.server.backends import ENGINES  # light module: only strings
 
@@ -98,6 +107,15 @@ class EngineConfig:
             raise ValueError(f"hf_batch_size: {self.hf_batch_size!r} must be an integer ≥ 1")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching: {self.enable_prefix_caching!r} must be true or false")
+        for field in ("max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, field)
+            low = 16 if field == "max_num_batched_tokens" else 1
+            if value is not None and (not _is_int(value) or value < low):
+                raise ValueError(f"{field}: {value!r} must be an integer ≥ {low} (or None)")
+        if self.cpu_threads_bind is not None and not _valid_cpu_list(self.cpu_threads_bind):
+            raise ValueError(
+                f"cpu_threads_bind: {self.cpu_threads_bind!r} must be CPU ids such as '0-3' or '0,2' (or 'nobind')"
+            )
         if self.served_model_name is not None and not self.served_model_name:
             raise ValueError("served_model_name: must be non-empty when given")
 
@@ -123,6 +141,19 @@ class EngineConfig:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _valid_cpu_list(text: object) -> bool:
+    """True for ``nobind`` or a comma list of ids and ranges (``0-3,6``), ranges ascending."""
+    if not isinstance(text, str):
+        return False
+    if text == "nobind":
+        return True
+    for part in text.split(","):
+        low, sep, high = part.partition("-")
+        if not low.isdigit() or (sep and (not high.isdigit() or int(high) < int(low))):
+            return False
+    return True
 
 
 def check_reward_head(model: str) -> None:

@@ -19,6 +19,7 @@ On the CPU build the attention backend needs ``block_size`` to be a multiple of 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import time
@@ -77,7 +78,8 @@ class VLLMEngine:
 
     Attributes (after :meth:`start`):
         renderer: the :class:`Renderer` built from the model's tokenizer and template.
-        start_time_s: seconds :meth:`start` took.
+        start_time_s: seconds :meth:`start` (or the last :meth:`restart`) took to build the engine.
+        config: the settings; after :meth:`restart` its ``model`` is the checkpoint last started.
     """
 
     kind = "vllm"
@@ -92,6 +94,7 @@ class VLLMEngine:
         self._idle.set()
         self._query_tokens = 0
         self._hit_tokens = 0
+        self._not_loaded = "the engine is still loading"
         self.start_time_s: float | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -130,6 +133,7 @@ class VLLMEngine:
         check_reward_head(cfg.model)
         dtype = cfg.resolved_dtype()
         block_size, kv_cache_memory_bytes = _platform_cache_defaults(cfg)
+        _bind_cpu_threads(cfg)
         args = AsyncEngineArgs(
             model=cfg.model,
             runner="pooling",
@@ -142,6 +146,8 @@ class VLLMEngine:
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             tensor_parallel_size=cfg.tensor_parallel_size,
             enforce_eager=cfg.enforce_eager,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_num_seqs=cfg.max_num_seqs,
             pooler_config=PoolerConfig(use_activation=False),
             served_model_name=cfg.name,
         )
@@ -158,7 +164,7 @@ class VLLMEngine:
                 name=cfg.name,
                 max_model_len=max_model_len,
                 dtype=dtype,
-                fingerprint=model_fingerprint(cfg.model, renderer.chat_template),
+                fingerprint=model_fingerprint(cfg.model, renderer.chat_template, dtype),
                 engine=self.kind,
             )
         except BaseException:
@@ -258,7 +264,7 @@ class VLLMEngine:
             raise EngineError(f"expected one reward per sequence, got {data.numel()} values (request {request_id})")
         return SequenceScore(reward=float(data.reshape(-1)[0]), num_cached_tokens=int(final.num_cached_tokens or 0))
 
-    # --- extras: prefix-cache counters, checkpoint swap ------------------------------------
+    # --- extras: prefix-cache counters, checkpoint swap and restart ------------------------
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
         """Tokens submitted (queries) and tokens served from the prefix cache (hits) so far.
@@ -307,11 +313,65 @@ class VLLMEngine:
                 name=loaded.info.name,
                 max_model_len=loaded.info.max_model_len,
                 dtype=loaded.info.dtype,
-                fingerprint=model_fingerprint(str(folder), loaded.renderer.chat_template),
+                fingerprint=model_fingerprint(str(folder), loaded.renderer.chat_template, loaded.info.dtype),
                 engine=self.kind,
             )
             self._loaded = _Loaded(engine=loaded.engine, renderer=loaded.renderer, info=info)
             return info
+        finally:
+            self._swapping = False
+
+    async def restart(self, path: str | Path) -> ModelInfo:
+        """Shut the running vLLM engine down and start a new one on the checkpoint at ``path``.
+
+        For a checkpoint of another architecture/shape or tokenizer, which
+        :meth:`reload_weights` cannot load. The settings are this engine's config with only
+        ``model`` replaced (``dataclasses.replace``); the renderer, ``max_model_len`` (a
+        configured one is kept, else the new model's own) and fingerprint are the new
+        checkpoint's. The old engine stops first (one model in memory at a time), so the
+        restart costs a full engine start (25–60 s for a tiny model on 2 CPU cores).
+        Scoring calls meanwhile get :class:`EngineNotReady`; in-flight ones finish first.
+
+        Raises:
+            InvalidRequest: ``path`` is not a folder (nothing was stopped).
+            EngineNotReady: shutting down, or another reload/restart is running.
+            EngineError: the new engine failed to start; no model is loaded afterwards
+                (:meth:`info` raises :class:`EngineNotReady`) until a restart succeeds.
+        """
+        if self._closing:
+            raise EngineNotReady("the engine is shutting down")
+        folder = Path(path)
+        if not folder.is_dir():
+            raise InvalidRequest(f"checkpoint path {str(folder)!r} is not a folder", field="path")
+        if self._swapping:
+            raise EngineNotReady("another checkpoint reload or restart is in progress")
+        self._swapping = True
+        try:
+            await self._idle.wait()
+            old, self._loaded = self._loaded, None
+            self._not_loaded = f"the engine is restarting on checkpoint {folder.name!r}"
+            if old is not None:
+                await asyncio.to_thread(old.engine.shutdown)
+            self.config = dataclasses.replace(self.config, model=str(folder))
+            started = time.perf_counter()
+            building = asyncio.ensure_future(asyncio.to_thread(self._build))
+            try:
+                loaded = await asyncio.shield(building)
+            except asyncio.CancelledError:
+                building.add_done_callback(_shutdown_when_built)
+                self._not_loaded = f"the restart on checkpoint {folder.name!r} was cancelled; no model is loaded"
+                raise
+            except Exception as exc:  # noqa: BLE001 - any start failure: no model now
+                self._not_loaded = f"the restart on checkpoint {folder.name!r} failed; no model is loaded"
+                reason = exc.message if isinstance(exc, ServerFault) else f"{type(exc).__name__}: {exc}"
+                raise EngineError(f"the vLLM engine did not start on checkpoint {folder.name!r}: {reason}") from exc
+            if self._closing:  # shutdown() was called while building
+                await asyncio.to_thread(loaded.engine.shutdown)
+                raise EngineNotReady("the engine was shut down while restarting")
+            self._loaded = loaded
+            self.start_time_s = time.perf_counter() - started
+            log.info("vLLM engine restarted in %.1f s on %s: %s", self.start_time_s, folder.name, loaded.info)
+            return loaded.info
         finally:
             self._swapping = False
 
@@ -321,7 +381,7 @@ class VLLMEngine:
         if self._closing:
             raise EngineNotReady("the engine is shutting down")
         if self._loaded is None:
-            raise EngineNotReady("the engine is still loading")
+            raise EngineNotReady(self._not_loaded)
         return self._loaded
 
     @staticmethod
@@ -370,3 +430,35 @@ def _platform_cache_defaults(cfg: EngineConfig) -> tuple[int, int | None]:
     if kv_bytes is None and on_cpu and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         kv_bytes = CPU_KV_CACHE_BYTES
     return block_size, kv_bytes
+
+
+def cpu_threads_bind(cfg: EngineConfig, environ: dict[str, str] | None = None) -> str | None:
+    """The ``VLLM_CPU_OMP_THREADS_BIND`` value the CPU build should get, or None to leave it.
+
+    ``cfg.cpu_threads_bind`` wins; else a value the user exported is kept (None); else every
+    CPU in this process's affinity mask, as a comma list. vLLM's own ``auto`` keeps one CPU per
+    engine for its scheduler process, which idles during a prefill-only workload: on 2 cores
+    that halves the compute (measured on RM-Bench code, 20 groups, 4-layer demo RM, fp32:
+    2,132 → 3,042 prompt tok/s with both cores).
+    """
+    import os
+
+    environ = os.environ if environ is None else environ
+    if cfg.cpu_threads_bind is not None:
+        return cfg.cpu_threads_bind
+    if environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+        return None
+    return ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
+
+
+def _bind_cpu_threads(cfg: EngineConfig) -> None:
+    """Export the engine's CPU thread binding (CPU build only) before vLLM spawns its engine core."""
+    import os
+
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    value = cpu_threads_bind(cfg)
+    if value is not None:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = value

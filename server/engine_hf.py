@@ -6,17 +6,22 @@ state at each sequence's last real token, found from the attention mask
 (``position = mask.sum(-1) - 1``) — never by looking for the pad id, which breaks when
 pad == EOS. No activation is applied (raw logits), no prefix cache
 (``num_cached_tokens = 0``). Forward passes run in a worker thread, one at a time, so the
-event loop stays free.
+event loop stays free. A checkpoint swap is :meth:`HFEngine.reload_weights` (same
+architecture: the tokenizer and renderer are kept) or :meth:`HFEngine.restart` (any
+checkpoint: everything is rebuilt).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import gc
 import logging
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +30,7 @@ from rmserve.server.fingerprint import model_fingerprint
 from rmserve.server.protocol import SequenceScore, check_token_ids
 from rmserve.server.render import Renderer
 
-from rmserve.errors import EngineError, EngineNotReady, ServerFault
+from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, ServerFault
 from rmserve.schema import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -54,6 +59,7 @@ class HFEngine:
 
     Attributes (after :meth:`start`):
         renderer: the :class:`Renderer` for this model.
+        config: the settings; after :meth:`restart` its ``model`` is the checkpoint last started.
     """
 
     kind = "hf"
@@ -63,6 +69,7 @@ class HFEngine:
         self._loaded: _Loaded | None = None
         self._closing = False
         self._lock = asyncio.Lock()
+        self._not_loaded = "the engine is still loading"
         self.start_time_s: float | None = None
 
     async def start(self) -> None:
@@ -113,7 +120,7 @@ class HFEngine:
             name=cfg.name,
             max_model_len=max_model_len,
             dtype=dtype,
-            fingerprint=model_fingerprint(cfg.model, renderer.chat_template),
+            fingerprint=model_fingerprint(cfg.model, renderer.chat_template, dtype),
             engine=self.kind,
         )
         return _Loaded(
@@ -199,16 +206,61 @@ class HFEngine:
             raise ValueError(f"checkpoint is not a one-label classifier with a 'score' head ({type(model).__name__})")
         info = ModelInfo(
             name=loaded.info.name, max_model_len=loaded.info.max_model_len, dtype=dtype,
-            fingerprint=model_fingerprint(path, loaded.renderer.chat_template), engine=self.kind,
+            fingerprint=model_fingerprint(path, loaded.renderer.chat_template, dtype), engine=self.kind,
         )
         return _Loaded(model=model, base=base, head=head, device=loaded.device, pad_id=loaded.pad_id,
                        renderer=loaded.renderer, info=info)
+
+    async def restart(self, path: str) -> ModelInfo:
+        """Drop the model and load the checkpoint at ``path`` (any architecture or tokenizer).
+
+        Like :meth:`start` with this engine's config, ``model`` replaced
+        (``dataclasses.replace``): new renderer (tokenizer, chat template), ``max_model_len``
+        (a configured one is kept, else the new model's ``max_position_embeddings``) and
+        fingerprint. Waits for the forward pass in progress; the old model is released
+        before the new one loads (one model in accelerator memory at a time).
+
+        Raises:
+            EngineNotReady: shutting down.
+            InvalidRequest: ``path`` is not a folder (the model is kept).
+            EngineError: the checkpoint could not be loaded or is not a one-label
+                classifier; no model is loaded afterwards until a restart succeeds.
+        """
+        folder = Path(path)
+        if not folder.is_dir():
+            raise InvalidRequest(f"checkpoint path {str(folder)!r} is not a folder", field="path")
+        async with self._lock:
+            if self._closing:
+                raise EngineNotReady("the engine is shutting down")
+            self._loaded = None
+            self._not_loaded = f"the engine is restarting on checkpoint {folder.name!r}"
+            self.config = dataclasses.replace(self.config, model=str(folder))
+            started = time.perf_counter()
+            try:
+                loaded = await asyncio.to_thread(self._release_then_build)
+            except Exception as exc:  # noqa: BLE001 - any load failure: no model now
+                self._not_loaded = f"the restart on checkpoint {folder.name!r} failed; no model is loaded"
+                reason = exc.message if isinstance(exc, ServerFault) else f"{type(exc).__name__}: {exc}"
+                raise EngineError(f"the transformers engine did not load checkpoint {folder.name!r}: {reason}") from exc
+            if self._closing:
+                raise EngineNotReady("the engine was shut down while restarting")
+            self._loaded = loaded
+            self.start_time_s = time.perf_counter() - started
+            log.info("transformers engine restarted in %.1f s on %s: %s", self.start_time_s, folder.name, loaded.info)
+            return loaded.info
+
+    def _release_then_build(self) -> _Loaded:
+        """Free the dropped model's memory (garbage, CUDA cache), then :meth:`_build`."""
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return self._build()
 
     def _require(self) -> _Loaded:
         if self._closing:
             raise EngineNotReady("the engine is shutting down")
         if self._loaded is None:
-            raise EngineNotReady("the engine is still loading")
+            raise EngineNotReady(self._not_loaded)
         return self._loaded
 
 

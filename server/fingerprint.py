@@ -11,7 +11,9 @@
    ``special_tokens_map.json``, ``tokenizer.model``, ``vocab.json``, ``merges.txt``,
    ``added_tokens.json``);
 4. the chat template actually used (an override file's text, else the tokenizer's);
-5. for hub ids, the snapshot commit (weights are not fetched for the fingerprint).
+5. for hub ids, the snapshot commit (weights are not fetched for the fingerprint);
+6. the compute dtype when given (the same weights in bfloat16 and float32 give different
+   rewards, so their scores must not share a fingerprint).
 
 No torch import; ``huggingface_hub`` only for hub ids.
 """
@@ -60,8 +62,11 @@ def resolve_model_dir(model: str | Path) -> tuple[Path, str | None]:
     return local, local.name
 
 
-def model_fingerprint(model: str | Path, chat_template: str | None) -> str:
-    """Short hex fingerprint of ``model`` (folder or hub id) scored with ``chat_template``.
+def model_fingerprint(model: str | Path, chat_template: str | None, dtype: str | None = None) -> str:
+    """Short hex fingerprint of ``model`` (folder or hub id) scored with ``chat_template`` in ``dtype``.
+
+    ``dtype`` (``float32``, ``bfloat16`` …) is hashed when given; engines pass the dtype they
+    compute in, so a fingerprint names the model, the template and the numerics.
 
     Returns:
         The first :data:`FINGERPRINT_HEX_CHARS` hex characters of the sha256 described in
@@ -90,6 +95,8 @@ def model_fingerprint(model: str | Path, chat_template: str | None) -> str:
             section(f"tokenizer:{name}", file.read_bytes())
     section("chat_template", (chat_template or "").encode())
     section("revision", (revision or "").encode())
+    if dtype is not None:
+        section("dtype", dtype.encode())
     return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
 
 

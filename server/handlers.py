@@ -27,10 +27,13 @@ from rmserve.server.app import (
     ENGINE_KEY,
     EXECUTOR_KEY,
     METRICS_KEY,
+    RENDERER_FACTORY_KEY,
+    RESULT_CACHE_KEY,
     STATE_KEY,
 )
-from rmserve.server.protocol import SequenceScore, SupportsWeightReload
-from rmserve.server.render import RenderedGroup
+from rmserve.server.protocol import SequenceScore
+from rmserve.server.render import RenderedGroup, Renderer
+from rmserve.server.result_cache import ResultCache, group_key
 
 from rmserve.errors import (
     BodyTooLarge,
@@ -43,7 +46,7 @@ from rmserve.errors import (
     RMServeError,
     ServerFault,
 )
-from rmserve.schema import GroupResult, ScoreRequest, ScoreResponse
+from rmserve.schema import GroupResult, ModelInfo, ScoreRequest, ScoreResponse
 
 logger = logging.getLogger("rmserve.server")
 
@@ -145,12 +148,14 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
 
 async def health(request: web.Request) -> web.Response:
     """``GET /health``: 200 ``{"status": "ready"}``; 503 with ``Retry-After`` otherwise
-    (``loading``, ``failed``, ``stopping``)."""
+    (``loading``, ``failed``, ``stopping``, or ``restarting`` while a checkpoint swap restarts
+    the engine: no model is loaded then, scoring requests wait on the swap gate)."""
     state = request.app[STATE_KEY]
-    if state.status == "ready":
+    if state.status == "ready" and not state.restarting:
         return _json_response(wire.encode_health("ready"), 200)
+    status = "restarting" if state.status == "ready" else state.status
     headers = {"Retry-After": str(request.app[CONFIG_KEY].retry_after_s)}
-    return _json_response(wire.encode_health(state.status), 503, headers)
+    return _json_response(wire.encode_health(status), 503, headers)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -199,17 +204,37 @@ def _first_error(group: BaseExceptionGroup) -> BaseException:
     return leaves[0]
 
 
-async def _score_groups(engine, rendered: list[RenderedGroup], request_id: str) -> list[list[SequenceScore]]:
-    """Score all groups concurrently; the first failure cancels the other groups."""
+async def _score_groups(
+    engine, rendered: list[RenderedGroup], request_id: str, cache: ResultCache, fingerprint: str
+) -> tuple[list[list[SequenceScore]], list[bool]]:
+    """Score all groups concurrently; the first failure cancels the other groups.
+
+    Groups found in ``cache`` (same fingerprint, same token ids) are answered from it.
+
+    Returns:
+        (scores per group, whether each group came from the cache).
+    """
+    keys = [group_key(fingerprint, group.token_ids) for group in rendered]
+    cached = [cache.get(key) for key in keys]
     try:
         async with asyncio.TaskGroup() as tg:
-            tasks = [
-                tg.create_task(engine.score_group(group.token_ids, f"{request_id}-{gi}"))
+            tasks = {
+                gi: tg.create_task(engine.score_group(group.token_ids, f"{request_id}-{gi}"))
                 for gi, group in enumerate(rendered)
-            ]
+                if cached[gi] is None
+            }
     except BaseExceptionGroup as eg:
         raise _first_error(eg) from None
-    return [task.result() for task in tasks]
+    scores = []
+    for gi, key in enumerate(keys):
+        hit = cached[gi]
+        if hit is not None:
+            scores.append(hit)
+            continue
+        result = tasks[gi].result()
+        cache.put(key, result)
+        scores.append(result)
+    return scores, [c is not None for c in cached]
 
 
 @contextlib.asynccontextmanager
@@ -305,7 +330,9 @@ async def _score(request: web.Request) -> web.Response:
     metrics.inflight_groups.inc(num_groups)
     try:
         rendered: list[RenderedGroup] = await loop.run_in_executor(executor, renderer.render_request, score_request)
-        scores = await _score_groups(app[ENGINE_KEY], rendered, uuid.uuid4().hex)
+        scores, from_cache = await _score_groups(
+            app[ENGINE_KEY], rendered, uuid.uuid4().hex, app[RESULT_CACHE_KEY], info.fingerprint
+        )
     finally:
         state.inflight_groups -= num_groups
         metrics.inflight_groups.dec(num_groups)
@@ -324,8 +351,11 @@ async def _score(request: web.Request) -> web.Response:
                 truncated_tokens=group_rendered.truncated_tokens,
             )
         )
-    for result in results:
-        metrics.observe_group(result.num_tokens, result.num_cached_tokens)
+    for result, hit in zip(results, from_cache, strict=True):
+        if hit:
+            metrics.result_cache_hits.inc()
+        else:
+            metrics.observe_group(result.num_tokens, result.num_cached_tokens)
     reply = ScoreResponse(model=info.name, fingerprint=info.fingerprint, results=tuple(results))
     return _json_response(wire.encode_score_response(reply), 200)
 
@@ -334,59 +364,158 @@ async def _score(request: web.Request) -> web.Response:
 
 
 async def load_model(request: web.Request) -> web.Response:
-    """``POST /v1/models/load`` ``{"name", "path"}``: swap the served checkpoint in place.
+    """``POST /v1/models/load`` ``{"name", "path"}``: serve another checkpoint.
 
-    Order: admin token → engine ready → body → path under a checkpoint root → one swap at a
-    time → same architecture/shape and tokenizer as the loaded checkpoint → drain (new
-    scoring requests wait on the gate, in-flight ones finish on the old weights) → engine
-    ``reload_weights`` then ``reset_prefix_cache`` (cached prompt states of the old weights
-    must not be reused) → the served name becomes ``name``, the fingerprint is the new
-    checkpoint's, ``swap_count`` / ``last_swap_time`` advance → the gate opens. Replies
-    ``{"models": [ModelInfo]}`` like ``GET /v1/models``.
+    Order: admin token → engine ready → body → path under a checkpoint root → the kind of
+    swap (:func:`rmserve.server.swap.plan_swap`) → one swap at a time → drain: new scoring
+    requests wait on the gate (up to ``swap_wait_s``, then 503), in-flight ones finish on
+    the old model, for at most ``swap_drain_timeout_s`` → the swap → the served name
+    becomes ``name``, the fingerprint is the new checkpoint's, ``swap_count`` /
+    ``last_swap_time`` advance → the gate opens. The two kinds:
 
-    Raises (answered by :func:`error_middleware`; the loaded model is unchanged unless the
-    engine itself failed mid-load): ``Forbidden`` (403: no admin token configured, path
-    outside the roots), ``Unauthorized`` (401), ``InvalidRequest`` (400), ``Conflict``
-    (409: another swap in progress — a second load is refused, not queued — or a different
-    architecture/tokenizer, or an engine without in-place reload), ``EngineNotReady``
-    (503), ``EngineError`` (500: the engine failed while loading the weights).
+    - ``reload`` (same architecture/shape and tokenizer): engine ``reload_weights`` then
+      ``reset_prefix_cache`` (cached prompt states of the old weights must not be reused).
+    - ``restart`` (anything else, engines with ``restart``): the engine shuts its model
+      down and starts the new checkpoint with its other settings unchanged; the renderer
+      is rebuilt (``renderer_factory``), so the tokenizer, chat template and
+      ``max_model_len`` are the new checkpoint's; ``/health`` answers 503 ``restarting``
+      meanwhile. If it fails, the engine is restarted on the previous checkpoint: served
+      again on success, else ``/health`` reports ``failed`` and nothing is served.
+
+    Once it holds the swap lock, the swap runs to its end even if the admin client
+    disconnects (a half-done restart would leave no model). Replies ``{"models": [ModelInfo],
+    "swap_kind": "reload" | "restart"}`` (``GET /v1/models``'s reply plus the kind); the
+    kind is also logged and counted in ``rmserve_checkpoint_swaps_total{kind, outcome}``.
+
+    Raises (answered by :func:`error_middleware`; the served model is unchanged unless the
+    engine itself failed): ``Forbidden`` (403: no admin token configured, path outside the
+    roots), ``Unauthorized`` (401), ``InvalidRequest`` (400), ``Conflict`` (409: another
+    swap in progress — a second load is refused, not queued — or a checkpoint the engine
+    can neither reload nor restart on), ``EngineNotReady`` (503: not ready, or in-flight
+    scoring outlasted ``swap_drain_timeout_s``), ``EngineError`` (500: a reload failed —
+    the weights may be partly replaced — or a restart failed; its message says whether the
+    previous checkpoint was restored).
     """
     app = request.app
     config = app[CONFIG_KEY]
     state = app[STATE_KEY]
-    metrics = app[METRICS_KEY]
     engine = app[ENGINE_KEY]
     swap.check_admin_token(request.headers.get("Authorization"), config.admin_token)
-    info, _ = state.require_ready()
+    state.require_ready()
     body = await request.read()
     load = wire.decode_load_request(body)
     folder = swap.resolve_checkpoint(load.path, config.checkpoint_roots)
-    if not isinstance(engine, SupportsWeightReload):
-        raise Conflict(f"the {info.engine} engine cannot swap checkpoints in place; {swap.RESTART_HINT}")
+    kind, reason = swap.plan_swap(engine, state.checkpoint_dir, folder)
     if state.swap_lock.locked():
         raise Conflict("another checkpoint swap is in progress; retry after it finishes")
-    async with state.swap_lock:
-        if state.checkpoint_dir is not None:
-            swap.check_compatible(state.checkpoint_dir, folder)
-        started = time.perf_counter()
-        state.serving.clear()
+    await state.swap_lock.acquire()  # free (checked just above): returns without yielding
+    operation = asyncio.ensure_future(_swap(app, load, folder, kind, reason))
+    operation.add_done_callback(lambda _: state.swap_lock.release())
+    info = await asyncio.shield(operation)
+    return _json_response(wire.encode_load_response([info], kind), 200)
+
+
+async def _swap(app: web.Application, load, folder, kind: swap.SwapKind, reason: str | None) -> ModelInfo:
+    """Drain, swap, publish the new model info; the gate reopens whatever happens."""
+    config = app[CONFIG_KEY]
+    state = app[STATE_KEY]
+    metrics = app[METRICS_KEY]
+    engine = app[ENGINE_KEY]
+    if kind == "restart":
+        logger.info("checkpoint swap to %s needs an engine restart: %s", folder.name, reason)
+    started = time.perf_counter()
+    state.serving.clear()
+    try:
         try:
-            await state.scoring_idle.wait()
-            try:
+            async with asyncio.timeout(config.swap_drain_timeout_s):
+                await state.scoring_idle.wait()
+        except TimeoutError:
+            metrics.swaps.labels(kind=kind, outcome="drain_timeout").inc()
+            raise EngineNotReady(
+                f"{state.scoring_requests} scoring requests were still in flight after "
+                f"swap_drain_timeout_s={config.swap_drain_timeout_s:g} s; checkpoint {folder.name!r} was not "
+                "loaded and the current model is still served; retry later"
+            ) from None
+        try:
+            if kind == "reload":
                 new_info = await engine.reload_weights(str(folder))
                 await engine.reset_prefix_cache()
-            except BaseException:
-                metrics.swaps.labels(outcome="error").inc()
-                raise
-            info = state.require_ready()[0]
-            state.info = msgspec.structs.replace(
-                new_info, name=load.name, swap_count=info.swap_count + 1, last_swap_time=time.time()
-            )
-            state.checkpoint_dir = folder
-        finally:
-            state.serving.set()
-        metrics.swaps.labels(outcome="ok").inc()
-        metrics.swap_duration_s.observe(time.perf_counter() - started)
-    logger.info("checkpoint swap %d: now serving %s (fingerprint %s)", state.info.swap_count, load.name,
-                state.info.fingerprint)
-    return _json_response(wire.encode_models([state.info]), 200)
+            else:
+                new_info = await _restart(app, folder)
+        except BaseException:
+            metrics.swaps.labels(kind=kind, outcome="error").inc()
+            raise
+        old = state.require_ready()[0]
+        state.info = msgspec.structs.replace(
+            new_info, name=load.name, swap_count=old.swap_count + 1, last_swap_time=time.time()
+        )
+        state.checkpoint_dir = folder
+    finally:
+        state.serving.set()
+    metrics.swaps.labels(kind=kind, outcome="ok").inc()
+    metrics.swap_duration_s.labels(kind=kind).observe(time.perf_counter() - started)
+    logger.info("checkpoint swap %d (%s): now serving %s (fingerprint %s, max_model_len %d)", state.info.swap_count,
+                kind, load.name, state.info.fingerprint, state.info.max_model_len)
+    return state.info
+
+
+async def _renderer_after_restart(app: web.Application, info: ModelInfo) -> Renderer:
+    """The renderer for the restarted engine: the app's factory's, else the fixed one."""
+    factory = app[RENDERER_FACTORY_KEY]
+    state = app[STATE_KEY]
+    if factory is None:
+        assert state.renderer is not None
+        return state.renderer
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(app[EXECUTOR_KEY], factory, info)
+
+
+def _why(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, RMServeError) else f"{type(exc).__name__}: {exc}"
+
+
+async def _restart(app: web.Application, folder) -> ModelInfo:
+    """Restart the engine on ``folder``; on failure restart it on the previous checkpoint.
+
+    Returns the new model info (the new renderer is in place). Raises EngineError naming
+    both outcomes when the new checkpoint failed: the previous one served again (status
+    stays ``ready``, info unchanged) or not (status ``failed``, no info, no renderer).
+    """
+    state = app[STATE_KEY]
+    state.restarting = True
+    try:
+        return await _restart_or_restore(app, folder)
+    finally:
+        state.restarting = False
+
+
+async def _restart_or_restore(app: web.Application, folder) -> ModelInfo:
+    engine = app[ENGINE_KEY]
+    state = app[STATE_KEY]
+    previous = state.checkpoint_dir
+    assert previous is not None  # plan_swap restarts only from a known folder
+    try:
+        info = await engine.restart(str(folder))
+        state.renderer = await _renderer_after_restart(app, info)
+        return info
+    except Exception as exc:  # noqa: BLE001 - any failure: restore the previous checkpoint
+        failure = exc
+    logger.error("engine restart on checkpoint %s failed (%s); restarting on the previous checkpoint %s",
+                 folder.name, _why(failure), previous.name)
+    try:
+        restored = await engine.restart(str(previous))
+        state.renderer = await _renderer_after_restart(app, restored)
+    except Exception as exc:  # noqa: BLE001
+        state.status, state.error, state.info, state.renderer = "failed", exc, None, None
+        logger.error("restoring checkpoint %s failed too (%s): no model is served", previous.name, _why(exc))
+        raise EngineError(
+            f"restarting the engine on checkpoint {folder.name!r} failed ({_why(failure)}); restoring the previous "
+            f"checkpoint {previous.name!r} failed too ({_why(exc)}); no model is served: restart the server"
+        ) from failure
+    old = state.require_ready()[0]
+    state.info = msgspec.structs.replace(restored, name=old.name, swap_count=old.swap_count,
+                                         last_swap_time=old.last_swap_time)
+    raise EngineError(
+        f"restarting the engine on checkpoint {folder.name!r} failed ({_why(failure)}); the previous checkpoint "
+        f"{previous.name!r} was restored and is served again (fingerprint {restored.fingerprint})"
+    ) from failure

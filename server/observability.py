@@ -16,10 +16,12 @@ Series (token counts are per scored sequence, template included):
   the replies this server sent.
 - ``rmserve_inflight_groups``: groups admitted by ``/v1/score`` and not yet answered
   (rendering or in the engine); what ``max_inflight_groups`` bounds.
-- ``rmserve_checkpoint_swaps_total{outcome}``: checkpoint swaps (``POST /v1/models/load``)
-  that reached the engine, by outcome (``ok`` / ``error``).
-- ``rmserve_checkpoint_swap_duration_seconds``: time from drain start to the swapped model
-  serving (seconds), successful swaps only.
+- ``rmserve_checkpoint_swaps_total{kind, outcome}``: checkpoint swaps (``POST /v1/models/load``)
+  that started draining, by kind (``reload``: weights into the running engine; ``restart``:
+  the engine restarted on the checkpoint) and outcome (``ok``; ``error``: the engine failed;
+  ``drain_timeout``: in-flight scoring outlasted ``swap_drain_timeout_s``, nothing loaded).
+- ``rmserve_checkpoint_swap_duration_seconds{kind}``: time from drain start to the swapped
+  model serving (seconds), successful swaps only.
 - ``rmserve_engine_prefix_cache_queries_total`` / ``…_hits_total``: the engine's own
   cumulative counters, present only when the engine implements
   :class:`~rmserve.server.protocol.SupportsPrefixCacheStats`.
@@ -86,7 +88,10 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
-        self.groups = Counter("rmserve_groups", "Groups scored.", registry=r)
+        self.groups = Counter("rmserve_groups", "Groups scored by the engine.", registry=r)
+        self.result_cache_hits = Counter(
+            "rmserve_result_cache_hits", "Groups answered from the result cache (sent again; no engine work).", registry=r
+        )
         self.sequences = Counter("rmserve_sequences", "Sequences (responses) scored.", registry=r)
         self.prompt_tokens = Counter("rmserve_prompt_tokens", "Tokens of all scored sequences.", registry=r)
         self.prefix_cache_queries = Counter(
@@ -97,11 +102,15 @@ class ServerMetrics:
         )
         self.inflight_groups = Gauge("rmserve_inflight_groups", "Groups admitted and not yet answered (rendering or in the engine).", registry=r)
         self.swaps = Counter(
-            "rmserve_checkpoint_swaps", "Checkpoint swaps that reached the engine, by outcome.", ["outcome"], registry=r
+            "rmserve_checkpoint_swaps",
+            "Checkpoint swaps by kind (reload in place / engine restart) and outcome (ok / error / drain_timeout).",
+            ["kind", "outcome"],
+            registry=r,
         )
         self.swap_duration_s = Histogram(
             "rmserve_checkpoint_swap_duration_seconds",
-            "Checkpoint swap time from drain start to serving the new weights, seconds.",
+            "Checkpoint swap time from drain start to serving the new checkpoint, seconds, by kind.",
+            ["kind"],
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )

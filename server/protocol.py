@@ -8,7 +8,7 @@ expose, after ``start``, a ``renderer`` attribute (a
 :class:`~rmserve.server.render.Renderer` with the model's tokenizer, the chat template in
 use and the engine's ``max_model_len``); it is not part of the protocol so fakes stay small.
 Optional capabilities are separate protocols (:class:`SupportsPrefixCacheStats`,
-:class:`SupportsWeightReload`): check them with ``isinstance``.
+:class:`SupportsWeightReload`, :class:`SupportsRestart`): check them with ``isinstance``.
 """
 
 from __future__ import annotations
@@ -100,6 +100,32 @@ class SupportsWeightReload(Protocol):
 
     async def reload_weights(self, path: str) -> ModelInfo:
         """Load the weights at ``path`` and return the new model info (new fingerprint)."""
+
+
+@runtime_checkable
+class SupportsRestart(Protocol):
+    """Optional: an engine that restarts itself on another checkpoint (any architecture).
+
+    The same engine object stays in the app; only what it runs changes. Both real engines
+    implement it; the app uses it when a checkpoint cannot be reloaded in place (different
+    architecture/shape or tokenizer). After a successful restart the engine's ``renderer``
+    (when it has one) belongs to the new checkpoint.
+    """
+
+    async def restart(self, path: str) -> ModelInfo:
+        """Shut the running model down, then start the checkpoint folder ``path`` with the
+        same engine settings otherwise; return its model info (new fingerprint, new
+        ``max_model_len``).
+
+        Scoring calls made meanwhile get ``EngineNotReady``. On failure no model is loaded
+        (``info()`` and ``score_group`` raise ``EngineNotReady``) until a later ``restart``
+        succeeds — the caller may restart on the previous checkpoint.
+
+        Raises:
+            rmserve.errors.EngineNotReady: shutting down.
+            rmserve.errors.InvalidRequest: ``path`` is not a folder (nothing was stopped).
+            rmserve.errors.EngineError: the new model failed to start.
+        """
 
 
 def check_token_ids(token_ids: Sequence[Sequence[int]], max_model_len: int) -> None:

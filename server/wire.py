@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from rmserve.errors import InvalidRequest, RMServeError
-from rmserve.schema import LoadModelRequest, ModelInfo, ModelList, ScoreRequest, ScoreResponse
+from rmserve.schema import LoadModelRequest, LoadModelResponse, ModelInfo, ModelList, ScoreRequest, ScoreResponse
 
 MIN_TRUNCATION_TOKENS = 2
 """Smallest ``truncation.max_tokens`` accepted (a scored sequence needs at least 2 tokens)."""
@@ -175,8 +175,13 @@ def encode_models(infos: list[ModelInfo]) -> bytes:
     return _encoder.encode(ModelList(models=tuple(infos)))
 
 
+def encode_load_response(infos: list[ModelInfo], swap_kind: str) -> bytes:
+    """Serialise the ``POST /v1/models/load`` reply: ``{"models": [ModelInfo], "swap_kind": …}``."""
+    return _encoder.encode(LoadModelResponse(models=tuple(infos), swap_kind=swap_kind))
+
+
 def encode_health(status: str) -> bytes:
-    """Serialise the ``GET /health`` reply: ``{"status": "ready" | "loading" | "failed" | "stopping"}``."""
+    """Serialise the ``GET /health`` reply: ``{"status": "ready" | "loading" | "failed" | "stopping" | "restarting"}``."""
     return _encoder.encode({"status": status})
 
 

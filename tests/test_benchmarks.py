@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -110,3 +111,55 @@ def test_gpu_throughput_runs_on_cpu_with_tiny_model(tmp_path: Path, rmbench_dir:
         assert row["mfu"] == pytest.approx(report["model_flops"] / row["wall_s"] / (report["matmul_peak_tflops_per_s"] * 1e12))
     if vllm_installed:
         assert rows["c"]["prefix_cache_hit_tokens"] >= 0.9 * rows["c"]["trie_bound_tokens"] > 0
+
+
+def test_swap_vs_restart_arithmetic_by_hand():
+    bench = _load("swap_vs_restart")
+    assert bench.stats([3.0, 1.0, 2.0, 10.0]) == {"n": 4, "median_s": 2.5, "min_s": 1.0, "max_s": 10.0}
+    assert bench.stats([])["median_s"] is None
+    assert bench.max_abs_diff([[1.0, 2.0], [3.0]], [[1.5, 2.0], [2.75]]) == 0.5
+    assert bench.max_abs_diff([[1.0, 2.0]], [[1.0], [2.0]]) == float("inf")  # shapes differ
+    names = ["a", "b", "c"]
+    assert bench.next_restart_target(1, 3, {"a", "b"}, names) == 2  # the one without fresh rewards
+    assert bench.next_restart_target(1, 3, {"b", "c"}, names) == 0  # skips over to it
+    assert bench.next_restart_target(2, 3, {"a", "b", "c"}, names) == 0  # all known: the next one
+
+
+@pytest.mark.slow
+def test_swap_vs_restart_runs_with_smallest_settings(tmp_path: Path, rmbench_dir: Path, demo_model_dir: Path):
+    """The session demo model and a seed-1 copy (same tokenizer files), two swaps (there and
+    back), one full restart, one group: the swaps are in-place reloads, their rewards equal a
+    fresh server's within 1e-5 (the first start's and the restart's), and the summary
+    follows the events. Two server starts: about 2 minutes on an idle 2-core machine."""
+    from rmserve.server.demo_model import DemoModelConfig, build_demo_model
+    from rmserve.server.fingerprint import TOKENIZER_FILES
+
+    bench = _load("swap_vs_restart")
+    second = tmp_path / "ckpts" / "seed-1"
+    build_demo_model(second, rmbench_dir, DemoModelConfig(seed=1))
+    for name in TOKENIZER_FILES:
+        if (demo_model_dir / name).is_file():
+            shutil.copyfile(demo_model_dir / name, second / name)
+    first = demo_model_dir.name
+    code = bench.main([
+        "--checkpoints", str(demo_model_dir), str(second), "--swaps", "2", "--restarts", "1", "--groups", "1",
+        "--no-restart-fallback", "--data", str(rmbench_dir), "--out", str(tmp_path / "out"), "--machine", "test",
+        "--work-dir", str(tmp_path / "work"),
+    ])
+    assert code == 0
+    (result_file,) = (tmp_path / "out").glob("swap-vs-restart-*-test.json")
+    report = json.loads(result_file.read_text())
+    events = report["events"]
+    assert [(e["kind"], e["source"], e["target"]) for e in events] == [
+        ("start", None, first), ("swap", first, "seed-1"), ("swap", "seed-1", first), ("restart", first, "seed-1"),
+    ]
+    swaps = [e["wall_s"] for e in events[1:3]]
+    assert all(e["swap_kind"] == "reload" and e["max_abs_diff_vs_fresh"] <= 1e-5 for e in events[1:3])
+    assert report["parity_ok"] and report["fingerprints_equal"] and report["groups"] == 1
+    summary = report["summary"]
+    assert summary["swap"] == {"n": 2, "median_s": pytest.approx(sum(swaps) / 2), "min_s": min(swaps),
+                               "max_s": max(swaps)}
+    assert summary["fallback"]["n"] == 0 and summary["restart"]["n"] == 1
+    assert summary["restart_over_swap"] == pytest.approx(events[3]["wall_s"] / (sum(swaps) / 2))
+    assert summary["target_holds"] == (summary["restart_over_swap"] >= 3.0)
+    assert (result_file.with_suffix(".md")).read_text().startswith("# Checkpoint swap vs restart")

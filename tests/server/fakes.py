@@ -206,10 +206,15 @@ def fake_ids(messages: Sequence[tuple[str, str]], response: str) -> list[int]:
 FAKE_OFFSET_KEY = "fake_reward_offset"
 """``config.json`` key of a fake checkpoint: the reward offset its "weights" add."""
 
+FAKE_MAX_LEN_KEY = "fake_max_model_len"
+"""``config.json`` key of a fake checkpoint: the ``max_model_len`` a restart on it reports
+(absent = :data:`FAKE_MODEL`'s)."""
 
-def write_fake_checkpoint(folder, reward_offset: float, *, tokenizer: str = "tok-v1", hidden_size: int = 8):
-    """A fake checkpoint folder: ``config.json`` (shape keys + :data:`FAKE_OFFSET_KEY`) and a
-    ``tokenizer.json``; returns the folder as a ``Path``."""
+
+def write_fake_checkpoint(folder, reward_offset: float, *, tokenizer: str = "tok-v1", hidden_size: int = 8,
+                          max_model_len: int | None = None):
+    """A fake checkpoint folder: ``config.json`` (shape keys + :data:`FAKE_OFFSET_KEY`, and
+    :data:`FAKE_MAX_LEN_KEY` when given) and a ``tokenizer.json``; returns the folder as a ``Path``."""
     import json
     from pathlib import Path
 
@@ -217,6 +222,8 @@ def write_fake_checkpoint(folder, reward_offset: float, *, tokenizer: str = "tok
     folder.mkdir(parents=True, exist_ok=True)
     config = {"architectures": ["FakeForSequenceClassification"], "hidden_size": hidden_size, "num_labels": 1,
               FAKE_OFFSET_KEY: reward_offset}
+    if max_model_len is not None:
+        config[FAKE_MAX_LEN_KEY] = max_model_len
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "tokenizer.json").write_text(tokenizer)
     return folder
@@ -278,3 +285,50 @@ class ReloadableFakeEngine(FakeEngine):
     async def reset_prefix_cache(self) -> bool:
         self.resets += 1
         return True
+
+
+@dataclass
+class RestartableFakeEngine(ReloadableFakeEngine):
+    """:class:`ReloadableFakeEngine` with :class:`~rmserve.server.protocol.SupportsRestart`.
+
+    ``restart(path)`` "shuts the model down" (scoring raises EngineNotReady until it ends),
+    then "starts" the fake checkpoint: reward offset from :data:`FAKE_OFFSET_KEY`,
+    ``max_model_len`` from :data:`FAKE_MAX_LEN_KEY` (else :data:`FAKE_MODEL`'s), the real
+    :func:`~rmserve.server.fingerprint.model_fingerprint` of the folder.
+
+    Attributes:
+        restarts: paths restarted on, in order.
+        restart_gate: when set, a restart waits for it while no model is loaded.
+        restart_entered: set when a restart starts.
+        failing_paths: restarting on one of these raises EngineError (the checkpoint does
+            not start); no model is loaded afterwards, as with the real engines.
+    """
+
+    restarts: list[str] = field(default_factory=list)
+    restart_gate: asyncio.Event | None = None
+    restart_entered: asyncio.Event = field(default_factory=asyncio.Event)
+    failing_paths: set[str] = field(default_factory=set)
+
+    async def restart(self, path: str) -> ModelInfo:
+        import json
+        from pathlib import Path
+
+        from rmserve.server.fingerprint import model_fingerprint
+
+        from rmserve.errors import EngineError
+
+        self.restarts.append(path)
+        self.started = False  # the old model is shut down first
+        self.restart_entered.set()
+        if self.restart_gate is not None:
+            await self.restart_gate.wait()
+        if path in self.failing_paths:
+            raise EngineError(f"fake checkpoint {Path(path).name!r} does not start")
+        config = json.loads((Path(path) / "config.json").read_text())
+        self.reward_offset = float(config[FAKE_OFFSET_KEY])
+        self.checkpoint_dir = path
+        max_model_len = int(config.get(FAKE_MAX_LEN_KEY, FAKE_MODEL.max_model_len))
+        self.model = ModelInfo(name=self.model.name, max_model_len=max_model_len, dtype=self.model.dtype,
+                               fingerprint=model_fingerprint(path, None), engine=self.model.engine)
+        self.started = True
+        return self.model

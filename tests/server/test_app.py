@@ -21,7 +21,7 @@ import orjson
 import pytest
 from fakes import FAKE_MODEL, FakeEngine, FakeRenderer
 from prometheus_client.parser import text_string_to_metric_families
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.app import ENGINE_KEY, STATE_KEY, ServerConfig, create_app
 from rmserve.server.protocol import SequenceScore
 
 from rmserve.errors import EngineError
@@ -422,7 +422,7 @@ async def test_served_model_name_override(make_client):
 
 
 async def test_metrics_move_by_exact_amounts(make_client):
-    client = await make_client()
+    client = await make_client(result_cache_groups=0)  # the repeated group is scored again
     before = await scrape(client)
     await assert_serves(client)  # 1 group, 2 sequences, 9 + 9 tokens, 0 + 4 cached
     status, _ = await post_score(client, {"groups": []})
@@ -449,6 +449,27 @@ async def test_metrics_move_by_exact_amounts(make_client):
     assert after[("rmserve_inflight_groups", ())] == 0
     # the first scrape itself was counted once /metrics answered
     assert delta("rmserve_requests_total", endpoint="/metrics", status="200") == 1
+
+
+async def test_group_sent_again_is_answered_from_the_result_cache(make_client):
+    client = await make_client(result_cache_groups=2)
+    engine = client.app[ENGINE_KEY]
+    first = await post_score(client, VALID)
+    before = await scrape(client)
+    calls = len(engine.calls)
+    again = await post_score(client, VALID)
+    after = await scrape(client)
+    assert again == first  # same rewards, token counts and cached-token counts
+    assert len(engine.calls) == calls  # no engine work
+    assert after[("rmserve_result_cache_hits_total", ())] - before.get(("rmserve_result_cache_hits_total", ()), 0) == 1
+    assert after[("rmserve_groups_total", ())] == before[("rmserve_groups_total", ())]
+    # Another response list is another key; the least recently used entry is evicted past 2.
+    for text in ("a", "b"):
+        status, _ = await post_score(client, {"groups": [{"id": text, "prompt": "hi", "responses": [text]}]})
+        assert status == 200
+    calls = len(engine.calls)
+    await post_score(client, VALID)
+    assert len(engine.calls) == calls + 1
 
 
 async def test_apps_have_separate_registries(make_client):

@@ -191,10 +191,12 @@ def test_cli_serve_swap_options(captured, tmp_path, monkeypatch):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
     monkeypatch.setenv("RMSERVE_ADMIN_TOKEN", "from-env")
-    args = ["serve", "m", "--checkpoint-root", str(a), "--checkpoint-root", str(b), "--swap-wait-s", "2.5"]
+    args = ["serve", "m", "--checkpoint-root", str(a), "--checkpoint-root", str(b), "--swap-wait-s", "2.5",
+            "--swap-drain-timeout-s", "42"]
     result = CliRunner().invoke(cli_app, [*args, "--admin-token-file", str(token_file)])
     assert result.exit_code == 0, result.output
-    assert captured[-1][1] == ServerConfig(admin_token="tok-123", checkpoint_roots=(str(a), str(b)), swap_wait_s=2.5)
+    assert captured[-1][1] == ServerConfig(admin_token="tok-123", checkpoint_roots=(str(a), str(b)), swap_wait_s=2.5,
+                                           swap_drain_timeout_s=42.0)
     result = CliRunner().invoke(cli_app, args)  # no file: the environment variable
     assert result.exit_code == 0, result.output
     assert captured[-1][1].admin_token == "from-env"

@@ -78,7 +78,7 @@ async def test_swap_changes_rewards_name_fingerprint_and_counters(make_swap_clie
     status, body = await load(client, "step-1", second)
     assert status == 200, body
     after = await model_info(client)
-    assert body["models"][0]["name"] == "step-1"
+    assert body["models"][0]["name"] == "step-1" and body["swap_kind"] == "reload"
     assert after.name == "step-1"
     assert after.fingerprint == model_fingerprint(second, None) != before.fingerprint
     assert after.swap_count == 1 and after.last_swap_time is not None and after.last_swap_time > 0
@@ -92,8 +92,8 @@ async def test_swap_changes_rewards_name_fingerprint_and_counters(make_swap_clie
     assert (status, error_of(body)["type"]) == (404, "model_not_found")
 
     samples = await scrape(client)
-    assert samples[("rmserve_checkpoint_swaps_total", (("outcome", "ok"),))] == 1
-    assert samples[("rmserve_checkpoint_swap_duration_seconds_count", ())] == 1
+    assert samples[("rmserve_checkpoint_swaps_total", (("kind", "reload"), ("outcome", "ok")))] == 1
+    assert samples[("rmserve_checkpoint_swap_duration_seconds_count", (("kind", "reload"),))] == 1
 
 
 async def test_no_admin_token_configured_is_403(make_swap_client, roots):
@@ -243,12 +243,13 @@ async def test_failed_reload_keeps_serving(make_swap_client, roots):
     assert (info.name, info.fingerprint, info.swap_count) == ("fake-rm", FAKE_MODEL.fingerprint, 0)
     await assert_serves(client)
     samples = await scrape(client)
-    assert samples[("rmserve_checkpoint_swaps_total", (("outcome", "error"),))] == 1
+    assert samples[("rmserve_checkpoint_swaps_total", (("kind", "reload"), ("outcome", "error")))] == 1
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [({"admin_token": " "}, "admin_token"),
                                                ({"checkpoint_roots": ("/nonexistent-root",)}, "checkpoint_roots"),
-                                               ({"swap_wait_s": -1.0}, "swap_wait_s")])
+                                               ({"swap_wait_s": -1.0}, "swap_wait_s"),
+                                               ({"swap_drain_timeout_s": -0.5}, "swap_drain_timeout_s")])
 def test_server_config_rejects_bad_swap_settings(kwargs, field):
     with pytest.raises(ValueError, match=field):
         ServerConfig(**kwargs)

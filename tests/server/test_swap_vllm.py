@@ -101,7 +101,7 @@ async def test_swap_to_second_checkpoint_and_back(vllm_engine, demo_model_dir, r
             assert resp.status == 200, await resp.text()
         swapped = True
         after, reply = await http_rewards()
-        assert (reply.model, reply.fingerprint) == ("seed-1", model_fingerprint(second, vllm_engine.renderer.chat_template))
+        assert (reply.model, reply.fingerprint) == ("seed-1", model_fingerprint(second, vllm_engine.renderer.chat_template, "float32"))
         expected_new = _direct_rewards(second, sequences)
         assert after == pytest.approx(expected_new, abs=ATOL)
         assert max(abs(a - b) for a, b in zip(after, before, strict=True)) > 100 * ATOL  # the weights did change
