@@ -9,6 +9,12 @@ figure.
 
 A run killed at any point keeps every group already answered; running the same command
 again scores exactly the groups that are missing.
+
+With a score store (``EvalConfig.store``, :mod:`rmserve.client.scoredb`) the groups stored
+under the server's fingerprint by any earlier run are not sent either: they are copied into
+``OUT/scores.jsonl``; every newly scored group goes to both. At the end ``OUT/scores.jsonl`` is
+rewritten from the store with exactly the data's groups, in data order.
+:func:`evaluate_from_store` answers a whole run from the store, without a server.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
+from rmserve.client.scoredb import ScoreDB
 from rmserve.client.store import SCORES_FILENAME, ScoreStore
 
 from rmserve import errors
@@ -33,6 +40,8 @@ from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreRecord
 
 if TYPE_CHECKING:  # the metrics stage (numpy) is imported when a run reports, not before
     from rmserve.metrics.report import Evaluation
+
+    from rmserve.datasets import Dataset
 
 logger = logging.getLogger("rmserve.client")
 
@@ -89,12 +98,21 @@ class EvalConfig:
     seed: int = 0
     """Bootstrap seed. Default 0."""
 
+    store: Path | None = None
+    """Score store file (SQLite, :mod:`rmserve.client.scoredb`) shared across runs: groups it
+    holds under the server's fingerprint are not sent again, new ones are added. Default None:
+    no store (only ``OUT/scores.jsonl``)."""
+
     def __post_init__(self) -> None:
         if self.bench not in BENCHMARKS:
             raise ValueError(f"bench must be one of {', '.join(BENCHMARKS)}, got {self.bench!r}")
         if not str(self.data):
             raise ValueError("data must be a path or hub id, got an empty string")
         object.__setattr__(self, "out_dir", Path(self.out_dir))
+        if self.store is not None:
+            if not str(self.store):
+                raise ValueError("store must be a file path when given, got an empty string")
+            object.__setattr__(self, "store", Path(self.store))
         for name, lower, upper in (("max_in_flight", 1, 4096), ("groups_per_request", 1, self.max_in_flight), ("max_attempts", 1, 100)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not lower <= value <= upper:
@@ -134,6 +152,8 @@ class EvalResult:
         n_resumed: groups found already scored in the score file.
         missing: canonical domains/subsets absent from the data (e.g. RM-Bench ``math``).
         notes: sentences about the run (resume, repaired file, ignored records, missing parts).
+        n_from_store: groups answered from the score store (``EvalConfig.store``) instead of
+            the server.
     """
 
     evaluation: Evaluation
@@ -147,6 +167,7 @@ class EvalResult:
     n_resumed: int
     missing: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    n_from_store: int = 0
 
 
 def pick_model(models: Sequence[ModelInfo], name: str | None) -> ModelInfo:
@@ -188,9 +209,18 @@ def _progress(total: int, initial: int, quiet: bool):
 
 
 async def _score_pending(
-    client: RewardClient, store: ScoreStore, pending: Sequence[Group], info: ModelInfo, config: EvalConfig, n_total: int
+    client: RewardClient,
+    store: ScoreStore,
+    pending: Sequence[Group],
+    info: ModelInfo,
+    config: EvalConfig,
+    n_total: int,
+    *,
+    db: ScoreDB | None = None,
+    server_version: str = "",
 ) -> None:
-    """Stream ``pending`` through the client, appending each record as it arrives."""
+    """Stream ``pending`` through the client, appending each record as it arrives (and
+    putting it into the score store ``db`` when given)."""
     bar = _progress(n_total, n_total - len(pending), config.quiet)
     tokens = 0
     started = time.monotonic()
@@ -199,6 +229,8 @@ async def _score_pending(
         async with contextlib.aclosing(stream):
             async for record in stream:
                 store.append(record)
+                if db is not None:
+                    db.put(record, server_version=server_version)
                 tokens += sum(record.num_tokens)
                 elapsed_s = max(time.monotonic() - started, 1e-9)
                 bar.set_postfix_str(f"{tokens / elapsed_s:,.0f} tok/s", refresh=False)
@@ -207,45 +239,77 @@ async def _score_pending(
         bar.close()
 
 
-async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession | None = None) -> EvalResult:
-    """:func:`evaluate` on the running event loop; ``session`` reuses an open aiohttp session."""
-    from rmserve.metrics.report import MetricsConfig, evaluate_records, render_markdown, result_dict, write_outputs
+def _sync_with_db(db: ScoreDB, store: ScoreStore, groups: Sequence[Group], fingerprint: str, notes: list[str]) -> int:
+    """Bring the score file and the score store in line for one model, before scoring.
 
-    from rmserve.datasets import load_benchmark
+    Records of the score file missing from the store (an earlier run killed before its store
+    commit, or a run without a store) are put into it, and those it holds must agree with it;
+    data groups in the store but not in the file are appended to the file, in data order.
+    Returns how many were appended.
 
-    if config.server_url is None:
-        raise ValueError("server_url is required to evaluate")
-    dataset = await asyncio.to_thread(load_benchmark, config.bench, config.data, config.only)
-    keys = {g.key: i for i, g in enumerate(dataset.groups)}
-    scores_path = config.out_dir / SCORES_FILENAME
-    notes: list[str] = []
-    if dataset.missing:
-        notes.append(f"not in the data ({dataset.source}): {', '.join(dataset.missing)}")
-    timeouts, concurrency, retry = config.client_settings()
-    with ScoreStore(scores_path, fsync=config.fsync) as store:
-        assert store.existing is not None
-        if store.existing.dropped_note:
-            notes.append(store.existing.dropped_note)
-        async with RewardClient(
-            config.server_url, session=session, timeouts=timeouts, concurrency=concurrency, retry=retry
-        ) as client:
-            await client.wait_until_ready(config.ready_timeout_s)
-            info = pick_model(await client.models(), config.model)
-            n_stored = len(store.records)
-            if store.check_model(model=info.name, fingerprint=info.fingerprint, overwrite=config.overwrite):
-                notes.append(f"--overwrite: discarded {n_stored} stored groups of another model")
-            scored = store.scored_keys()
-            pending = [g for g in dataset.groups if g.key not in scored]
-            n_resumed = len(dataset.groups) - len(pending)
-            if n_resumed:
-                notes.append(f"resumed: {n_resumed} groups already in {scores_path}, {len(pending)} to score")
-            extra = sum(1 for k in scored if k not in keys)
-            if extra:
-                notes.append(f"{extra} stored groups are not in this data and are left out of the figures")
-            if pending:
-                await _score_pending(client, store, pending, info, config, len(dataset.groups))
-        # Figures in data order, so a resumed run reports what an uninterrupted one would.
-        records: list[ScoreRecord] = sorted((r for r in store.records if r.key in keys), key=lambda r: keys[r.key])
+    Raises:
+        rmserve.client.scoredb.ScoreConflict: the file and the store hold different rewards
+            for one group.
+    """
+    in_db = db.stored_keys(fingerprint)
+    added = 0
+    for record in store.records:
+        db.put(record)  # a group stored already is compared (equal rewards: ignored)
+        added += record.key not in in_db
+    if added:
+        db.flush()
+        notes.append(f"added {added} groups of {store.path} to the score store {db.path}")
+    in_file = store.scored_keys()
+    wanted = [g.key for g in groups if g.key not in in_file and g.key in in_db]
+    if not wanted:
+        return 0
+    by_key = {r.key: r for r in db.records(fingerprint, keys=wanted)}
+    for key in wanted:
+        store.append(by_key[key])
+    notes.append(f"answered from the store: {len(wanted)} groups ({db.path})")
+    return len(wanted)
+
+
+def _rewrite_from_db(db: ScoreDB, scores_path: Path, groups: Sequence[Group], fingerprint: str) -> None:
+    """Rewrite the score file from the store: exactly the data's groups, in data order.
+
+    Raises:
+        rmserve.errors.DataError: a data group is not in the store (names the first one).
+    """
+    keys = [g.key for g in groups]
+    written = db.export_jsonl(scores_path, fingerprint, keys=keys)
+    if written != len(keys):
+        stored = db.stored_keys(fingerprint)
+        absent = next(k for k in keys if k not in stored)
+        raise errors.DataError(
+            f"the score store holds {written} of the {len(keys)} data groups after the run; "
+            f"group {str(absent)!r} is missing",
+            path=str(db.path),
+            record_id=str(absent),
+        )
+
+
+async def _report(
+    config: EvalConfig,
+    dataset: Dataset,
+    records: list[ScoreRecord],
+    *,
+    info: ModelInfo,
+    scores_path: Path,
+    notes: list[str],
+    n_scored: int,
+    n_resumed: int,
+    n_from_store: int,
+) -> EvalResult:
+    """Hand ``records`` (data order) to the metrics stage and gather the run's result."""
+    from rmserve.metrics.report import (
+        MetricsConfig,
+        evaluate_records,
+        render_markdown,
+        result_dict,
+        write_outputs,
+    )
+
     for note in notes:
         logger.info("%s", note)
     metrics_config = MetricsConfig(resamples=config.resamples, seed=config.seed, benchmark=config.bench)
@@ -259,27 +323,141 @@ async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession |
         scores_path=scores_path,
         model=info,
         n_groups=len(dataset.groups),
-        n_scored=len(pending),
+        n_scored=n_scored,
         n_resumed=n_resumed,
         missing=dataset.missing,
         notes=tuple(notes),
+        n_from_store=n_from_store,
     )
+
+
+async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession | None = None) -> EvalResult:
+    """:func:`evaluate` on the running event loop; ``session`` reuses an open aiohttp session."""
+    from rmserve.datasets import load_benchmark
+
+    if config.server_url is None:
+        raise ValueError("server_url is required to evaluate")
+    dataset = await asyncio.to_thread(load_benchmark, config.bench, config.data, config.only)
+    keys = {g.key: i for i, g in enumerate(dataset.groups)}
+    scores_path = config.out_dir / SCORES_FILENAME
+    notes: list[str] = []
+    if dataset.missing:
+        notes.append(f"not in the data ({dataset.source}): {', '.join(dataset.missing)}")
+    timeouts, concurrency, retry = config.client_settings()
+    with contextlib.ExitStack() as stack:
+        db = stack.enter_context(ScoreDB(config.store)) if config.store is not None else None
+        with ScoreStore(scores_path, fsync=config.fsync) as store:
+            assert store.existing is not None
+            if store.existing.dropped_note:
+                notes.append(store.existing.dropped_note)
+            async with RewardClient(
+                config.server_url, session=session, timeouts=timeouts, concurrency=concurrency, retry=retry
+            ) as client:
+                health = await client.wait_until_ready(config.ready_timeout_s)
+                info = pick_model(await client.models(), config.model)
+                n_stored = len(store.records)
+                if store.check_model(model=info.name, fingerprint=info.fingerprint, overwrite=config.overwrite):
+                    notes.append(f"--overwrite: discarded {n_stored} stored groups of another model")
+                n_resumed = len(store.scored_keys() & keys.keys())
+                n_from_store = 0
+                if db is not None:
+                    n_from_store = _sync_with_db(db, store, dataset.groups, info.fingerprint, notes)
+                scored = store.scored_keys()
+                pending = [g for g in dataset.groups if g.key not in scored]
+                if n_resumed:
+                    notes.append(f"resumed: {n_resumed} groups already in {scores_path}, {len(pending)} to score")
+                extra = sum(1 for k in scored if k not in keys)
+                if extra:
+                    notes.append(f"{extra} stored groups are not in this data and are left out of the figures")
+                if pending:
+                    server_version = str(health.get("version", "")) if isinstance(health, dict) else ""
+                    await _score_pending(
+                        client, store, pending, info, config, len(dataset.groups), db=db, server_version=server_version
+                    )
+            # Figures in data order, so a resumed run reports what an uninterrupted one would.
+            records: list[ScoreRecord] = sorted((r for r in store.records if r.key in keys), key=lambda r: keys[r.key])
+        if db is not None:
+            _rewrite_from_db(db, scores_path, dataset.groups, info.fingerprint)
+    return await _report(
+        config, dataset, records, info=info, scores_path=scores_path, notes=notes,
+        n_scored=len(pending), n_resumed=n_resumed, n_from_store=n_from_store,
+    )
+
+
+async def evaluate_from_store_async(config: EvalConfig, info: ModelInfo) -> EvalResult | None:
+    """:func:`evaluate_from_store` on the running event loop."""
+    from rmserve.datasets import load_benchmark
+
+    if config.store is None:
+        raise ValueError("store is required to evaluate from the score store")
+    dataset = await asyncio.to_thread(load_benchmark, config.bench, config.data, config.only)
+    keys = {g.key: i for i, g in enumerate(dataset.groups)}
+    scores_path = config.out_dir / SCORES_FILENAME
+    notes: list[str] = []
+    if dataset.missing:
+        notes.append(f"not in the data ({dataset.source}): {', '.join(dataset.missing)}")
+    with ScoreDB(config.store) as db:
+        if not keys.keys() <= db.stored_keys(info.fingerprint, config.bench):
+            return None
+        with ScoreStore(scores_path, fsync=config.fsync) as store:
+            assert store.existing is not None
+            if store.existing.dropped_note:
+                notes.append(store.existing.dropped_note)
+            n_stored = len(store.records)
+            if store.check_model(model=info.name, fingerprint=info.fingerprint, overwrite=config.overwrite):
+                notes.append(f"--overwrite: discarded {n_stored} stored groups of another model")
+            n_resumed = len(store.scored_keys() & keys.keys())
+            n_from_store = _sync_with_db(db, store, dataset.groups, info.fingerprint, notes)
+            records = sorted((r for r in store.records if r.key in keys), key=lambda r: keys[r.key])
+        _rewrite_from_db(db, scores_path, dataset.groups, info.fingerprint)
+    return await _report(
+        config, dataset, records, info=info, scores_path=scores_path, notes=notes,
+        n_scored=0, n_resumed=n_resumed, n_from_store=n_from_store,
+    )
+
+
+def evaluate_from_store(config: EvalConfig, info: ModelInfo) -> EvalResult | None:
+    """Report ``config.bench`` for the model ``info`` from the score store alone, no server.
+
+    Used by ``rmserve run`` for a checkpoint whose fingerprint the store remembers. The
+    score file and the figures are written exactly as :func:`evaluate` would.
+
+    Args:
+        config: the run; ``config.store`` must be set (``server_url`` is not used).
+        info: the model (``info.fingerprint`` selects the stored scores; name and the rest
+            are reported as given).
+
+    Returns:
+        The :class:`EvalResult` (``n_scored`` 0), or None when some data group is not stored
+        under ``info.fingerprint`` (nothing is written then).
+
+    Raises:
+        ValueError: ``config.store`` is None.
+        rmserve.errors.DataError: bad benchmark data, an invalid score file or store.
+        rmserve.errors.FingerprintMismatch: ``OUT/scores.jsonl`` holds another model's scores
+            and ``overwrite`` is False.
+    """
+    return asyncio.run(evaluate_from_store_async(config, info))
 
 
 def evaluate(config: EvalConfig, *, session: aiohttp.ClientSession | None = None) -> EvalResult:
     """Score ``config.bench`` on the server at ``config.server_url`` and report the figures.
 
     Steps: load the data → wait for ``/health`` (``ready_timeout_s``) → read the model
-    fingerprint from ``/v1/models`` → check it against ``OUT/scores.jsonl`` → score the
-    groups not yet stored (at most ``max_in_flight`` in flight; progress bar on a terminal)
-    → compute and write the figures with :mod:`rmserve.metrics.report`.
+    fingerprint from ``/v1/models`` → check it against ``OUT/scores.jsonl`` → with a score
+    store, copy the groups it holds under that fingerprint into the file → score the groups
+    not yet stored (at most ``max_in_flight`` in flight; progress bar on a terminal) → with a
+    store, rewrite the file from it (the data's groups, data order) → compute and write the
+    figures with :mod:`rmserve.metrics.report`.
 
     Returns:
         An :class:`EvalResult` (table, results dict, paths, counts, notes).
 
     Raises:
         ValueError: ``server_url`` missing.
-        rmserve.errors.DataError: bad benchmark data, or an invalid score file (names line).
+        rmserve.errors.DataError: bad benchmark data, or an invalid score file (names line)
+            or score store (names it; :class:`~rmserve.client.scoredb.ScoreConflict` when it
+            holds other rewards for a group than the score file).
         rmserve.errors.FingerprintMismatch: the score file holds another model's scores and
             ``overwrite`` is False, or the server's model changed during the run.
         rmserve.errors.EngineNotReady: the server was not ready within ``ready_timeout_s``.

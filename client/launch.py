@@ -6,6 +6,12 @@ stdout and stderr appended to ``OUT/server.log``. :class:`ServerProcess` waits u
 ``/health`` answers 200 — failing early, with the log's last lines, if the child exits — and
 always stops it: SIGTERM to the group, then SIGKILL after a grace period, on success, error,
 Ctrl-C or SIGTERM alike.
+
+With a score store (``EvalConfig.store``) and a local checkpoint folder, :func:`run` first
+hashes the folder (:func:`~rmserve.client.scoredb.checkpoint_signature`); when the store
+remembers the fingerprint a server reported for it and holds every group of the data under
+that fingerprint, no server is started: the run is answered from the store. After a run that
+started a server, the store remembers the folder's fingerprint.
 """
 
 from __future__ import annotations
@@ -23,7 +29,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rmserve.client.client import RewardClient, Timeouts
-from rmserve.client.evaluate import EvalConfig, EvalResult, evaluate
+from rmserve.client.evaluate import (
+    EvalConfig,
+    EvalResult,
+    evaluate,
+    evaluate_from_store,
+)
+from rmserve.client.scoredb import ScoreDB, checkpoint_signature
 
 from rmserve import errors
 
@@ -88,6 +100,15 @@ class ServeOptions:
     enforce_eager: bool = False
     """Disable CUDA graphs / compilation (faster start, slower scoring)."""
 
+    max_num_batched_tokens: int | None = None
+    """Most tokens per engine step (vLLM); None = the server's default."""
+
+    max_num_seqs: int | None = None
+    """Most sequences per engine step (vLLM); None = the server's default."""
+
+    cpu_threads_bind: str | None = None
+    """CPU build: CPU ids for the engine's threads (``0-1``); None = the server's default (all usable CPUs)."""
+
     extra_args: tuple[str, ...] = ()
     """More ``rmserve serve`` arguments, passed as given."""
 
@@ -122,6 +143,9 @@ class ServeOptions:
             "--kv-cache-memory-bytes": self.kv_cache_memory_bytes,
             "--tensor-parallel-size": self.tensor_parallel_size,
             "--chat-template": self.chat_template,
+            "--max-num-batched-tokens": self.max_num_batched_tokens,
+            "--max-num-seqs": self.max_num_seqs,
+            "--cpu-threads-bind": self.cpu_threads_bind,
         }
         for flag, value in options.items():
             if value is not None:
@@ -283,12 +307,43 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def store_signature(config: RunConfig) -> str | None:
+    """The checkpoint signature ``run`` keys the score store with, or None when it cannot.
+
+    None when the run has no store, the model is not a local folder (a hub id), a chat
+    template override is given (the server's fingerprint then depends on it, the signature
+    does not), or the folder cannot be hashed (the server will report why). The signature
+    covers the dtype the server will compute in (``--dtype``, else its ``auto`` rule).
+    """
+    serve = config.serve
+    if config.evaluation.store is None or serve.chat_template is not None or "--chat-template" in serve.extra_args:
+        return None
+    if not Path(serve.model).is_dir():
+        return None
+    dtype = serve.dtype
+    if dtype in (None, "auto"):
+        # The server's rule (EngineConfig.resolved_dtype): bfloat16 on CUDA, else float32.
+        try:
+            import torch
+        except ImportError:
+            return None
+        dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+    try:
+        return checkpoint_signature(serve.model, dtype)
+    except (errors.RMServeError, OSError, ValueError):
+        return None
+
+
 def run(config: RunConfig) -> EvalResult:
     """Start a server for ``config.serve.model``, evaluate on it, and stop it.
 
     The server's output goes to ``OUT/server.log``. The evaluation is
     :func:`rmserve.client.evaluate.evaluate` with the child's URL; its score file resumes as
-    usual.
+    usual. With a score store and a local checkpoint folder whose fingerprint the store
+    remembers (:func:`store_signature`), a run whose every group is stored starts no server
+    (:func:`~rmserve.client.evaluate.evaluate_from_store`; note "answered from the store, no
+    server started"); after a run that started one, the store remembers the folder's
+    fingerprint.
 
     Raises:
         rmserve.errors.ServerFault: the server exited before it was ready or during the
@@ -300,6 +355,16 @@ def run(config: RunConfig) -> EvalResult:
 
     # Bad data fails here, in a second, not after the model has loaded.
     load_benchmark(config.evaluation.bench, config.evaluation.data, config.evaluation.only)
+    signature = store_signature(config)
+    if signature is not None:
+        assert config.evaluation.store is not None
+        with ScoreDB(config.evaluation.store) as db:
+            info = db.model_info_for(signature)
+        if info is not None:
+            stored = evaluate_from_store(config.evaluation, info)
+            if stored is not None:
+                note = f"answered from the store, no server started (checkpoint {signature} = fingerprint {info.fingerprint})"
+                return replace(stored, notes=(*stored.notes, note))
     out_dir = config.evaluation.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     host = "127.0.0.1"
@@ -315,8 +380,20 @@ def run(config: RunConfig) -> EvalResult:
     with _sigterm_raises(), server:
         server.wait_ready()
         try:
-            return evaluate(replace(config.evaluation, server_url=url))
+            result = evaluate(replace(config.evaluation, server_url=url))
         except errors.RMServeError as exc:
             if server.returncode is not None:
                 raise server._exited_error("during the evaluation") from exc
             raise
+    # Remember the folder only if it is still the one hashed before the server loaded it.
+    if signature is not None and store_signature(config) == signature:
+        assert config.evaluation.store is not None
+        with ScoreDB(config.evaluation.store) as db:
+            db.remember_checkpoint(
+                signature,
+                path=str(Path(config.serve.model).resolve()),
+                fingerprint=result.model.fingerprint,
+                model=result.model.name,
+                info=result.model,
+            )
+    return result

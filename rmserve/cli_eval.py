@@ -4,6 +4,9 @@ Each command parses its options into a config (:class:`~rmserve.client.evaluate.
 :class:`~rmserve.client.launch.RunConfig`), makes one library call and prints the metrics
 stage's table (or, with ``--json``, its results dict). Bad options exit 2 with one line;
 a run that fails exits 1 with one line naming the error type.
+
+The score store (``--store PATH``, :mod:`rmserve.client.scoredb`) is used when ``--store`` is
+given or ``$RMSERVE_STORE`` is set, and never with ``--no-store``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def _eval_config(
     quiet: bool,
     resamples: int,
     seed: int,
+    store: Path | None = None,
 ):
     from rmserve.client.evaluate import EvalConfig
 
@@ -66,19 +70,33 @@ def _eval_config(
             quiet=quiet,
             resamples=resamples,
             seed=seed,
+            store=store,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 
 
-def _call(fn, config, *, scores_path: Path):
+def _store_path(store: Path | None, no_store: bool) -> Path | None:
+    """The score store of a run: ``--store``, else ``$RMSERVE_STORE``, else none; ``--no-store``: none."""
+    if store is not None and no_store:
+        raise typer.BadParameter("--store and --no-store exclude each other", param_hint="'--store'")
+    if no_store:
+        return None
+    if store is not None:
+        return store
+    from rmserve.client.scoredb import configured_store_path
+
+    return configured_store_path()
+
+
+def _call(fn, config, *, scores_path: Path, store_path: Path | None = None):
     """Run ``fn(config)``; turn failures into one line (bad --data: exit 2, else exit 1)."""
     from rmserve.errors import DataError, RMServeError
 
     try:
         return fn(config)
     except DataError as exc:
-        if exc.path is not None and Path(exc.path) != scores_path:
+        if exc.path is not None and Path(exc.path) not in (scores_path, store_path):
             raise typer.BadParameter(str(exc), param_hint="'--data'") from None
         typer.echo(f"error: {exc.type}: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -99,7 +117,8 @@ def _render(result, *, as_json: bool, quiet: bool) -> None:
     if not quiet:
         typer.echo(
             f"{result.model.name} (fingerprint {result.model.fingerprint}): {result.n_scored} group{'' if result.n_scored == 1 else 's'} scored now, "
-            f"{result.n_resumed} resumed; wrote {', '.join(p.name for p in result.paths)} in "
+            f"{result.n_resumed} resumed{f', {result.n_from_store} from the store' if result.n_from_store else ''}; "
+            f"wrote {', '.join(p.name for p in result.paths)} in "
             f"{result.scores_path.parent}",
             err=True,
         )
@@ -120,6 +139,13 @@ _QUIET = typer.Option(False, "--quiet", "-q", help="No progress bar or summary l
 _JSON = typer.Option(False, "--json", help="Print results.json instead of the table.")
 _RESAMPLES = typer.Option(1000, "--resamples", help="Bootstrap resamples for the intervals (0 = none).")
 _SEED = typer.Option(0, "--seed", help="Bootstrap seed.")
+_STORE = typer.Option(
+    None,
+    "--store",
+    help="Score store (SQLite) shared across runs: groups stored for the server's model fingerprint are not sent "
+    "again, new ones are added. Default: $RMSERVE_STORE when set, else no store.",
+)
+_NO_STORE = typer.Option(False, "--no-store", help="Use no score store, even when $RMSERVE_STORE is set.")
 
 
 def eval_command(
@@ -139,10 +165,13 @@ def eval_command(
     as_json: bool = _JSON,
     resamples: int = _RESAMPLES,
     seed: int = _SEED,
+    store: Optional[Path] = _STORE,
+    no_store: bool = _NO_STORE,
 ) -> None:
     """Score a benchmark on a running server, then print its table.
 
-    Resumable: groups already in OUT/scores.jsonl are not sent again.
+    Resumable: groups already in OUT/scores.jsonl are not sent again; with a score store
+    (--store or $RMSERVE_STORE), neither are groups stored for the server's model.
     """
     from rmserve.client.evaluate import evaluate
 
@@ -150,8 +179,9 @@ def eval_command(
         server_url=server, bench=bench, data=data, out=out, max_in_flight=max_in_flight,
         groups_per_request=groups_per_request, timeout_s=timeout_s, ready_timeout_s=ready_timeout_s,
         only=only, model=model, overwrite=overwrite, fsync=fsync, quiet=quiet, resamples=resamples, seed=seed,
+        store=_store_path(store, no_store),
     )
-    result = _call(evaluate, config, scores_path=config.out_dir / "scores.jsonl")
+    result = _call(evaluate, config, scores_path=config.out_dir / "scores.jsonl", store_path=config.store)
     _render(result, as_json=as_json, quiet=quiet)
 
 
@@ -171,6 +201,13 @@ def run_command(
     tensor_parallel_size: Optional[int] = typer.Option(None, "--tensor-parallel-size", help="GPUs to shard over."),
     chat_template: Optional[Path] = typer.Option(None, "--chat-template", help="Jinja chat template file."),
     enforce_eager: bool = typer.Option(False, "--enforce-eager", help="No CUDA graphs / compilation."),
+    max_num_batched_tokens: Optional[int] = typer.Option(
+        None, "--max-num-batched-tokens", help="Most tokens per engine step (vLLM)."
+    ),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="Most sequences per engine step (vLLM)."),
+    cpu_threads_bind: Optional[str] = typer.Option(
+        None, "--cpu-threads-bind", help="CPU build: CPU ids for the engine threads, e.g. 0-1 (default: all usable)."
+    ),
     startup_timeout_s: float = typer.Option(1800.0, "--startup-timeout-s", help="How long the model may take to load, s."),
     max_in_flight: int = _MAX_IN_FLIGHT,
     groups_per_request: int = _GROUPS_PER_REQUEST,
@@ -182,10 +219,13 @@ def run_command(
     as_json: bool = _JSON,
     resamples: int = _RESAMPLES,
     seed: int = _SEED,
+    store: Optional[Path] = _STORE,
+    no_store: bool = _NO_STORE,
 ) -> None:
     """Start a server for MODEL, score a benchmark on it, stop it, print the table.
 
-    The server's log goes to OUT/server.log; OUT/scores.jsonl resumes as with eval.
+    The server's log goes to OUT/server.log; OUT/scores.jsonl resumes as with eval. With a
+    score store, a checkpoint folder whose every group is stored starts no server.
     """
     from rmserve.client.launch import RunConfig, ServeOptions, run
 
@@ -193,6 +233,7 @@ def run_command(
         server_url=None, bench=bench, data=data, out=out, max_in_flight=max_in_flight,
         groups_per_request=groups_per_request, timeout_s=timeout_s, ready_timeout_s=startup_timeout_s,
         only=only, model=None, overwrite=overwrite, fsync=fsync, quiet=quiet, resamples=resamples, seed=seed,
+        store=_store_path(store, no_store),
     )
     try:
         serve = ServeOptions(
@@ -206,12 +247,15 @@ def run_command(
             tensor_parallel_size=tensor_parallel_size,
             chat_template=chat_template,
             enforce_eager=enforce_eager,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            cpu_threads_bind=cpu_threads_bind,
             startup_timeout_s=startup_timeout_s,
         )
         config = RunConfig(serve=serve, evaluation=evaluation)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    result = _call(run, config, scores_path=evaluation.out_dir / "scores.jsonl")
+    result = _call(run, config, scores_path=evaluation.out_dir / "scores.jsonl", store_path=evaluation.store)
     _render(result, as_json=as_json, quiet=quiet)
 
 
