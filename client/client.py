@@ -34,6 +34,7 @@ from rmserve import errors
 from rmserve.schema import (
     Group,
     GroupResult,
+    LoadModelRequest,
     ModelInfo,
     ModelList,
     RequestGroup,
@@ -393,13 +394,21 @@ class RewardClient:
         return self.base_url.joinpath(path.lstrip("/"))
 
     async def _send_once(
-        self, method: str, path: str, *, data: bytes | None, timeout: aiohttp.ClientTimeout
+        self,
+        method: str,
+        path: str,
+        *,
+        data: bytes | None,
+        timeout: aiohttp.ClientTimeout,
+        headers: dict[str, str] | None = None,
     ) -> bytes:
         """One HTTP exchange: the body of a 200 reply, else the mapped error raised."""
         if self._session is None:
             raise RuntimeError("RewardClient is not open: use 'async with RewardClient(...) as client'")
         url = self._url(path)
-        headers = {"Content-Type": "application/json"} if data is not None else None
+        headers = dict(headers or {})
+        if data is not None:
+            headers["Content-Type"] = "application/json"
         self.attempts += 1
         try:
             async with self._session.request(method, url, data=data, headers=headers, timeout=timeout) as resp:
@@ -413,11 +422,19 @@ class RewardClient:
             failure.retry_after_s = None  # type: ignore[attr-defined]
             raise failure from exc
 
-    async def _send(self, method: str, path: str, *, data: bytes | None, timeout: aiohttp.ClientTimeout) -> bytes:
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        data: bytes | None,
+        timeout: aiohttp.ClientTimeout,
+        headers: dict[str, str] | None = None,
+    ) -> bytes:
         """:meth:`_send_once` with the retry policy applied to retryable errors."""
         for attempt in itertools.count(1):
             try:
-                return await self._send_once(method, path, data=data, timeout=timeout)
+                return await self._send_once(method, path, data=data, timeout=timeout, headers=headers)
             except errors.RMServeError as exc:
                 if not exc.retryable or attempt >= self.retry.max_attempts:
                     raise
@@ -487,6 +504,42 @@ class RewardClient:
         if not reply.models:
             raise errors.ServerFault("GET /v1/models: the server lists no model", field="models")
         return reply.models
+
+    async def load_checkpoint(self, name: str, path: str, *, admin_token: str, timeout_s: float = 1800.0) -> ModelInfo:
+        """``POST /v1/models/load``: make the server score with the checkpoint folder ``path``.
+
+        The server swaps the weights in place (same architecture and tokenizer) or restarts
+        its engine; ``path`` is resolved on the server's file system and must lie under one
+        of its ``--checkpoint-root`` folders.
+
+        Args:
+            name: the model name the server reports afterwards.
+            path: the checkpoint folder, as the server sees it.
+            admin_token: the server's admin token (sent as ``Authorization: Bearer``).
+            timeout_s: limit of the whole load, seconds (> 0; default 1800).
+
+        Returns:
+            The :class:`~rmserve.schema.ModelInfo` now served (new fingerprint, swap count).
+
+        Raises:
+            rmserve.errors.Unauthorized: 401, missing or wrong token.
+            rmserve.errors.Forbidden: 403, swaps disabled or ``path`` outside the roots.
+            rmserve.errors.Conflict: 409, another swap in progress or a refused checkpoint.
+            rmserve.errors.RMServeError: any other failure (after retries for 429/503).
+        """
+        _check_positive("load_checkpoint", "timeout_s", timeout_s)
+        body = encode(LoadModelRequest(name=name, path=path))
+        timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(10.0, timeout_s))
+        reply_body = await self._send(
+            "POST", "/v1/models/load", data=body, timeout=timeout, headers={"Authorization": f"Bearer {admin_token}"}
+        )
+        try:
+            reply = msgspec.json.decode(reply_body, type=ModelList)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise errors.ServerFault(f"POST /v1/models/load: invalid reply ({exc})", field="models") from None
+        if len(reply.models) != 1:
+            raise errors.ServerFault(f"POST /v1/models/load: expected one model, got {len(reply.models)}", field="models")
+        return reply.models[0]
 
     async def score(
         self,

@@ -11,6 +11,7 @@ import typer
 from rmserve.cli_eval import register as _register_eval
 from rmserve.cli_metrics import metrics_app
 from rmserve.cli_server import register as _register_server
+from rmserve.cli_sweep import register as _register_sweep
 
 app = typer.Typer(
     name="rmserve",
@@ -22,6 +23,7 @@ app = typer.Typer(
 app.add_typer(metrics_app, name="metrics")
 _register_server(app)
 _register_eval(app)
+_register_sweep(app)
 
 
 def main() -> None:

@@ -1,0 +1,629 @@
+"""``rmserve sweep``: score every checkpoint of a training run on one or more servers.
+
+For each checkpoint, in step order: every server is asked to load it in place
+(``POST /v1/models/load``), every server must then report the same model fingerprint, and
+the benchmark groups not yet in the score store under that fingerprint are spread over the
+servers, each new group going to the server with the fewest outstanding requests. Records
+go into the SQLite score store (:mod:`rmserve.client.scoredb`) as they arrive, so a sweep
+killed at any point resumes where it stopped: a checkpoint whose groups are all stored is
+not loaded again, and no stored group is scored twice.
+
+A server that stops answering is taken out of the rotation, its groups go back in the
+queue, and it is polled until it answers again (``server_wait_s``); it is then loaded with
+the current checkpoint again (a restarted server serves its start-up model) and rejoins once
+its fingerprint matches. A reply with another fingerprint is never stored.
+
+The figures, tables and plots are computed afterwards from the store by
+:mod:`rmserve.metrics.sweep`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
+from rmserve.client.scoredb import ScoreDB, checkpoint_signature
+
+from rmserve import errors
+from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreRecord
+
+logger = logging.getLogger("rmserve.sweep")
+
+_STEP = re.compile(r"(\d+)")
+
+
+@dataclass(frozen=True, order=True)
+class Checkpoint:
+    """One checkpoint of a sweep: its training step (from the folder name) and folder."""
+
+    step: int
+    path: Path
+
+    @property
+    def name(self) -> str:
+        """The folder name (``step-1000``), used as the served model name."""
+        return self.path.name
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The training step of a checkpoint folder: the last integer in its name.
+
+    ``step-1000`` → 1000, ``checkpoint-500`` → 500, ``global_step200`` → 200.
+
+    Raises:
+        ValueError: the name holds no digits (names the folder).
+    """
+    numbers = _STEP.findall(Path(path).name)
+    if not numbers:
+        raise ValueError(f"checkpoints: cannot read a step from {str(path)!r} (no number in its name)")
+    return int(numbers[-1])
+
+
+def order_checkpoints(paths: Sequence[str | Path]) -> list[Checkpoint]:
+    """The checkpoint folders sorted by step.
+
+    Raises:
+        ValueError: no folders; a path that is not a folder; a name without a step; two
+            folders with the same step (both named).
+    """
+    if not paths:
+        raise ValueError("checkpoints: no checkpoint folder given")
+    by_step: dict[int, Path] = {}
+    for raw in paths:
+        path = Path(raw).expanduser().absolute()
+        if not path.is_dir():
+            raise ValueError(f"checkpoints: {str(raw)!r} is not a folder")
+        step = checkpoint_step(path)
+        if step in by_step and by_step[step] != path:
+            raise ValueError(f"checkpoints: {str(by_step[step])!r} and {str(path)!r} both have step {step}")
+        by_step[step] = path
+    return [Checkpoint(step, path) for step, path in sorted(by_step.items())]
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Settings of one sweep (``rmserve sweep``)."""
+
+    servers: tuple[str, ...]
+    """Base URLs of the scoring servers (at least one; each started with an admin token and a
+    ``--checkpoint-root`` holding the checkpoints)."""
+
+    checkpoints: tuple[Path, ...]
+    """Checkpoint folders (any order; sorted by the step in their names)."""
+
+    data: tuple[tuple[str, str], ...]
+    """(benchmark, data path or hub id) pairs, one per benchmark, scored in this order."""
+
+    out_dir: Path
+    """Output folder: ``sweep.csv``, ``sweep.json``, ``summary.md``, plots, per-checkpoint exports."""
+
+    store: Path
+    """The SQLite score store shared by runs (see :mod:`rmserve.client.scoredb`)."""
+
+    admin_token: str | None = None
+    """The servers' admin token for ``POST /v1/models/load``; needed unless every checkpoint is stored."""
+
+    max_in_flight: int = 32
+    """Most groups outstanding per server. Default 32; 1–4096."""
+
+    timeout_s: float = 900.0
+    """Limit of one scoring request, seconds. Default 900; > 0."""
+
+    load_timeout_s: float = 1800.0
+    """Limit of one checkpoint load on one server, seconds. Default 1800; > 0."""
+
+    server_wait_s: float = 600.0
+    """How long to wait for a server that stopped answering before giving up on it, seconds. Default 600; > 0."""
+
+    only: tuple[str, ...] | None = None
+    """Only these domains (RM-Bench) / subsets (RewardBench 2), for every benchmark. Default: all."""
+
+    resamples: int = 1000
+    """Bootstrap resamples for intervals and paired differences (≥ 1). Default 1000."""
+
+    seed: int = 0
+    """Bootstrap seed. Default 0."""
+
+    quiet: bool = False
+    """No progress bar. Default False."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "servers", tuple(self.servers))
+        object.__setattr__(self, "checkpoints", tuple(Path(p) for p in self.checkpoints))
+        object.__setattr__(self, "data", tuple((b, str(d)) for b, d in self.data))
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+        object.__setattr__(self, "store", Path(self.store))
+        if not self.servers:
+            raise ValueError("server: give at least one server URL")
+        if len(set(self.servers)) != len(self.servers):
+            raise ValueError("server: a URL is given twice")
+        for url in self.servers:
+            RewardClient(url)  # raises ValueError naming a bad URL
+        if not self.data:
+            raise ValueError("bench: give at least one benchmark")
+        benches = [b for b, _ in self.data]
+        for bench in benches:
+            if bench not in BENCHMARKS:
+                raise ValueError(f"bench: {bench!r} is not one of {', '.join(BENCHMARKS)}")
+        if len(set(benches)) != len(benches):
+            raise ValueError("bench: a benchmark is given twice")
+        if isinstance(self.max_in_flight, bool) or not isinstance(self.max_in_flight, int) or not 1 <= self.max_in_flight <= 4096:
+            raise ValueError(f"max_in_flight must be an integer in [1, 4096], got {self.max_in_flight!r}")
+        for name in ("timeout_s", "load_timeout_s", "server_wait_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        if not isinstance(self.resamples, int) or self.resamples < 1:
+            raise ValueError(f"resamples must be an integer ≥ 1 (paired differences need them), got {self.resamples!r}")
+        if self.only is not None:
+            object.__setattr__(self, "only", tuple(self.only))
+
+
+@dataclass
+class CheckpointRun:
+    """What the sweep did for one checkpoint.
+
+    Attributes:
+        checkpoint: the checkpoint.
+        fingerprint: the model fingerprint all servers reported for it.
+        model: the model name served.
+        n_groups: benchmark groups (all benchmarks).
+        n_scored: groups scored in this run.
+        n_stored: groups found in the store.
+        loaded: whether the servers were asked to load it (False when fully stored).
+        per_server: server URL → groups it scored for this checkpoint in this run.
+    """
+
+    checkpoint: Checkpoint
+    fingerprint: str
+    model: str
+    n_groups: int
+    n_scored: int
+    n_stored: int
+    loaded: bool
+    per_server: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What a sweep produced: one :class:`CheckpointRun` per checkpoint (step order), the
+    files written, refused servers and notes."""
+
+    runs: tuple[CheckpointRun, ...]
+    paths: tuple[Path, ...]
+    summary_md: str
+    refused: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+# --- servers ----------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Server:
+    """One server in the rotation and the sweep's view of it."""
+
+    url: str
+    client: RewardClient
+    outstanding: int = 0
+    serving: str | None = None
+    """Fingerprint verified for the current checkpoint; None = out of the rotation."""
+    refused: bool = False
+    recovery: asyncio.Task[None] | None = None
+    scored: int = 0
+
+
+class _Refused(errors.FingerprintMismatch):
+    """A server loaded the checkpoint but reports another fingerprint."""
+
+
+async def _load(server: _Server, checkpoint: Checkpoint, config: SweepConfig) -> ModelInfo:
+    if config.admin_token is None:
+        raise errors.Unauthorized(
+            f"checkpoint {checkpoint.name} must be loaded on {server.url}, but no admin token was given "
+            "(--admin-token-file or RMSERVE_ADMIN_TOKEN)",
+            field="admin_token",
+        )
+    logger.info("loading %s on %s", checkpoint.name, server.url)
+    return await server.client.load_checkpoint(
+        checkpoint.name, str(checkpoint.path), admin_token=config.admin_token, timeout_s=config.load_timeout_s
+    )
+
+
+def _refusal(server: _Server, checkpoint: Checkpoint, got: str, expected: str, source: str) -> _Refused:
+    return _Refused(
+        f"server {server.url} reports fingerprint {got} for checkpoint {checkpoint.name} ({checkpoint.path}), "
+        f"but {source} reports {expected}: its scores are not accepted (a different checkpoint copy, tokenizer or "
+        "chat template on that server?)",
+        field="fingerprint",
+        value=got,
+    )
+
+
+# --- the sweep --------------------------------------------------------------------------
+
+
+class _Sweep:
+    """State of one sweep run; see :func:`sweep`."""
+
+    def __init__(self, config: SweepConfig, db: ScoreDB, datasets: dict[str, Any]) -> None:
+        self.config = config
+        self.db = db
+        self.datasets = datasets
+        self.groups: list[Group] = [g for ds in datasets.values() for g in ds.groups]
+        timeouts = Timeouts(connect_s=min(10.0, config.timeout_s), sock_read_s=config.timeout_s, total_s=config.timeout_s)
+        concurrency = Concurrency(max_groups_in_flight=config.max_in_flight, groups_per_request=1)
+        # Few attempts per request: a server that keeps failing is handled by the sweep
+        # (out of the rotation, polled, loaded again), not by long client-side retries.
+        retry = Retry(max_attempts=2)
+        self.servers = [
+            _Server(url, RewardClient(url, timeouts=timeouts, concurrency=concurrency, retry=retry))
+            for url in config.servers
+        ]
+        self.notes: list[str] = []
+        self.refused: list[str] = []
+        self.dtype: str | None = None
+
+    async def __aenter__(self) -> _Sweep:
+        for server in self.servers:
+            await server.client.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for server in self.servers:
+            if server.recovery is not None:
+                server.recovery.cancel()
+                with contextlib.suppress(BaseException):
+                    await server.recovery
+            await server.client.__aexit__(None, None, None)
+
+    def _active(self) -> list[_Server]:
+        return [s for s in self.servers if not s.refused]
+
+    async def prepare(self) -> None:
+        """Wait for the servers and read the dtype they compute in (part of every fingerprint).
+
+        Servers computing in another dtype than the first are refused (their scores would
+        carry other fingerprints).
+
+        Raises:
+            rmserve.errors.EngineNotReady: a server is not ready within ``server_wait_s``.
+        """
+        infos = []
+        for server in self.servers:
+            await server.client.wait_until_ready(self.config.server_wait_s, poll_interval_s=1.0)
+            infos.append((await server.client.models())[0])
+        self.dtype = infos[0].dtype
+        for server, info in zip(self.servers, infos, strict=True):
+            if info.dtype != self.dtype:
+                self._refuse(server, _Refused(
+                    f"server {server.url} computes in {info.dtype}, server {self.servers[0].url} in {self.dtype}: "
+                    "its scores are not accepted (start every server with the same --dtype)",
+                    field="dtype", value=info.dtype,
+                ))
+
+    # -- one checkpoint ------------------------------------------------------------------
+
+    async def run_checkpoint(self, checkpoint: Checkpoint) -> CheckpointRun:
+        signature = checkpoint_signature(checkpoint.path, self.dtype)
+        known = self.db.fingerprint_for(signature)
+        if known is not None:
+            missing = self._missing(known)
+            if not missing:
+                stored = self.db.records(known, keys=[self.groups[0].key])
+                model = stored[0].model if stored else checkpoint.name
+                logger.info("%s: all %d groups stored (fingerprint %s)", checkpoint.name, len(self.groups), known)
+                return CheckpointRun(checkpoint, known, model, len(self.groups), 0, len(self.groups), loaded=False)
+        fingerprint, model = await self._load_everywhere(checkpoint, known)
+        self.db.remember_checkpoint(signature, path=str(checkpoint.path), fingerprint=fingerprint, model=model)
+        missing = self._missing(fingerprint)
+        n_stored = len(self.groups) - len(missing)
+        if n_stored:
+            logger.info("%s: %d groups already stored, %d to score", checkpoint.name, n_stored, len(missing))
+        per_server = await self._score(checkpoint, fingerprint, missing)
+        self.db.flush()
+        return CheckpointRun(
+            checkpoint, fingerprint, model, len(self.groups), len(missing), n_stored, loaded=True, per_server=per_server
+        )
+
+    def _missing(self, fingerprint: str) -> list[Group]:
+        stored = self.db.stored_keys(fingerprint)
+        return [g for g in self.groups if g.key not in stored]
+
+    async def _load_everywhere(self, checkpoint: Checkpoint, known: str | None) -> tuple[str, str]:
+        """Load ``checkpoint`` on every active server; return (fingerprint, model name).
+
+        The reference fingerprint is that of the first server (in ``--server`` order) that
+        loads it; a server reporting another is refused for the rest of the sweep. Servers
+        that do not answer are polled in the background and join once loaded; when none
+        answers, this waits up to ``server_wait_s`` for one.
+        """
+        servers = self._active()
+        for server in servers:
+            server.serving = None
+            if server.recovery is not None:
+                server.recovery.cancel()
+                with contextlib.suppress(BaseException):
+                    await server.recovery
+                server.recovery = None
+        deadline = time.monotonic() + self.config.server_wait_s
+        while True:
+            outcomes = await asyncio.gather(*(_load(s, checkpoint, self.config) for s in servers), return_exceptions=True)
+            reference: tuple[str, str, str] | None = None  # fingerprint, model, url
+            down: list[_Server] = []
+            failures: list[str] = []
+            for server, outcome in zip(servers, outcomes, strict=True):
+                if isinstance(outcome, BaseException):
+                    if not isinstance(outcome, errors.RMServeError) or not outcome.retryable:
+                        raise outcome
+                    down.append(server)
+                    failures.append(f"{server.url}: {outcome}")
+                    continue
+                if reference is None:
+                    reference = (outcome.fingerprint, outcome.name, server.url)
+                if outcome.fingerprint != reference[0]:
+                    self._refuse(
+                        server, _refusal(server, checkpoint, outcome.fingerprint, reference[0], f"server {reference[2]}")
+                    )
+                    continue
+                server.serving = outcome.fingerprint
+            if reference is not None:
+                break
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                raise errors.ConnectionFailed(f"no server could load checkpoint {checkpoint.name}: " + "; ".join(failures))
+            logger.warning("no server could load %s yet (%s); waiting", checkpoint.name, "; ".join(failures))
+            await _first_ready(down, remaining_s)
+            servers = down
+        for server in down:
+            self._start_recovery(server, checkpoint, reference[0])
+        if known is not None and known != reference[0]:
+            self.notes.append(
+                f"{checkpoint.name}: the servers report fingerprint {reference[0]}, the store had {known} for this "
+                "folder (another chat template or tokenizer?); scored under the new fingerprint"
+            )
+        return reference[0], reference[1]
+
+    def _refuse(self, server: _Server, refusal: _Refused) -> None:
+        server.refused = True
+        server.serving = None
+        message = str(refusal)
+        self.refused.append(message)
+        logger.error("%s", message)
+        print(f"rmserve sweep: refused: {message}", file=sys.stderr)
+        if not self._active():
+            raise refusal
+
+    # -- recovery --------------------------------------------------------------------------
+
+    def _start_recovery(self, server: _Server, checkpoint: Checkpoint, fingerprint: str | None) -> None:
+        """Poll ``server`` until it answers, load ``checkpoint`` on it, check ``fingerprint``."""
+        server.serving = None
+        if server.recovery is not None and not server.recovery.done():
+            return
+        server.recovery = asyncio.create_task(self._recover(server, checkpoint, fingerprint))
+
+    async def _recover(self, server: _Server, checkpoint: Checkpoint, fingerprint: str | None) -> None:
+        logger.warning("%s stopped answering; waiting up to %g s for it", server.url, self.config.server_wait_s)
+        await server.client.wait_until_ready(self.config.server_wait_s, poll_interval_s=1.0)
+        info = await _load(server, checkpoint, self.config)
+        if fingerprint is not None and info.fingerprint != fingerprint:
+            self._refuse(server, _refusal(server, checkpoint, info.fingerprint, fingerprint, "the other servers"))
+            return
+        server.serving = info.fingerprint
+        logger.info("%s is back, serving %s", server.url, checkpoint.name)
+
+    # -- scoring -------------------------------------------------------------------------
+
+    async def _score(self, checkpoint: Checkpoint, fingerprint: str, groups: list[Group]) -> dict[str, int]:
+        """Score ``groups`` over the servers serving ``fingerprint``, least outstanding first."""
+        queue: deque[Group] = deque(groups)
+        in_flight: dict[asyncio.Task[ScoreRecord], tuple[_Server, Group]] = {}
+        per_server = {s.url: 0 for s in self.servers}
+        window = self.config.max_in_flight
+        bar = _progress(len(self.groups), len(self.groups) - len(groups), self.config.quiet, checkpoint.name)
+        rotation = 0
+        try:
+            while queue or in_flight:
+                ready = [s for s in self._active() if s.serving == fingerprint]
+                while queue and ready:
+                    # Least outstanding requests first; ties go round-robin.
+                    rotation += 1
+                    order = sorted(
+                        range(len(ready)), key=lambda i: (ready[i].outstanding, (i - rotation) % len(ready))
+                    )
+                    server = ready[order[0]]
+                    if server.outstanding >= window:
+                        break
+                    group = queue.popleft()
+                    server.outstanding += 1
+                    task = asyncio.create_task(self._score_one(server, group, fingerprint))
+                    in_flight[task] = (server, group)
+                waiters: set[asyncio.Future[Any]] = set(in_flight)
+                if not waiters:
+                    recoveries = [s.recovery for s in self._active() if s.recovery is not None and not s.recovery.done()]
+                    if not recoveries:
+                        raise errors.ConnectionFailed(
+                            f"no server is left to score checkpoint {checkpoint.name} "
+                            f"({len(queue)} groups not scored; everything scored is in {self.config.store})"
+                        )
+                    waiters.update(recoveries)
+                else:
+                    waiters.update(s.recovery for s in self._active() if s.recovery is not None and not s.recovery.done())
+                done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task not in in_flight:
+                        self._recovery_done(task)
+                        continue
+                    server, group = in_flight.pop(task)
+                    server.outstanding -= 1
+                    exc = task.exception()
+                    if exc is None:
+                        record = task.result()
+                        self.db.put(record)
+                        server.scored += 1
+                        per_server[server.url] += 1
+                        bar.update(1)
+                        continue
+                    queue.appendleft(group)
+                    if isinstance(exc, errors.FingerprintMismatch) or (
+                        isinstance(exc, errors.RMServeError) and exc.retryable
+                    ):
+                        if server.serving is not None:
+                            logger.warning("%s: %s; taking it out of the rotation", server.url, exc)
+                        self._start_recovery(server, checkpoint, fingerprint)
+                        continue
+                    raise exc
+        finally:
+            bar.close()
+            for task in in_flight:
+                task.cancel()
+            if in_flight:
+                await asyncio.gather(*in_flight, return_exceptions=True)
+            self.db.flush()
+        return per_server
+
+    def _recovery_done(self, task: asyncio.Future[Any]) -> None:
+        server = next(s for s in self.servers if s.recovery is task)
+        server.recovery = None
+        exc = task.exception()
+        if exc is None:
+            return
+        if isinstance(exc, _Refused):
+            if not self._active():
+                raise exc
+            return
+        message = f"{server.url} did not come back within {self.config.server_wait_s:g} s ({type(exc).__name__}: {exc})"
+        if isinstance(exc, errors.ClientFault):
+            raise exc
+        server.refused = True
+        self.refused.append(message)
+        logger.error("%s", message)
+
+    async def _score_one(self, server: _Server, group: Group, fingerprint: str) -> ScoreRecord:
+        reply = await server.client.score([group])
+        if reply.fingerprint != fingerprint:
+            raise errors.FingerprintMismatch(
+                f"{server.url} answered with fingerprint {reply.fingerprint} ({reply.model}), expected {fingerprint}",
+                field="fingerprint",
+            )
+        from rmserve.client.client import record_from_result
+
+        (result,) = reply.results
+        return record_from_result(group, result, model=reply.model, fingerprint=reply.fingerprint)
+
+
+async def _first_ready(servers: Sequence[_Server], timeout_s: float) -> None:
+    """Return once one of ``servers`` answers ``/health`` (or ``timeout_s`` passes)."""
+    waits = [asyncio.create_task(s.client.wait_until_ready(timeout_s, poll_interval_s=1.0)) for s in servers]
+    try:
+        while waits:
+            done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if any(t.exception() is None for t in done):
+                return
+            waits = list(pending)
+    finally:
+        for task in waits:
+            task.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+
+
+def _progress(total: int, initial: int, quiet: bool, name: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit="group",
+        desc=name,
+        disable=quiet or not sys.stderr.isatty(),
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
+
+
+async def sweep_async(config: SweepConfig) -> SweepResult:
+    """:func:`sweep` on the running event loop."""
+    from rmserve.metrics.sweep import SweepPoint, write_sweep
+
+    from rmserve.datasets import load_benchmark
+
+    checkpoints = order_checkpoints(config.checkpoints)
+    datasets = {}
+    notes: list[str] = []
+    for bench, data in config.data:
+        dataset = await asyncio.to_thread(load_benchmark, bench, data, config.only)
+        datasets[bench] = dataset
+        if dataset.missing:
+            notes.append(f"{bench}: not in the data ({dataset.source}): {', '.join(dataset.missing)}")
+    runs: list[CheckpointRun] = []
+    started = time.monotonic()
+    with ScoreDB(config.store) as db:
+        async with _Sweep(config, db, datasets) as state:
+            await state.prepare()
+            for checkpoint in checkpoints:
+                runs.append(await state.run_checkpoint(checkpoint))
+            notes.extend(state.notes)
+            refused = tuple(state.refused)
+        logger.info("sweep scored %d groups in %.1f s", sum(r.n_scored for r in runs), time.monotonic() - started)
+        points = []
+        for run in runs:
+            folder = config.out_dir / "checkpoints" / run.checkpoint.name
+            folder.mkdir(parents=True, exist_ok=True)
+            records = {}
+            for bench, ds in datasets.items():
+                keys = [g.key for g in ds.groups]
+                records[bench] = db.records(run.fingerprint, benchmark=bench, keys=keys)
+                db.export_jsonl(folder / f"{bench}.scores.jsonl", run.fingerprint, benchmark=bench, keys=keys)
+            points.append(
+                SweepPoint(
+                    step=run.checkpoint.step,
+                    name=run.checkpoint.name,
+                    path=str(run.checkpoint.path),
+                    fingerprint=run.fingerprint,
+                    model=run.model,
+                    records=records,
+                )
+            )
+    extra = {
+        "servers": list(config.servers),
+        "groups_scored_per_server": {
+            url: sum(run.per_server.get(url, 0) for run in runs) for url in config.servers
+        },
+        "groups_scored": sum(run.n_scored for run in runs),
+        "groups_from_store": sum(run.n_stored for run in runs),
+    }
+    paths, summary = await asyncio.to_thread(
+        write_sweep, points, list(datasets), config.out_dir, resamples=config.resamples, seed=config.seed,
+        notes=notes, refused=refused, extra=extra,
+    )
+    return SweepResult(runs=tuple(runs), paths=tuple(paths), summary_md=summary, refused=refused, notes=tuple(notes))
+
+
+def sweep(config: SweepConfig) -> SweepResult:
+    """Score every checkpoint in ``config.checkpoints`` on the servers and report the sweep.
+
+    Returns:
+        A :class:`SweepResult`; the files are ``OUT/sweep.csv``, ``OUT/sweep.json``,
+        ``OUT/summary.md``, one PNG per headline figure and
+        ``OUT/checkpoints/<name>/<bench>.scores.jsonl`` (exports of the store).
+
+    Raises:
+        ValueError: bad checkpoints (see :func:`order_checkpoints`).
+        rmserve.errors.DataError: bad benchmark data.
+        rmserve.errors.Unauthorized / Forbidden: a load was refused (token, checkpoint root).
+        rmserve.errors.FingerprintMismatch: every server was refused.
+        rmserve.errors.ConnectionFailed: no server left (all groups scored so far are stored).
+    """
+    return asyncio.run(sweep_async(config))
