@@ -337,6 +337,8 @@ def _engine_config(spec: dict[str, Any], *, prefix_caching: bool):
         kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
         enforce_eager=spec["enforce_eager"],
         enable_prefix_caching=prefix_caching,
+        max_num_batched_tokens=spec["max_num_batched_tokens"],
+        cpu_threads_bind=spec["cpu_threads_bind"],
     )
 
 
@@ -411,6 +413,8 @@ def run_server_path(spec: dict[str, Any]) -> PathResult:
         block_size=spec["block_size"],
         kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
         enforce_eager=spec["enforce_eager"],
+        max_num_batched_tokens=spec["max_num_batched_tokens"],
+        cpu_threads_bind=spec["cpu_threads_bind"],
     )
     port = free_loopback_port()
     url = f"http://127.0.0.1:{port}"
@@ -643,6 +647,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--atol", type=float, default=1e-4, help="largest reward difference to path a (default 1e-4)")
     parser.add_argument("--enforce-eager", action="store_true", help="vLLM without graph compilation")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="paths b–d: most tokens per vLLM engine step (default: rmserve's default)")
+    parser.add_argument("--cpu-threads-bind", default=None,
+                        help="paths b–d, CPU build: CPU ids for the engine threads (default: rmserve's, all usable CPUs)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results", help="results folder")
     parser.add_argument("--machine", default=f"cpu{len(os.sched_getaffinity(0))}", help="machine name in the file name")
     parser.add_argument("--tag", default=None, help="suffix of the results file name (e.g. the data selection)")
@@ -703,6 +711,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = {
         "model": model, "dtype": args.dtype, "max_model_len": max_len, "block_size": args.block_size,
         "kv_cache_memory_bytes": KV_CACHE_BYTES, "enforce_eager": args.enforce_eager,
+        "max_num_batched_tokens": args.max_num_batched_tokens, "cpu_threads_bind": args.cpu_threads_bind,
         "batch_size": args.batch_size, "max_groups_in_flight": args.max_groups_in_flight,
         "token_ids": token_ids, "warmup_token_ids": warm_ids,
         "groups_json": msgspec.json.encode(list(groups)).decode(),
@@ -738,6 +747,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_groups_in_flight": args.max_groups_in_flight,
         "kv_cache_memory_bytes": KV_CACHE_BYTES,
         "enforce_eager": args.enforce_eager,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "cpu_threads_bind": args.cpu_threads_bind,
         "render_s": render_s,
         "atol": args.atol,
         "parity_ok": not failures,
