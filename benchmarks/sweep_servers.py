@@ -118,7 +118,7 @@ def main() -> None:
     if a.keys() != b.keys():
         raise SystemExit("the one-server and two-server sweeps stored different groups")
     worst = max(abs(x - y) for k in a for x, y in zip(a[k], b[k], strict=True))
-    total = sum(two["groups_per_server"])
+    total = int(sum(two["groups_per_server"]))
     report = {
         "benchmark": "sweep_servers",
         "date": dt.date.today().isoformat(),
