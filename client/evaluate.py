@@ -36,7 +36,7 @@ from rmserve.client.scoredb import ScoreDB
 from rmserve.client.store import SCORES_FILENAME, ScoreStore
 
 from rmserve import errors
-from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreRecord
+from rmserve.schema import BENCHMARKS, Group, GroupKey, ModelInfo, ScoreRecord
 
 if TYPE_CHECKING:  # the metrics stage (numpy) is imported when a run reports, not before
     from rmserve.metrics.report import Evaluation
@@ -331,18 +331,27 @@ async def _report(
     )
 
 
-async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession | None = None) -> EvalResult:
-    """:func:`evaluate` on the running event loop; ``session`` reuses an open aiohttp session."""
+async def _load_data(config: EvalConfig) -> tuple[Dataset, dict[GroupKey, int], Path, list[str]]:
+    """The benchmark data, each group key's position in it, the score file and the first notes.
+
+    Raises:
+        rmserve.errors.DataError: bad benchmark data.
+    """
     from rmserve.datasets import load_benchmark
 
-    if config.server_url is None:
-        raise ValueError("server_url is required to evaluate")
     dataset = await asyncio.to_thread(load_benchmark, config.bench, config.data, config.only)
     keys = {g.key: i for i, g in enumerate(dataset.groups)}
-    scores_path = config.out_dir / SCORES_FILENAME
     notes: list[str] = []
     if dataset.missing:
         notes.append(f"not in the data ({dataset.source}): {', '.join(dataset.missing)}")
+    return dataset, keys, config.out_dir / SCORES_FILENAME, notes
+
+
+async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession | None = None) -> EvalResult:
+    """:func:`evaluate` on the running event loop; ``session`` reuses an open aiohttp session."""
+    if config.server_url is None:
+        raise ValueError("server_url is required to evaluate")
+    dataset, keys, scores_path, notes = await _load_data(config)
     timeouts, concurrency, retry = config.client_settings()
     with contextlib.ExitStack() as stack:
         db = stack.enter_context(ScoreDB(config.store)) if config.store is not None else None
@@ -386,16 +395,9 @@ async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession |
 
 async def evaluate_from_store_async(config: EvalConfig, info: ModelInfo) -> EvalResult | None:
     """:func:`evaluate_from_store` on the running event loop."""
-    from rmserve.datasets import load_benchmark
-
     if config.store is None:
         raise ValueError("store is required to evaluate from the score store")
-    dataset = await asyncio.to_thread(load_benchmark, config.bench, config.data, config.only)
-    keys = {g.key: i for i, g in enumerate(dataset.groups)}
-    scores_path = config.out_dir / SCORES_FILENAME
-    notes: list[str] = []
-    if dataset.missing:
-        notes.append(f"not in the data ({dataset.source}): {', '.join(dataset.missing)}")
+    dataset, keys, scores_path, notes = await _load_data(config)
     with ScoreDB(config.store) as db:
         if not keys.keys() <= db.stored_keys(info.fingerprint, config.bench):
             return None

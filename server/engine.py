@@ -114,19 +114,23 @@ class VLLMEngine:
         if self._closing:
             raise EngineNotReady("the engine is shutting down")
         started = time.perf_counter()
-        building = asyncio.ensure_future(asyncio.to_thread(self._build))
-        try:
-            loaded = await asyncio.shield(building)
-        except asyncio.CancelledError:
-            # The thread cannot be interrupted: stop the engine process once it exists.
-            building.add_done_callback(_shutdown_when_built)
-            raise
+        loaded = await self._build_in_thread()
         if self._closing:  # shutdown() was called while loading
             await asyncio.to_thread(loaded.engine.shutdown)
             raise EngineNotReady("the engine was shut down while loading")
         self._loaded = loaded
         self.start_time_s = time.perf_counter() - started
         log.info("vLLM engine ready in %.1f s: %s", self.start_time_s, loaded.info)
+
+    async def _build_in_thread(self) -> _Loaded:
+        """:meth:`_build` in a worker thread; if the caller is cancelled, the engine is shut down
+        once the thread has built it (the thread itself cannot be interrupted)."""
+        building = asyncio.ensure_future(asyncio.to_thread(self._build))
+        try:
+            return await asyncio.shield(building)
+        except asyncio.CancelledError:
+            building.add_done_callback(_shutdown_when_built)
+            raise
 
     def _build(self) -> _Loaded:
         cfg = self.config
@@ -354,11 +358,9 @@ class VLLMEngine:
                 await asyncio.to_thread(old.engine.shutdown)
             self.config = dataclasses.replace(self.config, model=str(folder))
             started = time.perf_counter()
-            building = asyncio.ensure_future(asyncio.to_thread(self._build))
             try:
-                loaded = await asyncio.shield(building)
+                loaded = await self._build_in_thread()
             except asyncio.CancelledError:
-                building.add_done_callback(_shutdown_when_built)
                 self._not_loaded = f"the restart on checkpoint {folder.name!r} was cancelled; no model is loaded"
                 raise
             except Exception as exc:  # noqa: BLE001 - any start failure: no model now

@@ -180,8 +180,11 @@ async def test_failing_server_is_taken_out_and_rejoins_after_a_reload(checkpoint
     with start_server(root, engine) as one:
         result = await sweep_async(config([one.url], folders[:2], tmp_path, data, max_in_flight=2))
     assert [r.n_scored for r in result.runs] == [12, 12]
-    # The first checkpoint was loaded twice (once more after the failures), the second once.
-    assert [p.rsplit("/", 1)[-1] for p in engine.reloads] == ["step-3", "step-3", "step-20"]
+    # The first checkpoint was loaded again after the failures (once per failure noticed while
+    # no recovery was running: how many depends on timing), the second once.
+    names = [p.rsplit("/", 1)[-1] for p in engine.reloads]
+    assert names[-1] == "step-20" and names.count("step-20") == 1
+    assert names.count("step-3") >= 2 and set(names) == {"step-3", "step-20"}
     check_store(tmp_path, data, result.runs)
 
 
