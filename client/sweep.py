@@ -596,6 +596,14 @@ async def sweep_async(config: SweepConfig) -> SweepResult:
                     records=records,
                 )
             )
+    seen: dict[str, str] = {}
+    for run in runs:
+        first = seen.setdefault(run.fingerprint, run.checkpoint.name)
+        if first != run.checkpoint.name:
+            notes.append(
+                f"{run.checkpoint.name} has the same content as {first} (fingerprint {run.fingerprint}); "
+                "its figures are that checkpoint's"
+            )
     extra = {
         "servers": list(config.servers),
         "groups_scored_per_server": {

@@ -155,8 +155,10 @@ def _cell(value: float | None) -> str:
 def sweep_rows(
     points: Sequence[SweepPoint], evaluations: Sequence[Mapping[str, Evaluation]], benchmarks: Sequence[str]
 ) -> tuple[list[str], list[list[str]]]:
-    """The CSV header and rows: one row per checkpoint, every figure with its interval."""
-    header = ["step", "checkpoint", "fingerprint", "model"]
+    """The CSV header and rows: one row per checkpoint, the domains/subsets absent from the data
+    per benchmark (``<bench>:missing``; non-empty = the overall figures are partial), then every
+    figure with its interval."""
+    header = ["step", "checkpoint", "fingerprint", "model"] + [f"{bench}:missing" for bench in benchmarks]
     columns: list[tuple[str, str]] = []
     for bench in benchmarks:
         for name in _figure_names(evaluations, bench):
@@ -165,6 +167,8 @@ def sweep_rows(
     rows = []
     for point, per_bench in zip(points, evaluations, strict=True):
         row = [str(point.step), point.name, point.fingerprint, point.model]
+        # Absent domains/subsets: the overall figures then average only the present ones.
+        row += [" ".join(per_bench[bench].result.missing) for bench in benchmarks]
         for bench, name in columns:
             evaluation = per_bench[bench]
             interval = evaluation.intervals.get(name)
@@ -209,7 +213,9 @@ def plot_curves(
         ax.legend(loc="best", fontsize="small")
         ax.set_xlabel("step")
         ax.set_ylabel(f"{_LABELS.get(figure_name, figure_name)} (%)")
-        ax.set_title(f"{_LABELS.get(figure_name, figure_name)} by checkpoint")
+        missing = sorted({m for e in evaluations for m in e[benchmark].result.missing})
+        partial = f" (partial: no {', '.join(missing)})" if missing else ""
+        ax.set_title(f"{_LABELS.get(figure_name, figure_name)} by checkpoint{partial}")
         ax.grid(alpha=0.3)
         fig.tight_layout()
         path = out_dir / f"{benchmark}_{figure_name.replace('.', '-')}.png"
@@ -240,6 +246,13 @@ def render_summary(
         if best is None:
             lines += ["No checkpoint has a value for this benchmark.", ""]
             continue
+        missing = sorted({m for e in evaluations for m in e[bench].result.missing})
+        if missing:
+            lines += [
+                f"**Partial**: {', '.join(missing)} not in the data; the overall figures average the "
+                "domains/subsets present.",
+                "",
+            ]
         winner = points[best.best]
         if best.runner_up is None:
             lines.append(f"Best checkpoint: **{winner.name}** (step {winner.step}); no other checkpoint to compare.")

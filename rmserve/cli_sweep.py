@@ -102,7 +102,7 @@ def sweep_command(
     from rmserve.cli_server import _admin_token
     from rmserve.client.scoredb import default_store_path
     from rmserve.client.sweep import SweepConfig, order_checkpoints, sweep
-    from rmserve.errors import DataError, RMServeError
+    from rmserve.errors import DataError, FingerprintMismatch, RMServeError
     try:
         benches = [b.strip() for b in bench.split(",") if b.strip()]
         if not benches:
@@ -135,7 +135,8 @@ def sweep_command(
     except RMServeError as exc:
         field = f" (field {exc.field})" if exc.field else ""
         typer.echo(f"error: {exc.type}: {exc}{field}", err=True)
-        typer.echo(f"scored groups are kept in {config.store}; run the same command again to resume", err=True)
+        if exc.retryable or isinstance(exc, FingerprintMismatch):
+            typer.echo(f"scored groups are kept in {config.store}; run the same command again to resume", err=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         typer.echo(f"interrupted; scored groups are kept in {config.store}; run again to resume", err=True)
