@@ -337,8 +337,8 @@ def _engine_config(spec: dict[str, Any], *, prefix_caching: bool):
         kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
         enforce_eager=spec["enforce_eager"],
         enable_prefix_caching=prefix_caching,
-        max_num_batched_tokens=spec["max_num_batched_tokens"],
-        cpu_threads_bind=spec["cpu_threads_bind"],
+        max_num_batched_tokens=spec.get("max_num_batched_tokens"),
+        cpu_threads_bind=spec.get("cpu_threads_bind"),
     )
 
 
@@ -413,8 +413,8 @@ def run_server_path(spec: dict[str, Any]) -> PathResult:
         block_size=spec["block_size"],
         kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
         enforce_eager=spec["enforce_eager"],
-        max_num_batched_tokens=spec["max_num_batched_tokens"],
-        cpu_threads_bind=spec["cpu_threads_bind"],
+        max_num_batched_tokens=spec.get("max_num_batched_tokens"),
+        cpu_threads_bind=spec.get("cpu_threads_bind"),
     )
     port = free_loopback_port()
     url = f"http://127.0.0.1:{port}"
