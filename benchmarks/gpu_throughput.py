@@ -2,7 +2,7 @@
 
 On the device (one accelerator; transformers and torch, vLLM optional), with no download:
 
-1. trains the demo tokenizer on the RM-Bench files (:mod:`rmserve.server.demo_model`) and
+1. trains the demo tokenizer on the RM-Bench files (:mod:`rmserve.demo_model`) and
    renders RM-Bench groups (code domain by default) with rmserve's
    :class:`~rmserve.server.render.Renderer`;
 2. builds a random-init ``LlamaForSequenceClassification`` (one label) from a config shaped
@@ -95,7 +95,7 @@ def build_tokenizer_dir(data: Path, work_dir: Path) -> Path:
 
     Its tiny weights are never used; only the tokenizer files are.
     """
-    from rmserve.server.demo_model import DemoModelConfig, build_demo_model
+    from rmserve.demo_model import DemoModelConfig, build_demo_model
 
     out = work_dir / "tokenizer-source"
     build_demo_model(out, data, DemoModelConfig())

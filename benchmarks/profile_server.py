@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
 from throughput import machine_info, versions  # noqa: E402 - benchmarks share helpers by path
 
-from rmserve.client.launch import ServerProcess, free_loopback_port  # noqa: E402
+from rmserve.pipelines.launch import ServerProcess, free_loopback_port  # noqa: E402
 
 RMSERVE = [sys.executable, "-m", "rmserve.cli"]
 _TICKS = os.sysconf("SC_CLK_TCK")

@@ -93,8 +93,8 @@ def build_checkpoints(root: Path, corpus: Path, shape: str, count: int, *,
     place whatever the tokenizer trainer does. Returns (same-shape folders, other-shape
     folder or None).
     """
-    from rmserve.server.demo_model import DemoModelConfig, build_demo_model
-    from rmserve.server.fingerprint import TOKENIZER_FILES
+    from rmserve.demo_model import DemoModelConfig, build_demo_model
+    from rmserve.fingerprint import TOKENIZER_FILES
 
     base = SHAPES[shape]
     folders = []
@@ -130,7 +130,7 @@ class Server:
 
     def start(self, checkpoint: Path) -> None:
         """Start ``rmserve serve checkpoint`` and wait until it answers and lists the checkpoint."""
-        from rmserve.client.launch import ServeOptions, ServerProcess, free_loopback_port
+        from rmserve.pipelines.launch import ServeOptions, ServerProcess, free_loopback_port
 
         extra: list[str] = ["--admin-token-file", str(self.token_file)]
         for root in self.roots:

@@ -401,7 +401,7 @@ def run_server_path(spec: dict[str, Any]) -> PathResult:
     (its request is sent right after) to the moment its record is yielded.
     """
     from rmserve.client.client import Concurrency, RewardClient
-    from rmserve.client.launch import ServeOptions, ServerProcess, free_loopback_port
+    from rmserve.pipelines.launch import ServeOptions, ServerProcess, free_loopback_port
 
     groups = msgspec.json.decode(spec["groups_json"], type=list[Group])
     warm = msgspec.json.decode(spec["warmup_group_json"], type=Group)

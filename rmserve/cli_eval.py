@@ -1,11 +1,11 @@
 """``rmserve eval`` and ``rmserve run``.
 
-Each command parses its options into a config (:class:`~rmserve.client.evaluate.EvalConfig`,
-:class:`~rmserve.client.launch.RunConfig`), makes one library call and prints the metrics
+Each command parses its options into a config (:class:`~rmserve.pipelines.evaluate.EvalConfig`,
+:class:`~rmserve.pipelines.launch.RunConfig`), makes one library call and prints the metrics
 stage's table (or, with ``--json``, its results dict). Bad options exit 2 with one line;
 a run that fails exits 1 with one line naming the error type.
 
-The score store (``--store PATH``, :mod:`rmserve.client.scoredb`) is used when ``--store`` is
+The score store (``--store PATH``, :mod:`rmserve.client.score_store`) is used when ``--store`` is
 given or ``$RMSERVE_STORE`` is set, and never with ``--no-store``.
 """
 
@@ -51,7 +51,7 @@ def _eval_config(
     seed: int,
     store: Path | None = None,
 ):
-    from rmserve.client.evaluate import EvalConfig
+    from rmserve.pipelines.evaluate import EvalConfig
 
     try:
         return EvalConfig(
@@ -84,7 +84,7 @@ def _store_path(store: Path | None, no_store: bool) -> Path | None:
         return None
     if store is not None:
         return store
-    from rmserve.client.scoredb import configured_store_path
+    from rmserve.client.score_store import configured_store_path
 
     return configured_store_path()
 
@@ -173,7 +173,7 @@ def eval_command(
     Resumable: groups already in OUT/scores.jsonl are not sent again; with a score store
     (--store or $RMSERVE_STORE), neither are groups stored for the server's model.
     """
-    from rmserve.client.evaluate import evaluate
+    from rmserve.pipelines.evaluate import evaluate
 
     config = _eval_config(
         server_url=server, bench=bench, data=data, out=out, max_in_flight=max_in_flight,
@@ -227,7 +227,7 @@ def run_command(
     The server's log goes to OUT/server.log; OUT/scores.jsonl resumes as with eval. With a
     score store, a checkpoint folder whose every group is stored starts no server.
     """
-    from rmserve.client.launch import RunConfig, ServeOptions, run
+    from rmserve.pipelines.launch import RunConfig, ServeOptions, run
 
     evaluation = _eval_config(
         server_url=None, bench=bench, data=data, out=out, max_in_flight=max_in_flight,

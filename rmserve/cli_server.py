@@ -191,7 +191,7 @@ def demo_model_command(
     Its rewards are reproducible but meaningless. No download: the tokenizer is trained on --corpus.
     """  # noqa: E501 - typer keeps docstring line breaks in --help
     from rmserve.errors import DataError
-    from rmserve.server.demo_model import RANDOM_WEIGHTS_WARNING, DemoModelConfig, build_demo_model
+    from rmserve.demo_model import RANDOM_WEIGHTS_WARNING, DemoModelConfig, build_demo_model
 
     try:
         config = DemoModelConfig(

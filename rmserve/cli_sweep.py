@@ -1,7 +1,7 @@
 """``rmserve sweep``: score every checkpoint of a training run through running servers.
 
-Parses the options into a :class:`~rmserve.client.sweep.SweepConfig`, makes one library
-call (:func:`rmserve.client.sweep.sweep`) and prints ``summary.md`` (or, with ``--json``,
+Parses the options into a :class:`~rmserve.pipelines.sweep.SweepConfig`, makes one library
+call (:func:`rmserve.pipelines.sweep.sweep`) and prints ``summary.md`` (or, with ``--json``,
 ``sweep.json``). Bad options exit 2 with one line; a sweep that fails exits 1 with one line
 naming the error type, and everything scored so far stays in the store.
 """
@@ -100,8 +100,8 @@ def sweep_command(
     Each server loads each checkpoint in place (POST /v1/models/load; start the servers with --admin-token-file and a --checkpoint-root holding the checkpoints) and must report the same fingerprint. Scores go to the SQLite store as they arrive, so running the same command again resumes; checkpoints already stored are not loaded again.
     """  # noqa: E501 - typer keeps docstring line breaks in --help
     from rmserve.cli_server import _admin_token
-    from rmserve.client.scoredb import default_store_path
-    from rmserve.client.sweep import SweepConfig, order_checkpoints, sweep
+    from rmserve.client.score_store import default_store_path
+    from rmserve.pipelines.sweep import SweepConfig, order_checkpoints, sweep
     from rmserve.errors import DataError, FingerprintMismatch, RMServeError
     try:
         benches = [b.strip() for b in bench.split(",") if b.strip()]

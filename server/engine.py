@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rmserve.server.config import EngineConfig, check_reward_head
-from rmserve.server.fingerprint import model_fingerprint
+from rmserve.fingerprint import model_fingerprint
 from rmserve.server.protocol import PrefixCacheStats, SequenceScore, check_token_ids
 from rmserve.server.render import Renderer
 from vllm import AsyncEngineArgs, PoolingParams

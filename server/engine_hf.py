@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 from rmserve.server.config import EngineConfig, check_reward_head
-from rmserve.server.fingerprint import model_fingerprint
+from rmserve.fingerprint import model_fingerprint
 from rmserve.server.protocol import SequenceScore, check_token_ids
 from rmserve.server.render import Renderer
 

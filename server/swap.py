@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from rmserve.server.fingerprint import TOKENIZER_FILES
+from rmserve.fingerprint import TOKENIZER_FILES
 from rmserve.server.protocol import SupportsRestart, SupportsWeightReload
 
 from rmserve.errors import Conflict, Forbidden, Unauthorized
@@ -101,7 +101,7 @@ def reload_blocker(current: Path, new: Path) -> str | None:
     """Why ``new`` cannot be reloaded into the engine serving ``current``; None when it can.
 
     Compares the :data:`SHAPE_KEYS` of both ``config.json`` files and the bytes of every
-    tokenizer file (:data:`~rmserve.server.fingerprint.TOKENIZER_FILES`) present in either.
+    tokenizer file (:data:`~rmserve.fingerprint.TOKENIZER_FILES`) present in either.
 
     Returns:
         None (same architecture/shape and tokenizer), or a sentence naming the differing

@@ -15,6 +15,11 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
+from testkit import fakes, wire_stub
+from testkit.servers import BIG_MAX_MODEL_LEN, SleepRecorder, ThreadedServer, make_groups, write_rmbench_data
+
+from rmserve.schema import ModelInfo
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +61,7 @@ def rmbench_dir(shared_data: Path) -> Path:
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory: pytest.TempPathFactory, rmbench_dir: Path) -> Path:
     """A default-shape demo reward model (seed 0, max length 4096) built once per session."""
-    from rmserve.server.demo_model import DemoModelConfig, build_demo_model
+    from rmserve.demo_model import DemoModelConfig, build_demo_model
 
     out = tmp_path_factory.mktemp("demo-model") / "model"
     build_demo_model(out, rmbench_dir, DemoModelConfig(seed=0, max_len=DEMO_MAX_MODEL_LEN))
@@ -88,3 +93,79 @@ async def vllm_engine(demo_model_dir: Path):
         yield engine
     finally:
         await engine.shutdown()
+
+
+# --- clients, stubs and in-thread servers (client, pipeline and end-to-end tests) ---
+
+
+@pytest.fixture(name="make_groups")
+def make_groups_fixture():
+    """:func:`testkit.servers.make_groups` as a fixture."""
+    return make_groups
+
+
+@pytest.fixture
+def stub():
+    """The wire stub module (Failure, StubState, STUB_MODEL, stub_reward, make_stub_app)."""
+    return wire_stub
+
+
+@pytest.fixture
+def stub_state():
+    return wire_stub.StubState()
+
+
+@pytest.fixture
+async def stub_http(aiohttp_client, stub_state):
+    """An aiohttp TestClient over the wire stub (its ``session`` is the client's seam)."""
+    return await aiohttp_client(wire_stub.make_stub_app(stub_state))
+
+
+@pytest.fixture
+def sleeps():
+    return SleepRecorder()
+
+
+@pytest.fixture
+def make_client(stub_http, sleeps):
+    """Build a RewardClient on the stub's session; keyword args override the config."""
+
+    def build(
+        *,
+        max_groups_in_flight: int = 4,
+        groups_per_request: int = 1,
+        max_attempts: int = 4,
+        timeouts: Timeouts = Timeouts(connect_s=5, sock_read_s=30, total_s=30, probe_s=5),
+    ) -> RewardClient:
+        return RewardClient(
+            str(stub_http.make_url("")),
+            session=stub_http.session,
+            timeouts=timeouts,
+            concurrency=Concurrency(max_groups_in_flight=max_groups_in_flight, groups_per_request=groups_per_request),
+            retry=Retry(max_attempts=max_attempts, base_delay_s=0.25, max_delay_s=2.0, jitter=0.0),
+            sleep=sleeps,
+        )
+
+    return build
+
+
+@pytest.fixture
+def small_rmbench(tmp_path) -> Path:
+    return write_rmbench_data(tmp_path / "rmbench_small.jsonl")
+
+
+@pytest.fixture
+def scoring_server():
+    """The server's real app (``create_app`` over :class:`testkit.fakes.FakeEngine` and
+    :class:`~testkit.fakes.FakeRenderer`) listening in a thread; yields ``(url, count_scored_groups)``.
+    """
+    from rmserve.server.app import ServerConfig, create_app
+
+    model = ModelInfo(name="fake-rm", max_model_len=BIG_MAX_MODEL_LEN, dtype="float32", fingerprint="fp-fake-1", engine="fake")
+    engine = fakes.FakeEngine(model=model)
+
+    def make_app():
+        return create_app(ServerConfig(port=0), engine, fakes.FakeRenderer(max_model_len=BIG_MAX_MODEL_LEN))
+
+    with ThreadedServer(make_app) as server:
+        yield server.url, lambda: len(engine.calls)

@@ -8,7 +8,7 @@ recorded rewards, token counts and MFU against each other.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import shutil
 import sys
@@ -20,13 +20,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """A benchmark script as a module (``benchmarks/`` is on ``sys.path`` via pytest's ``pythonpath``)."""
+    return importlib.import_module(name)
 
 
 def test_trie_bound_by_hand():
@@ -131,8 +126,8 @@ def test_swap_vs_restart_runs_with_smallest_settings(tmp_path: Path, rmbench_dir
     back), one full restart, one group: the swaps are in-place reloads, their rewards equal a
     fresh server's within 1e-5 (the first start's and the restart's), and the summary
     follows the events. Two server starts: about 2 minutes on an idle 2-core machine."""
-    from rmserve.server.demo_model import DemoModelConfig, build_demo_model
-    from rmserve.server.fingerprint import TOKENIZER_FILES
+    from rmserve.demo_model import DemoModelConfig, build_demo_model
+    from rmserve.fingerprint import TOKENIZER_FILES
 
     bench = _load("swap_vs_restart")
     second = tmp_path / "ckpts" / "seed-1"

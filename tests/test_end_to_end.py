@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from rmserve.client.launch import ServerProcess, free_loopback_port
+from rmserve.pipelines.launch import ServerProcess, free_loopback_port
 
 from rmserve.datasets import load_rmbench
 from rmserve.schema import ScoreRecord, ScoreResponse

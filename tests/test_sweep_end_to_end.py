@@ -27,7 +27,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from rmserve.client.launch import ServerProcess, free_loopback_port
+from rmserve.pipelines.launch import ServerProcess, free_loopback_port
 
 from rmserve.schema import ModelList, ScoreRecord
 
@@ -49,8 +49,8 @@ TOKEN = "sweep-e2e-token"
 @pytest.fixture(scope="module")
 def sweep_env(tmp_path_factory, demo_model_dir, rmbench_dir):
     """(checkpoint root, checkpoint folders, data folder, token file, rewards reference)."""
-    from rmserve.server.demo_model import DemoModelConfig, build_demo_model
-    from rmserve.server.fingerprint import TOKENIZER_FILES
+    from rmserve.demo_model import DemoModelConfig, build_demo_model
+    from rmserve.fingerprint import TOKENIZER_FILES
 
     base = tmp_path_factory.mktemp("sweep")
     root = base / "run"

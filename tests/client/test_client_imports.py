@@ -8,9 +8,9 @@ import sys
 
 MODULES = [
     "rmserve.client.client",
-    "rmserve.client.store",
-    "rmserve.client.evaluate",
-    "rmserve.client.launch",
+    "rmserve.client.score_file",
+    "rmserve.pipelines.evaluate",
+    "rmserve.pipelines.launch",
     "rmserve.cli_eval",
     "rmserve.cli",
     # imported lazily by evaluate():

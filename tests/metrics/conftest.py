@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _metrics_helpers import RB2_REFERENCE, write_jsonl
+from testkit.metrics_data import RB2_REFERENCE, write_jsonl
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from _metrics_helpers import random_rmbench_records, rmbench_record
+from testkit.metrics_data import random_rmbench_records, rmbench_record
 from typer.testing import CliRunner
 
 from rmserve.cli import app

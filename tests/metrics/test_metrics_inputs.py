@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _metrics_helpers import rmbench_record
+from testkit.metrics_data import rmbench_record
 from rmserve.metrics.inputs import RB2Scores, RMBenchScores, read_score_files, scores_from_records
 
 from rmserve.errors import DataError

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from _metrics_helpers import random_rmbench_records, rmbench_record
+from testkit.metrics_data import random_rmbench_records, rmbench_record
 from rmserve.metrics.report import (
     MetricsConfig,
     compare_files,

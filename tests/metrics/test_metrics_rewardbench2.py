@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from _metrics_helpers import read_reference_rows
+from testkit.metrics_data import read_reference_rows
 from rmserve.metrics.inputs import read_score_files
 from rmserve.metrics.rewardbench2 import best_of_n_credit, rewardbench2_scores, ties_score
 

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from _metrics_helpers import RMBENCH_REFERENCE
+from testkit.metrics_data import RMBENCH_REFERENCE
 from rmserve.metrics.rmbench import combine_domains, group_contributions, rmbench_accuracy
 
 NAN = float("nan")

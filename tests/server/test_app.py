@@ -19,7 +19,7 @@ import threading
 
 import orjson
 import pytest
-from fakes import FAKE_MODEL, FakeEngine, FakeRenderer
+from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer
 from prometheus_client.parser import text_string_to_metric_families
 from rmserve.server.app import ENGINE_KEY, STATE_KEY, ServerConfig, create_app
 from rmserve.server.protocol import SequenceScore

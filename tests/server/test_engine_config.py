@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rmserve.server.backends import ENGINES, engine_class
 from rmserve.server.config import EngineConfig
-from rmserve.server.fingerprint import model_fingerprint
+from rmserve.fingerprint import model_fingerprint
 
 from rmserve.errors import ServerFault
 

@@ -1,7 +1,7 @@
 """Renderer: chat template → token ids, exactly one BOS, length policy, truncation.
 
 Expected ids are built independently: by hand from the demo template's layout
-(``<s><|role|>\\n{content}</s>`` per turn, see ``rmserve.server.demo_model``) with the
+(``<s><|role|>\\n{content}</s>`` per turn, see ``rmserve.demo_model``) with the
 tokenizer encoding only the plain-text pieces, or with transformers'
 ``apply_chat_template(tokenize=True)``.
 """

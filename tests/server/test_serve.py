@@ -10,7 +10,7 @@ import socket
 import aiohttp
 import orjson
 import pytest
-from fakes import FakeEngine, FakeRenderer
+from testkit.fakes import FakeEngine, FakeRenderer
 from rmserve.server import serve as serve_module
 from rmserve.server.app import DEFAULT_MAX_BODY_BYTES, ServerConfig
 from rmserve.server.config import EngineConfig

@@ -13,9 +13,9 @@ import math
 
 import orjson
 import pytest
-from fakes import FAKE_MODEL, FakeEngine, FakeRenderer, ReloadableFakeEngine, write_fake_checkpoint
+from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, ReloadableFakeEngine, write_fake_checkpoint
 from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.fingerprint import model_fingerprint
+from rmserve.fingerprint import model_fingerprint
 from test_app import VALID, assert_serves, error_of, post_score, scrape, wait_until
 
 from rmserve.schema import ModelList, decode

@@ -15,7 +15,7 @@ import math
 
 import orjson
 import pytest
-from fakes import (
+from testkit.fakes import (
     FAKE_MODEL,
     FakeEngine,
     FakeRenderer,
@@ -25,7 +25,7 @@ from fakes import (
 )
 from rmserve.server import swap
 from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.fingerprint import model_fingerprint
+from rmserve.fingerprint import model_fingerprint
 from test_app import VALID, assert_serves, error_of, post_score, scrape, wait_until
 from test_swap import AUTH, BASE_REWARDS, TOKEN, load, model_info, rewards
 

@@ -19,7 +19,7 @@ import shutil
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.fingerprint import model_fingerprint
+from rmserve.fingerprint import model_fingerprint
 from rmserve.server.serve import engine_renderer
 from test_swap_vllm import ATOL, AUTH, TOKEN, _direct_rewards
 
@@ -36,7 +36,7 @@ SECOND_MAX_LEN = 2048
 @pytest.fixture(scope="module")
 def restart_checkpoints(demo_model_dir, rmbench_dir, tmp_path_factory):
     """(3-layer seed-1 checkpoint with max length 2048, a two-label copy of it that cannot start)."""
-    from rmserve.server.demo_model import DemoModelConfig, build_demo_model
+    from rmserve.demo_model import DemoModelConfig, build_demo_model
 
     root = tmp_path_factory.mktemp("restart-root")
     deeper = root / "deeper"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.fingerprint import TOKENIZER_FILES, model_fingerprint
+from rmserve.fingerprint import TOKENIZER_FILES, model_fingerprint
 
 from rmserve.datasets import load_rmbench
 from rmserve.schema import RequestGroup, ScoreRequest, ScoreResponse, decode, encode
@@ -69,7 +69,7 @@ def _direct_rewards(folder: Path, sequences) -> list[float]:
 
 
 async def test_swap_to_second_checkpoint_and_back(vllm_engine, demo_model_dir, rmbench_dir, tmp_path):
-    from rmserve.server.demo_model import DemoModelConfig, build_demo_model
+    from rmserve.demo_model import DemoModelConfig, build_demo_model
     second = tmp_path / "root" / "seed-1"
     build_demo_model(second, rmbench_dir, DemoModelConfig(seed=1, max_len=vllm_engine.info().max_model_len))
     for name in TOKENIZER_FILES:

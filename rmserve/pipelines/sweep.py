@@ -4,7 +4,7 @@ For each checkpoint, in step order: every server is asked to load it in place
 (``POST /v1/models/load``), every server must then report the same model fingerprint, and
 the benchmark groups not yet in the score store under that fingerprint are spread over the
 servers, each new group going to the server with the fewest outstanding requests. Records
-go into the SQLite score store (:mod:`rmserve.client.scoredb`) as they arrive, so a sweep
+go into the SQLite score store (:mod:`rmserve.client.score_store`) as they arrive, so a sweep
 killed at any point resumes where it stopped: a checkpoint whose groups are all stored is
 not loaded again, and no stored group is scored twice.
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
-from rmserve.client.scoredb import ScoreDB, checkpoint_signature
+from rmserve.client.score_store import ScoreStore, checkpoint_signature
 
 from rmserve import errors
 from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreRecord
@@ -109,7 +109,7 @@ class SweepConfig:
     """Output folder: ``sweep.csv``, ``sweep.json``, ``summary.md``, plots, per-checkpoint exports."""
 
     store: Path
-    """The SQLite score store shared by runs (see :mod:`rmserve.client.scoredb`)."""
+    """The SQLite score store shared by runs (see :mod:`rmserve.client.score_store`)."""
 
     admin_token: str | None = None
     """The servers' admin token for ``POST /v1/models/load``; needed unless every checkpoint is stored."""
@@ -257,7 +257,7 @@ def _refusal(server: _Server, checkpoint: Checkpoint, got: str, expected: str, s
 class _Sweep:
     """State of one sweep run; see :func:`sweep`."""
 
-    def __init__(self, config: SweepConfig, db: ScoreDB, datasets: dict[str, Any]) -> None:
+    def __init__(self, config: SweepConfig, db: ScoreStore, datasets: dict[str, Any]) -> None:
         self.config = config
         self.db = db
         self.datasets = datasets
@@ -569,7 +569,7 @@ async def sweep_async(config: SweepConfig) -> SweepResult:
             notes.append(f"{bench}: not in the data ({dataset.source}): {', '.join(dataset.missing)}")
     runs: list[CheckpointRun] = []
     started = time.monotonic()
-    with ScoreDB(config.store) as db:
+    with ScoreStore(config.store) as db:
         async with _Sweep(config, db, datasets) as state:
             await state.prepare()
             for checkpoint in checkpoints:

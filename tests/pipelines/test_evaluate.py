@@ -6,8 +6,8 @@ import json
 
 import msgspec
 import pytest
-from rmserve.client.evaluate import EvalConfig, evaluate_async, pick_model
-from rmserve.client.store import read_scores
+from rmserve.pipelines.evaluate import EvalConfig, evaluate_async, pick_model
+from rmserve.client.score_file import read_scores
 
 from rmserve import errors
 from rmserve.schema import ModelInfo

@@ -8,7 +8,7 @@ always stops it: SIGTERM to the group, then SIGKILL after a grace period, on suc
 Ctrl-C or SIGTERM alike.
 
 With a score store (``EvalConfig.store``) and a local checkpoint folder, :func:`run` first
-hashes the folder (:func:`~rmserve.client.scoredb.checkpoint_signature`); when the store
+hashes the folder (:func:`~rmserve.client.score_store.checkpoint_signature`); when the store
 remembers the fingerprint a server reported for it and holds every group of the data under
 that fingerprint, no server is started: the run is answered from the store. After a run that
 started a server, the store remembers the folder's fingerprint.
@@ -29,13 +29,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rmserve.client.client import RewardClient, Timeouts
-from rmserve.client.evaluate import (
+from rmserve.pipelines.evaluate import (
     EvalConfig,
     EvalResult,
     evaluate,
     evaluate_from_store,
 )
-from rmserve.client.scoredb import ScoreDB, checkpoint_signature
+from rmserve.client.score_store import ScoreStore, checkpoint_signature
 
 from rmserve import errors
 
@@ -338,10 +338,10 @@ def run(config: RunConfig) -> EvalResult:
     """Start a server for ``config.serve.model``, evaluate on it, and stop it.
 
     The server's output goes to ``OUT/server.log``. The evaluation is
-    :func:`rmserve.client.evaluate.evaluate` with the child's URL; its score file resumes as
+    :func:`rmserve.pipelines.evaluate.evaluate` with the child's URL; its score file resumes as
     usual. With a score store and a local checkpoint folder whose fingerprint the store
     remembers (:func:`store_signature`), a run whose every group is stored starts no server
-    (:func:`~rmserve.client.evaluate.evaluate_from_store`; note "answered from the store, no
+    (:func:`~rmserve.pipelines.evaluate.evaluate_from_store`; note "answered from the store, no
     server started"); after a run that started one, the store remembers the folder's
     fingerprint.
 
@@ -349,7 +349,7 @@ def run(config: RunConfig) -> EvalResult:
         rmserve.errors.ServerFault: the server exited before it was ready or during the
             evaluation (the message quotes the log's last lines).
         rmserve.errors.EngineNotReady: the server was not ready within ``startup_timeout_s``.
-        The errors of :func:`~rmserve.client.evaluate.evaluate`.
+        The errors of :func:`~rmserve.pipelines.evaluate.evaluate`.
     """
     from rmserve.datasets import load_benchmark
 
@@ -358,7 +358,7 @@ def run(config: RunConfig) -> EvalResult:
     signature = store_signature(config)
     if signature is not None:
         assert config.evaluation.store is not None
-        with ScoreDB(config.evaluation.store) as db:
+        with ScoreStore(config.evaluation.store) as db:
             info = db.model_info_for(signature)
         if info is not None:
             stored = evaluate_from_store(config.evaluation, info)
@@ -388,7 +388,7 @@ def run(config: RunConfig) -> EvalResult:
     # Remember the folder only if it is still the one hashed before the server loaded it.
     if signature is not None and store_signature(config) == signature:
         assert config.evaluation.store is not None
-        with ScoreDB(config.evaluation.store) as db:
+        with ScoreStore(config.evaluation.store) as db:
             db.remember_checkpoint(
                 signature,
                 path=str(Path(config.serve.model).resolve()),

@@ -8,13 +8,14 @@ so every stored reward and every figure can be worked out without the server.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-from rmserve.client.scoredb import ScoreDB
-from rmserve.client.sweep import SweepConfig, checkpoint_step, order_checkpoints, sweep_async
+from rmserve.client.score_store import ScoreStore
+from rmserve.pipelines.sweep import SweepConfig, checkpoint_step, order_checkpoints, sweep_async
+from testkit import fakes
+from testkit.servers import ThreadedServer, write_rmbench_data
 from typer.testing import CliRunner
 
 from rmserve import errors
@@ -22,17 +23,6 @@ from rmserve.cli import app as cli_app
 from rmserve.schema import ModelInfo
 
 
-def _client_conftest():
-    """This folder's conftest, loaded by path (a bare ``import conftest`` may find another folder's)."""
-    spec = importlib.util.spec_from_file_location("rmserve_tests_client_conftest_for_sweep", Path(__file__).with_name("conftest.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_conftest = _client_conftest()
-ThreadedServer, write_rmbench_data = _conftest.ThreadedServer, _conftest.write_rmbench_data
-fakes = _conftest.load_server_fakes()
 TOKEN = "sweep-token"
 BIG = 1_000_000
 OFFSETS = {3: 0.0, 20: 10.0, 100: 5.0}  # step -> reward offset of that fake checkpoint
@@ -103,7 +93,7 @@ def check_store(tmp_path, data, runs):
     from rmserve.datasets import load_benchmark
 
     groups = load_benchmark("rm-bench", str(data)).groups
-    with ScoreDB(tmp_path / "store.sqlite") as db:
+    with ScoreStore(tmp_path / "store.sqlite") as db:
         for run in runs:
             offset = OFFSETS[run.checkpoint.step]
             records = {r.key: r for r in db.records(run.fingerprint, benchmark="rm-bench")}

@@ -17,8 +17,7 @@ template" writes ``BOS`` once, then per turn a role marker, the content and ``EO
 so a sequence is ``1 + Σ_turns (len(content) + 2)`` tokens. The renderer's own length policy
 (``SequenceTooLong``, truncation, empty responses) applies unchanged.
 
-Import from a test in ``tests/server`` as ``from fakes import …``; from other test folders load
-this file by path (``importlib.util.spec_from_file_location``).
+Import as ``from testkit.fakes import …`` from any test folder.
 """
 
 from __future__ import annotations
@@ -235,7 +234,7 @@ class ReloadableFakeEngine(FakeEngine):
 
     ``reload_weights(path)`` reads the reward offset from the checkpoint's ``config.json``
     (reward = ``fake_reward(ids) + offset``) and reports the real
-    :func:`~rmserve.server.fingerprint.model_fingerprint` of the folder.
+    :func:`~rmserve.fingerprint.model_fingerprint` of the folder.
 
     Attributes:
         checkpoint_dir: the loaded fake checkpoint (the app's compatibility check reads it).
@@ -264,7 +263,7 @@ class ReloadableFakeEngine(FakeEngine):
         import json
         from pathlib import Path
 
-        from rmserve.server.fingerprint import model_fingerprint
+        from rmserve.fingerprint import model_fingerprint
 
         self.reloading = True
         self.reloads.append(path)
@@ -294,7 +293,7 @@ class RestartableFakeEngine(ReloadableFakeEngine):
     ``restart(path)`` "shuts the model down" (scoring raises EngineNotReady until it ends),
     then "starts" the fake checkpoint: reward offset from :data:`FAKE_OFFSET_KEY`,
     ``max_model_len`` from :data:`FAKE_MAX_LEN_KEY` (else :data:`FAKE_MODEL`'s), the real
-    :func:`~rmserve.server.fingerprint.model_fingerprint` of the folder.
+    :func:`~rmserve.fingerprint.model_fingerprint` of the folder.
 
     Attributes:
         restarts: paths restarted on, in order.
@@ -313,7 +312,7 @@ class RestartableFakeEngine(ReloadableFakeEngine):
         import json
         from pathlib import Path
 
-        from rmserve.server.fingerprint import model_fingerprint
+        from rmserve.fingerprint import model_fingerprint
 
         from rmserve.errors import EngineError
 

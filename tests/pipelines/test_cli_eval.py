@@ -6,7 +6,7 @@ import json
 import socket
 
 import pytest
-from rmserve.client.store import read_scores
+from rmserve.client.score_file import read_scores
 from typer.testing import CliRunner
 
 from rmserve.cli import app

@@ -1,13 +1,13 @@
 """The score store: every scored group of every model, in one SQLite file, across runs.
 
-``OUT/scores.jsonl`` (:mod:`rmserve.client.store`) is the resumable file of one run and one
+``OUT/scores.jsonl`` (:mod:`rmserve.client.score_file`) is the resumable file of one run and one
 model. The score store keeps the records of all runs, keyed by model fingerprint and group
 (``fingerprint, benchmark, domain, id``), so a model already scored on a group is never asked
 again — by a rerun into another output folder, by ``rmserve run`` of a checkpoint seen before,
 or by a sweep over checkpoints.
 
 Storage: stdlib :mod:`sqlite3` in WAL mode (``synchronous=NORMAL``, ``busy_timeout`` 30 s), so
-several processes may read and write one store at once. :meth:`ScoreDB.put` buffers records
+several processes may read and write one store at once. :meth:`ScoreStore.put` buffers records
 and commits them in one transaction when ``batch_size`` are buffered or ``flush_interval_s``
 has passed since the last commit (a background thread commits a waiting buffer on time). A
 process killed with SIGKILL loses at most that uncommitted buffer; committed rows survive,
@@ -146,18 +146,18 @@ def configured_store_path() -> Path | None:
 def checkpoint_signature(path: str | Path, dtype: str | None = None) -> str:
     """Content hash of a local checkpoint folder scored in ``dtype``, without loading it.
 
-    Exactly :func:`rmserve.server.fingerprint.model_fingerprint` of the folder with no chat
+    Exactly :func:`rmserve.fingerprint.model_fingerprint` of the folder with no chat
     template: config, weight index, weight files (size + sampled content), tokenizer files and
     the compute dtype (``float32``, ``bfloat16`` …; give the dtype the server reports, since the
     same weights in another dtype give other rewards).
     It is *not* the fingerprint a server reports (that one includes the chat template used);
-    :meth:`ScoreDB.remember_checkpoint` maps one to the other.
+    :meth:`ScoreStore.remember_checkpoint` maps one to the other.
 
     Raises:
         ValueError: ``path`` is not a folder (names the path).
         rmserve.errors.ServerFault: the folder has no ``config.json``.
     """
-    from rmserve.server.fingerprint import model_fingerprint
+    from rmserve.fingerprint import model_fingerprint
 
     folder = Path(path)
     if not folder.is_dir():
@@ -174,10 +174,10 @@ def _key_text(fingerprint: str, key: GroupKey) -> str:
     return f"{str(key)!r} (fingerprint {fingerprint!r})"
 
 
-class ScoreDB:
+class ScoreStore:
     """A score store file, open for reading and writing (one connection, thread-safe).
 
-    ``with ScoreDB(path) as db:`` opens (creating the folder and tables if missing), and on
+    ``with ScoreStore(path) as db:`` opens (creating the folder and tables if missing), and on
     exit commits the buffer and closes.
 
     Args:
@@ -405,7 +405,7 @@ class ScoreDB:
 
     def _ensure_flusher(self) -> None:
         if self._flusher is None:
-            self._flusher = threading.Thread(target=self._flush_on_time, name="rmserve-scoredb-flush", daemon=True)
+            self._flusher = threading.Thread(target=self._flush_on_time, name="rmserve-score-store-flush", daemon=True)
             self._flusher.start()
 
     def _flush_on_time(self) -> None:
@@ -533,7 +533,7 @@ class ScoreDB:
         benchmark: str | None = None,
         keys: Iterable[GroupKey] | None = None,
     ) -> int:
-        """Write stored records as a score file (:mod:`rmserve.client.store` format), atomically.
+        """Write stored records as a score file (:mod:`rmserve.client.score_file` format), atomically.
 
         One :class:`~rmserve.schema.ScoreRecord` per line (:func:`rmserve.schema.encode`), in
         the order of ``keys`` when given (keys not stored are left out: compare the returned

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from rmserve.server.demo_model import DemoModelConfig, build_demo_model
+from rmserve.demo_model import DemoModelConfig, build_demo_model
 from typer.testing import CliRunner
 
 from rmserve.cli import app

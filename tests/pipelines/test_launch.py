@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from rmserve.client.evaluate import EvalConfig
-from rmserve.client.launch import RunConfig, ServeOptions, ServerProcess, free_loopback_port, log_tail, run
+from rmserve.pipelines.evaluate import EvalConfig
+from rmserve.pipelines.launch import RunConfig, ServeOptions, ServerProcess, free_loopback_port, log_tail, run
 
 from rmserve import errors
 
-STUB_SCRIPT = str(Path(__file__).resolve().parent / "wire_stub.py")
+STUB_SCRIPT = str(Path(__file__).resolve().parents[1] / "testkit" / "wire_stub.py")
 
 
 def _server(tmp_path, *extra, startup_timeout_s=30.0, stop_grace_s=5.0) -> ServerProcess:

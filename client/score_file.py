@@ -8,7 +8,7 @@ reported (and cut off before the next append); a bad line anywhere else is a
 
 A score file holds one model: every record carries the server's ``model`` and
 ``fingerprint``, and all must agree. Keys (benchmark/domain/id) are unique: resuming skips
-:meth:`ScoreStore.scored_keys` and :meth:`ScoreStore.append` refuses a key already stored.
+:meth:`ScoreFileWriter.scored_keys` and :meth:`ScoreFileWriter.append` refuses a key already stored.
 """
 
 from __future__ import annotations
@@ -148,10 +148,10 @@ def read_scores(path: str | Path) -> ScoreFile:
     return ScoreFile(path=path, records=tuple(records), valid_bytes=valid_bytes, ends_with_newline=ends_with_newline)
 
 
-class ScoreStore:
+class ScoreFileWriter:
     """Append-only writer of a score file, for one run at a time.
 
-    ``with ScoreStore(path) as store:`` locks the file (a second writer gets a DataError),
+    ``with ScoreFileWriter(path) as store:`` locks the file (a second writer gets a DataError),
     reads what is there (:attr:`existing`), cuts off a truncated last line, and then appends
     one record per :meth:`append`.
 
@@ -170,7 +170,7 @@ class ScoreStore:
         self._keys: set[GroupKey] = set()
         self.existing: ScoreFile | None = None
 
-    def __enter__(self) -> ScoreStore:
+    def __enter__(self) -> ScoreFileWriter:
         self.open()
         return self
 
@@ -291,7 +291,7 @@ class ScoreStore:
 
     def _require_open(self) -> int:
         if self._fd is None:
-            raise RuntimeError("ScoreStore is not open: use 'with ScoreStore(path) as store'")
+            raise RuntimeError("ScoreFileWriter is not open: use 'with ScoreFileWriter(path) as store'")
         return self._fd
 
     @staticmethod

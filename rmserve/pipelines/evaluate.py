@@ -10,7 +10,7 @@ figure.
 A run killed at any point keeps every group already answered; running the same command
 again scores exactly the groups that are missing.
 
-With a score store (``EvalConfig.store``, :mod:`rmserve.client.scoredb`) the groups stored
+With a score store (``EvalConfig.store``, :mod:`rmserve.client.score_store`) the groups stored
 under the server's fingerprint by any earlier run are not sent either: they are copied into
 ``OUT/scores.jsonl``; every newly scored group goes to both. At the end ``OUT/scores.jsonl`` is
 rewritten from the store with exactly the data's groups, in data order.
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
-from rmserve.client.scoredb import ScoreDB
-from rmserve.client.store import SCORES_FILENAME, ScoreStore
+from rmserve.client.score_store import ScoreStore
+from rmserve.client.score_file import SCORES_FILENAME, ScoreFileWriter
 
 from rmserve import errors
 from rmserve.schema import BENCHMARKS, Group, GroupKey, ModelInfo, ScoreRecord
@@ -99,7 +99,7 @@ class EvalConfig:
     """Bootstrap seed. Default 0."""
 
     store: Path | None = None
-    """Score store file (SQLite, :mod:`rmserve.client.scoredb`) shared across runs: groups it
+    """Score store file (SQLite, :mod:`rmserve.client.score_store`) shared across runs: groups it
     holds under the server's fingerprint are not sent again, new ones are added. Default None:
     no store (only ``OUT/scores.jsonl``)."""
 
@@ -210,13 +210,13 @@ def _progress(total: int, initial: int, quiet: bool):
 
 async def _score_pending(
     client: RewardClient,
-    store: ScoreStore,
+    store: ScoreFileWriter,
     pending: Sequence[Group],
     info: ModelInfo,
     config: EvalConfig,
     n_total: int,
     *,
-    db: ScoreDB | None = None,
+    db: ScoreStore | None = None,
     server_version: str = "",
 ) -> None:
     """Stream ``pending`` through the client, appending each record as it arrives (and
@@ -239,7 +239,7 @@ async def _score_pending(
         bar.close()
 
 
-def _sync_with_db(db: ScoreDB, store: ScoreStore, groups: Sequence[Group], fingerprint: str, notes: list[str]) -> int:
+def _sync_with_db(db: ScoreStore, store: ScoreFileWriter, groups: Sequence[Group], fingerprint: str, notes: list[str]) -> int:
     """Bring the score file and the score store in line for one model, before scoring.
 
     Records of the score file missing from the store (an earlier run killed before its store
@@ -248,7 +248,7 @@ def _sync_with_db(db: ScoreDB, store: ScoreStore, groups: Sequence[Group], finge
     Returns how many were appended.
 
     Raises:
-        rmserve.client.scoredb.ScoreConflict: the file and the store hold different rewards
+        rmserve.client.score_store.ScoreConflict: the file and the store hold different rewards
             for one group.
     """
     in_db = db.stored_keys(fingerprint)
@@ -270,7 +270,7 @@ def _sync_with_db(db: ScoreDB, store: ScoreStore, groups: Sequence[Group], finge
     return len(wanted)
 
 
-def _rewrite_from_db(db: ScoreDB, scores_path: Path, groups: Sequence[Group], fingerprint: str) -> None:
+def _rewrite_from_db(db: ScoreStore, scores_path: Path, groups: Sequence[Group], fingerprint: str) -> None:
     """Rewrite the score file from the store: exactly the data's groups, in data order.
 
     Raises:
@@ -354,8 +354,8 @@ async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession |
     dataset, keys, scores_path, notes = await _load_data(config)
     timeouts, concurrency, retry = config.client_settings()
     with contextlib.ExitStack() as stack:
-        db = stack.enter_context(ScoreDB(config.store)) if config.store is not None else None
-        with ScoreStore(scores_path, fsync=config.fsync) as store:
+        db = stack.enter_context(ScoreStore(config.store)) if config.store is not None else None
+        with ScoreFileWriter(scores_path, fsync=config.fsync) as store:
             assert store.existing is not None
             if store.existing.dropped_note:
                 notes.append(store.existing.dropped_note)
@@ -398,10 +398,10 @@ async def evaluate_from_store_async(config: EvalConfig, info: ModelInfo) -> Eval
     if config.store is None:
         raise ValueError("store is required to evaluate from the score store")
     dataset, keys, scores_path, notes = await _load_data(config)
-    with ScoreDB(config.store) as db:
+    with ScoreStore(config.store) as db:
         if not keys.keys() <= db.stored_keys(info.fingerprint, config.bench):
             return None
-        with ScoreStore(scores_path, fsync=config.fsync) as store:
+        with ScoreFileWriter(scores_path, fsync=config.fsync) as store:
             assert store.existing is not None
             if store.existing.dropped_note:
                 notes.append(store.existing.dropped_note)
@@ -458,7 +458,7 @@ def evaluate(config: EvalConfig, *, session: aiohttp.ClientSession | None = None
     Raises:
         ValueError: ``server_url`` missing.
         rmserve.errors.DataError: bad benchmark data, or an invalid score file (names line)
-            or score store (names it; :class:`~rmserve.client.scoredb.ScoreConflict` when it
+            or score store (names it; :class:`~rmserve.client.score_store.ScoreConflict` when it
             holds other rewards for a group than the score file).
         rmserve.errors.FingerprintMismatch: the score file holds another model's scores and
             ``overwrite`` is False, or the server's model changed during the run.
