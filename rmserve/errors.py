@@ -10,7 +10,10 @@ to these same classes (:func:`from_wire`). Loader and metric input errors
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+import msgspec
 
 
 class RMServeError(Exception):
@@ -240,3 +243,47 @@ def from_wire(status: int, body: Any) -> RMServeError:
     exc = cls(message or f"HTTP {status}", field=field)
     exc.status = status
     return exc
+
+
+# --- msgspec validation messages ---------------------------------------------------------
+
+_MSGSPEC_AT = " - at `$"
+_MSGSPEC_NAMED = (
+    re.compile(r"^Object missing required field `(?P<name>[^`]+)`$"),
+    re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`$"),
+)
+
+
+def validation_reason(exc: msgspec.ValidationError) -> str:
+    """The message of a msgspec validation error without its trailing location.
+
+    msgspec ends a message with ``" - at `$<path>`"`` when the fault lies below the root
+    (``"Expected `float`, got `str` - at `$.rewards[0]`"``); this returns the part before it
+    (``"Expected `float`, got `str`"``), or the whole text when there is no location.
+    """
+    text = str(exc)
+    cut = text.rfind(_MSGSPEC_AT)
+    return text[:cut] if cut >= 0 and text.endswith("`") else text
+
+
+def field_path(exc: msgspec.ValidationError) -> str | None:
+    """The path of the offending value of a msgspec validation error, or None at the root.
+
+    The location msgspec appends (``$.groups[2].responses``, ``$[0].score_chosen``,
+    ``$[...]`` for a dict value) loses its ``$`` and leading dot; for a missing or unknown
+    field the field's name is appended, so ``"Object missing required field `id` - at
+    `$.groups[0]`"`` gives ``"groups[0].id"`` and a missing field at the root gives ``"id"``.
+    """
+    text = str(exc)
+    cut = text.rfind(_MSGSPEC_AT)
+    path = ""
+    if cut >= 0 and text.endswith("`"):
+        path = text[cut + len(_MSGSPEC_AT) : -1].lstrip(".")
+    reason = validation_reason(exc)
+    for pattern in _MSGSPEC_NAMED:
+        named = pattern.match(reason)
+        if named:
+            name = named.group("name")
+            path = f"{path}.{name}" if path else name
+            break
+    return path or None

@@ -8,12 +8,11 @@ in the request, e.g. ``groups[2].responses`` or ``groups[0].messages[1].content`
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import msgspec
 
-from rmserve.errors import InvalidRequest, RMServeError
+from rmserve.errors import InvalidRequest, RMServeError, field_path, validation_reason
 from rmserve.schema import LoadModelRequest, LoadModelResponse, ModelInfo, ModelList, ScoreRequest, ScoreResponse
 
 MIN_TRUNCATION_TOKENS = 2
@@ -23,30 +22,11 @@ _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(ScoreRequest)
 _load_decoder = msgspec.json.Decoder(LoadModelRequest)
 
-# msgspec's ValidationError text ends with " - at `$.path`" when the fault is below the root.
-_PATH_SUFFIX = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
-_MISSING_FIELD = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
-_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`$")
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
-
-
 def _validation_error(exc: msgspec.ValidationError) -> InvalidRequest:
     """Map a msgspec validation error to :class:`InvalidRequest` with a dotted field path."""
-    match = _PATH_SUFFIX.match(str(exc))
-    assert match is not None  # the pattern matches every string
-    message = match.group("msg")
-    path = (match.group("path") or "").lstrip(".")
-    for pattern in (_MISSING_FIELD, _UNKNOWN_FIELD):
-        named = pattern.match(message)
-        if named:
-            path = _join(path, named.group("name"))
-            break
-    field = path or None
+    field = field_path(exc)
     where = f" at {field}" if field else " at the top level"
-    return InvalidRequest(f"invalid request body: {message}{where}", field=field)
+    return InvalidRequest(f"invalid request body: {validation_reason(exc)}{where}", field=field)
 
 
 def decode_score_request(body: bytes, *, max_model_len: int) -> ScoreRequest:
