@@ -2,9 +2,11 @@
 
 Each scored group is written with a single unbuffered ``write`` of its line (plus an
 optional ``fsync``), so a run that is killed loses at most the line being written. Reading
-tolerates that line: a last line with no newline that does not decode is ignored and
+tolerates that line: a last line with no newline that is not valid JSON is ignored and
 reported (and cut off before the next append); a bad line anywhere else is a
-:class:`~rmserve.errors.DataError` naming file and line.
+:class:`~rmserve.errors.DataError` naming file and line. Reading also skips a leading UTF-8
+byte-order mark and accepts the ``NaN``/``Infinity`` literals of Python's ``json``; writing
+stays strict JSON.
 
 A score file holds one model: every record carries the server's ``model`` and
 ``fingerprint``, and all must agree. Keys (benchmark/domain/id) are unique: resuming skips
@@ -18,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+import orjson
 
-from rmserve.errors import DataError, FingerprintMismatch
+from rmserve.datasets import TornLine, loads_json, strip_bom
+from rmserve.errors import DataError, FingerprintMismatch, field_path
 from rmserve.schema import GroupKey, ScoreRecord, encode
 
 try:  # POSIX advisory locks keep two runs from appending to one file.
@@ -67,44 +71,56 @@ class ScoreFile:
         """A sentence reporting the ignored truncated last line, if there was one."""
         if self.dropped_line is None:
             return None
-        return (
-            f"{self.path}: ignored a truncated last line (line {self.dropped_line}, "
-            f"{self.dropped_bytes} bytes, an interrupted write); its group will be scored again"
+        return TornLine(str(self.path), self.dropped_line, self.dropped_bytes).message(
+            "its group will be scored again"
         )
 
 
-def _decode_error_field(exc: msgspec.ValidationError) -> str | None:
-    # msgspec messages end with "- at `$.rewards[0]`"; keep the path for the error's field.
-    text = str(exc)
-    marker = "at `$."
-    if marker in text:
-        return text.rsplit(marker, 1)[1].rstrip("`")
-    return None
+_decoder = msgspec.json.Decoder(ScoreRecord)
+
+
+def _decode_line(line: bytes) -> ScoreRecord:
+    """One line → ScoreRecord: msgspec first, then (for ``NaN``/``Infinity``/``1e999``, which
+    it refuses) Python's json followed by the same validation.
+
+    Raises:
+        orjson.JSONDecodeError: the line is not JSON at all.
+        msgspec.ValidationError: JSON, but not a valid ScoreRecord.
+    """
+    try:
+        return _decoder.decode(line)
+    except msgspec.DecodeError:  # ValidationError included: a cut line can fail either way
+        value = loads_json(line)
+        return msgspec.convert(value, type=ScoreRecord)
 
 
 def read_scores(path: str | Path) -> ScoreFile:
     """Read and check a score file.
 
-    Blank lines are skipped. A missing file reads as empty.
+    Blank lines are skipped and a leading UTF-8 byte-order mark is ignored. A missing file
+    reads as empty. Rewards written as ``NaN``, ``Infinity``, ``-Infinity`` or an overflowing
+    number (``1e999``), as Python's ``json`` writes them, are read as those floats. A last
+    line with no newline after it that is not valid JSON (a write cut short) is left out
+    and reported in ``dropped_line`` / ``dropped_bytes`` / :attr:`ScoreFile.dropped_note`.
 
     Raises:
-        DataError: a line (other than an unterminated last line) that is not a valid
-            ScoreRecord, a key stored twice, or a record whose model fingerprint differs from
-            the first record's. The message names the file and line.
+        DataError: a line (other than such a torn last line) that is not JSON or not a valid
+            ScoreRecord (then ``field`` is the offending field's path), a key stored twice, or
+            a record whose model fingerprint differs from the first record's. The message
+            names the file and line.
     """
     path = Path(path)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         return ScoreFile(path=path, records=(), valid_bytes=0, ends_with_newline=True)
+    raw, offset = strip_bom(raw)
     lines = raw.split(b"\n")
     # split() leaves a last piece with no newline after it: empty when the file ends with one.
     records: list[ScoreRecord] = []
     first_line: dict[GroupKey, int] = {}
-    offset = 0
-    valid_bytes = 0
+    valid_bytes = offset
     ends_with_newline = True
-    decoder = msgspec.json.Decoder(ScoreRecord)
     for index, line in enumerate(lines):
         lineno = index + 1
         terminated = index < len(lines) - 1
@@ -115,8 +131,8 @@ def read_scores(path: str | Path) -> ScoreFile:
                 valid_bytes = end
             continue
         try:
-            record = decoder.decode(line)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            record = _decode_line(line)
+        except orjson.JSONDecodeError as exc:
             if not terminated:
                 return ScoreFile(
                     path=path,
@@ -126,8 +142,13 @@ def read_scores(path: str | Path) -> ScoreFile:
                     dropped_line=lineno,
                     dropped_bytes=len(line),
                 )
-            field = _decode_error_field(exc) if isinstance(exc, msgspec.ValidationError) else None
-            raise DataError(f"not a valid score record ({exc})", path=str(path), line=lineno, field=field) from None
+            raise DataError(
+                f"not a valid score record (invalid JSON: {exc.msg})", path=str(path), line=lineno
+            ) from None
+        except msgspec.ValidationError as exc:
+            raise DataError(
+                f"not a valid score record ({exc})", path=str(path), line=lineno, field=field_path(exc)
+            ) from None
         key = record.key
         if key in first_line:
             raise DataError(

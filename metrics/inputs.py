@@ -18,9 +18,25 @@ Three formats are read, detected from the fields of each record:
     number; correct completions first).
 
 Several files are concatenated into one score set; they must hold one benchmark, and a group
-key (benchmark, domain or subset, id) may appear only once. Every problem raises
-:class:`rmserve.errors.DataError` naming the file, the line (for a JSON list: the line where
-the record starts), the id when known and the field.
+key (benchmark, domain or subset, id) may appear only once, with one exception: inside one
+RewardBench 2 file, an id repeated outside Ties is accepted with a warning (the per-item files
+published by the benchmark's authors relabel the first ten Factuality ids 0–9 as 30–39; the
+official figures outside Ties are means over items that never use ids, so they are computed
+from every record). Every problem raises :class:`rmserve.errors.DataError` naming the file,
+the line (for a JSON list: the line where the record starts), the id when known and the field.
+
+What the readers accept, as the official harnesses write it:
+
+- the literals ``NaN``, ``Infinity``, ``-Infinity`` and numbers beyond the double range
+  (``1e999`` → inf) that Python's ``json.dump`` writes: values are read as the harness held
+  them, and the metrics compare them as the official code does (NaN loses every strict
+  comparison, +inf beats every finite reward);
+- a UTF-8 byte-order mark at the start of a file;
+- a torn last JSONL line (no newline after it and not valid JSON: a writer killed mid-line),
+  which is dropped with a warning naming file, line and bytes. An undecodable line anywhere
+  else is an error.
+
+Warnings travel with the score set (``warnings``) into the report.
 """
 
 from __future__ import annotations
@@ -34,9 +50,10 @@ from typing import Any, ClassVar
 import msgspec
 import numpy as np
 import orjson
-from rmserve.metrics.rewardbench2 import TIES, TIES_ID
 
-from rmserve.errors import DataError
+from rmserve.datasets import RB2_TIES_ID, TornLine, loads_json, strip_bom
+from rmserve.errors import DataError, field_path, validation_reason
+from rmserve.metrics.rewardbench2 import TIES
 from rmserve.schema import BENCHMARKS, RB2_SUBSETS, RMBENCH_DOMAINS, RMBENCH_STYLES, ScoreRecord
 
 FORMATS: tuple[str, ...] = ("score-records", "rm-bench-results", "rewardbench2-items")
@@ -66,6 +83,8 @@ class RMBenchScores:
         domains: ``(n,)`` str source-domain labels (:data:`rmserve.schema.RMBENCH_DOMAINS`).
         ids: ``(n,)`` str dataset ids.
         files: the files read, in order.
+        warnings: what the readers accepted but the caller should know (a dropped torn last
+            line), one sentence each.
     """
 
     benchmark: ClassVar[str] = "rm-bench"
@@ -73,6 +92,7 @@ class RMBenchScores:
     domains: np.ndarray
     ids: np.ndarray
     files: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = field(default=())
 
     @property
     def n_groups(self) -> int:
@@ -89,6 +109,7 @@ class RMBenchScores:
             domains=_frozen(self.domains[order]),
             ids=_frozen(self.ids[order]),
             files=self.files,
+            warnings=self.warnings,
         )
 
 
@@ -104,6 +125,8 @@ class RB2Scores:
         subsets: ``(n,)`` str subset labels (:data:`rmserve.schema.RB2_SUBSETS`).
         ids: ``(n,)`` str ids (Ties: ``ref:N`` / ``tied:N``).
         files: the files read, in order.
+        warnings: what the readers accepted but the caller should know (a dropped torn last
+            line, ids repeated outside Ties), one sentence each.
     """
 
     benchmark: ClassVar[str] = "rewardbench2"
@@ -113,6 +136,7 @@ class RB2Scores:
     subsets: np.ndarray
     ids: np.ndarray
     files: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = field(default=())
 
     @property
     def n_groups(self) -> int:
@@ -131,11 +155,22 @@ class RB2Scores:
             subsets=_frozen(self.subsets[order]),
             ids=_frozen(self.ids[order]),
             files=self.files,
+            warnings=self.warnings,
         )
 
 
 ScoreSet = RMBenchScores | RB2Scores
 """Either benchmark's score set."""
+
+
+def repeated_keys(scores: ScoreSet) -> list[str]:
+    """The group keys (``str(GroupKey)``) that occur more than once in ``scores``, sorted.
+
+    Only a RewardBench 2 file with an id repeated outside Ties can produce any (see
+    :func:`read_score_files`).
+    """
+    keys, counts = np.unique(scores.keys(), return_counts=True)
+    return keys[counts > 1].tolist()
 
 
 # --- external record layouts (validated by msgspec) -------------------------------------
@@ -181,6 +216,9 @@ class _Rows:
     num_correct: list[int] = field(default_factory=list)
     seen: dict[tuple[str, str], _Where] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    repeated: list[tuple[str, str, _Where, _Where]] = field(default_factory=list)
+    """Keys repeated inside one file outside Ties: (subset, id, first place, this place)."""
 
 
 @dataclass(frozen=True)
@@ -228,21 +266,12 @@ def _classify(record: dict[str, Any]) -> str | None:
     return None
 
 
-_MSGSPEC_PATH = re.compile(r" - at `\$(?:\[\d+\])?\.?(.*)`$")
-_MSGSPEC_MISSING = re.compile(r"missing required field `([^`]+)`")
-
-
 def _validation_error(exc: msgspec.ValidationError, where: _Where) -> DataError:
     """Turn a msgspec validation message into a DataError naming the field path."""
-    text = str(exc)
-    match = _MSGSPEC_PATH.search(text)
-    path = match.group(1) if match else ""
-    message = text[: match.start()] if match else text
-    missing = _MSGSPEC_MISSING.search(message)
-    if missing:
-        path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+    message = validation_reason(exc)
+    if message.startswith("Object missing required field"):
         message = "missing"
-    return where.error(message, path or None)
+    return where.error(message, field_path(exc))
 
 
 def _domain_from_name(name: str) -> str | None:
@@ -279,26 +308,36 @@ def _element_line(raw: bytes, index: int) -> int | None:
     return None
 
 
-def _iter_records(path: Path) -> Iterator[tuple[_Where, Any]]:
-    """Yield (location, decoded JSON value) for each record of a JSON-list or JSONL file."""
+def _iter_records(path: Path, warnings: list[str]) -> Iterator[tuple[_Where, Any]]:
+    """Yield (location, decoded JSON value) for each record of a JSON-list or JSONL file.
+
+    A leading UTF-8 byte-order mark is skipped. JSON accepts Python's ``NaN``/``Infinity``
+    literals (:func:`rmserve.datasets.loads_json`). A torn last JSONL line (no newline, not
+    valid JSON) is dropped and reported in ``warnings``; an undecodable line anywhere else is
+    an error.
+    """
     name = str(path)
     if not path.is_file():
         raise DataError("no such file", path=name)
-    raw = path.read_bytes()
+    raw, _ = strip_bom(path.read_bytes())
     if raw.lstrip()[:1] == b"[":
         try:
-            items = orjson.loads(raw)
+            items = loads_json(raw)
         except orjson.JSONDecodeError as exc:
             raise DataError(f"invalid JSON ({exc.msg})", path=name, line=exc.lineno) from None
         for index, item in enumerate(items):
             yield _Where(name, element=index, raw=raw), item
         return
-    for lineno, line in enumerate(raw.split(b"\n"), start=1):
+    lines = raw.split(b"\n")
+    for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            value = orjson.loads(line)
+            value = loads_json(line)
         except orjson.JSONDecodeError as exc:
+            if lineno == len(lines):  # the last piece has no newline after it
+                warnings.append(TornLine(name, lineno, len(line)).message("the figures cover the records before it"))
+                return
             raise DataError(f"invalid JSON ({exc.msg})", path=name, line=lineno) from None
         yield _Where(name, lineno), value
 
@@ -335,7 +374,7 @@ def _rb2_row(
         )
     count_field = "num_chosen" if scores_field == "rewards" else "num_correct"
     if subset == TIES:
-        if not TIES_ID.match(record_id):
+        if not RB2_TIES_ID.match(record_id):
             raise where.error("Ties ids must be 'ref:<n>' or 'tied:<n>'", "id", value=record_id)
         if len(scores) < 2:
             raise where.error(
@@ -366,14 +405,40 @@ def _add(rows: _Rows, domain: str, record_id: str, rewards: list[float], num_cor
     key = (domain, record_id)
     first = rows.seen.get(key)
     if first is not None:
-        raise where.error(
-            f"duplicate group key ({rows.benchmark}, {domain}, {record_id}); first seen at {first.describe()}", "id"
-        )
-    rows.seen[key] = where
+        if rows.benchmark == "rewardbench2" and domain != TIES and first.path == where.path:
+            # The official figures outside Ties are means over items and never look at ids,
+            # so a file with a repeated id still has its official figures: keep both records.
+            rows.repeated.append((domain, record_id, first, where))
+        else:
+            why = "; Ties pairs its rows by prompt id, so each id may appear once" if domain == TIES else ""
+            raise where.error(
+                f"duplicate group key ({rows.benchmark}, {domain}, {record_id}); first seen at {first.describe()}{why}",
+                "id",
+            )
+    else:
+        rows.seen[key] = where
     rows.domains.append(domain)
     rows.ids.append(record_id)
     rows.rewards.append(rewards)
     rows.num_correct.append(num_correct)
+
+
+MAX_NAMED_KEYS = 20
+"""At most this many repeated keys are listed in a warning (then a count of the rest)."""
+
+
+def _repeated_keys_warning(path: str, repeated: Sequence[tuple[str, str, _Where, _Where]]) -> str:
+    """The warning for group keys repeated inside one RewardBench 2 file (outside Ties)."""
+    named = [
+        f"{subset}/{record_id} (lines {first.line_number()} and {again.line_number()})"
+        for subset, record_id, first, again in repeated[:MAX_NAMED_KEYS]
+    ]
+    more = f" and {len(repeated) - MAX_NAMED_KEYS} more" if len(repeated) > MAX_NAMED_KEYS else ""
+    return (
+        f"{path}: {len(repeated)} group key(s) appear twice: {', '.join(named)}{more}. Every record is counted, "
+        "as the official RewardBench 2 code does (its figures outside Ties do not use ids); "
+        "'metrics compare' pairs groups by key and refuses this file until the ids are unique."
+    )
 
 
 def _score_record(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
@@ -439,11 +504,14 @@ def _rb2_item(rows: _Rows, record: _RB2Item, where: _Where) -> None:
 def _read_file(rows: _Rows, path: Path, *, domain: str | None, benchmark: str | None) -> None:
     """Validate every record of one file and append its rows."""
     name = str(path)
+    if name in rows.files:
+        raise DataError("given twice; give each score file once", path=name, field="files")
     fallback_domain = domain or _domain_from_name(path.name)
     file_format: str | None = None
     file_benchmark: str | None = None
     count = 0
-    for where, value in _iter_records(path):
+    repeated_before = len(rows.repeated)
+    for where, value in _iter_records(path, rows.warnings):
         if not isinstance(value, dict):
             raise where.error("each record must be a JSON object")
         kind = _classify(value)
@@ -499,6 +567,8 @@ def _read_file(rows: _Rows, path: Path, *, domain: str | None, benchmark: str | 
         count += 1
     if count == 0:
         raise DataError("holds no score records", path=name)
+    if len(rows.repeated) > repeated_before:
+        rows.warnings.append(_repeated_keys_warning(name, rows.repeated[repeated_before:]))
     rows.files.append(name)
 
 
@@ -519,7 +589,9 @@ def _to_scores_in_file_order(rows: _Rows) -> ScoreSet:
     ids = _frozen(np.array(rows.ids, dtype=str))
     if rows.benchmark == "rm-bench":
         rewards = np.array(rows.rewards, dtype=np.float64).reshape(-1, 6)
-        return RMBenchScores(rewards=_frozen(rewards), domains=domains, ids=ids, files=tuple(rows.files))
+        return RMBenchScores(
+            rewards=_frozen(rewards), domains=domains, ids=ids, files=tuple(rows.files), warnings=tuple(rows.warnings)
+        )
     lengths = np.fromiter((len(r) for r in rows.rewards), dtype=np.int64, count=len(rows.rewards))
     width = int(lengths.max())
     scores = np.full((lengths.size, width), np.nan)
@@ -533,6 +605,7 @@ def _to_scores_in_file_order(rows: _Rows) -> ScoreSet:
         subsets=domains,
         ids=ids,
         files=tuple(rows.files),
+        warnings=tuple(rows.warnings),
     )
 
 
@@ -551,10 +624,12 @@ def read_score_files(
         :class:`RMBenchScores` or :class:`RB2Scores` (arrays read-only).
 
     Raises:
-        DataError: unreadable file, invalid JSON, an unrecognised record, wrong number of
-            scores, a non-numeric score, missing id, two benchmarks or formats in one file,
-            files of different benchmarks, an unknown domain/subset, a duplicate group key, or
-            no records at all. The message names file, line, id and field.
+        DataError: unreadable file, invalid JSON (other than a torn last line), an
+            unrecognised record, wrong number of scores, a non-numeric score, missing id, two
+            benchmarks or formats in one file, files of different benchmarks or one file given
+            twice, an unknown domain/subset, a duplicate group key (except an id repeated
+            outside Ties inside one RewardBench 2 file, which is a warning), or no records at
+            all. The message names file, line, id and field.
     """
     if domain is not None and domain not in RMBENCH_DOMAINS:
         raise DataError(

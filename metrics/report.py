@@ -35,7 +35,14 @@ from rmserve.metrics.bootstrap import (
     rb2_intervals,
     rmbench_intervals,
 )
-from rmserve.metrics.inputs import RB2Scores, RMBenchScores, ScoreSet, read_score_files, scores_from_records
+from rmserve.metrics.inputs import (
+    RB2Scores,
+    RMBenchScores,
+    ScoreSet,
+    read_score_files,
+    repeated_keys,
+    scores_from_records,
+)
 from rmserve.metrics.rewardbench2 import TIES, TIES_WEIGHTS, RB2Result, rewardbench2_scores
 from rmserve.metrics.rmbench import DOMAIN_PARTS, REPORT_DOMAINS, RMBenchResult, rmbench_accuracy
 
@@ -113,6 +120,8 @@ class Evaluation:
             :class:`~rmserve.metrics.rewardbench2.RB2Result`.
         intervals: figure name → bootstrap interval (empty when resamples is 0).
         config: the settings used.
+        warnings: the readers' warnings (a dropped torn last line, ids repeated outside
+            Ties), one sentence each.
     """
 
     benchmark: str
@@ -121,6 +130,7 @@ class Evaluation:
     result: RMBenchResult | RB2Result
     intervals: Mapping[str, Interval]
     config: MetricsConfig
+    warnings: tuple[str, ...] = ()
 
     def figures(self) -> dict[str, float]:
         """Figure name → point value (names as the interval keys)."""
@@ -137,6 +147,7 @@ class Comparison:
         n_groups: groups compared.
         figures: one :class:`~rmserve.metrics.bootstrap.PairedFigure` per figure, table order.
         config: the settings used (``resamples`` ≥ 1).
+        warnings: the readers' warnings for A then B (e.g. a dropped torn last line).
     """
 
     benchmark: str
@@ -145,6 +156,7 @@ class Comparison:
     n_groups: int
     figures: tuple[PairedFigure, ...] = field(default=())
     config: MetricsConfig = field(default_factory=MetricsConfig)
+    warnings: tuple[str, ...] = ()
 
 
 # --- evaluation -------------------------------------------------------------------------
@@ -195,6 +207,7 @@ def evaluate(scores: ScoreSet, config: MetricsConfig | None = None) -> Evaluatio
         result=result,
         intervals=MappingProxyType(dict(intervals)),
         config=config,
+        warnings=scores.warnings,
     )
 
 
@@ -244,8 +257,9 @@ def compare_scores(a: ScoreSet, b: ScoreSet, config: MetricsConfig | None = None
     """Paired comparison B − A over the same groups.
 
     Raises:
-        DataError: different benchmarks, different group key sets (counts and examples
-            given), or a group whose completion count differs between A and B.
+        DataError: a group key repeated on either side (groups are paired by key), different
+            benchmarks, different group key sets (counts and examples given), or a group whose
+            completion count differs between A and B.
         ValueError: ``config.resamples`` is 0 (a comparison needs intervals).
     """
     config = config or MetricsConfig()
@@ -254,6 +268,18 @@ def compare_scores(a: ScoreSet, b: ScoreSet, config: MetricsConfig | None = None
         raise ValueError("resamples must be >= 1 for a paired comparison")
     name_a = ", ".join(a.files) or "A"
     name_b = ", ".join(b.files) or "B"
+    for name, side in ((name_a, a), (name_b, b)):
+        repeated = repeated_keys(side)
+        if repeated:
+            shown = ", ".join(repeated[:5]) + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else "")
+            raise DataError(
+                f"{len(repeated)} group key(s) appear more than once ({shown}); a comparison pairs each group of A "
+                "with the group of B that has the same key, so every key must be unique: correct the ids in the "
+                "file (in the published RewardBench 2 per-item files the first ten Factuality ids, 30-39, should "
+                "be 0-9) and compare again",
+                path=name,
+                field="id",
+            )
     if a.benchmark != b.benchmark:
         raise DataError(f"holds {b.benchmark} scores but {name_a} holds {a.benchmark}", path=name_b, field="benchmark")
     order_a, order_b = match_groups(a.keys(), b.keys(), name_a=name_a, name_b=name_b)
@@ -280,6 +306,7 @@ def compare_scores(a: ScoreSet, b: ScoreSet, config: MetricsConfig | None = None
         n_groups=a.n_groups,
         figures=tuple(paired[n] for n in _table_order(a.benchmark, paired)),
         config=config,
+        warnings=a.warnings + b.warnings,
     )
 
 
@@ -346,7 +373,7 @@ def result_dict(evaluation: Evaluation) -> dict[str, Any]:
     """The JSON form of an evaluation: fractions at full precision, intervals as ``[low, high]``.
 
     Keys: ``benchmark``, ``files``, ``n_groups``, ``partial``, ``missing``, ``notes``,
-    ``bootstrap`` and, for RM-Bench, ``domains`` (score / hard / normal / easy / matrix /
+    ``warnings``, ``bootstrap`` and, for RM-Bench, ``domains`` (score / hard / normal / easy / matrix /
     n_groups / n_nan_groups / parts / interval) and ``overall``; for RewardBench 2,
     ``subsets`` (score / n_groups / n_nan_groups / interval; Ties also its components) and
     ``average``.
@@ -360,6 +387,7 @@ def result_dict(evaluation: Evaluation) -> dict[str, Any]:
         "partial": result.partial,
         "missing": list(result.missing),
         "notes": _notes(evaluation),
+        "warnings": list(evaluation.warnings),
         "bootstrap": _bootstrap_dict(evaluation.config),
     }
     if isinstance(result, RMBenchResult):
@@ -411,13 +439,14 @@ def result_dict(evaluation: Evaluation) -> dict[str, Any]:
 
 
 def comparison_dict(comparison: Comparison) -> dict[str, Any]:
-    """The JSON form of a comparison: per figure ``a``, ``b``, ``difference`` (B − A),
-    ``interval`` and ``excludes_zero``; fractions at full precision."""
+    """The JSON form of a comparison: ``warnings`` and, per figure, ``a``, ``b``,
+    ``difference`` (B − A), ``interval`` and ``excludes_zero``; fractions at full precision."""
     return {
         "benchmark": comparison.benchmark,
         "files_a": list(comparison.files_a),
         "files_b": list(comparison.files_b),
         "n_groups": comparison.n_groups,
+        "warnings": list(comparison.warnings),
         "bootstrap": _bootstrap_dict(comparison.config),
         "figures": {
             f.figure: {
@@ -482,8 +511,9 @@ def render_markdown(evaluation: Evaluation) -> str:
     if iv:
         lines.append(_row([f"{level}% CI"] + [_span(iv.get(f)) if f in figures else MISSING_CELL for _, f in columns]))
     notes = _notes(evaluation)
-    if notes:
+    if notes or evaluation.warnings:
         lines.append("")
+        lines += [f"Warning: {w}" for w in evaluation.warnings]
         lines += [f"Note: {n}" for n in notes]
     lines.append("")
     if isinstance(result, RMBenchResult):
@@ -533,6 +563,8 @@ def render_comparison(comparison: Comparison) -> str:
         f"A: {', '.join(comparison.files_a)}  ",
         f"B: {', '.join(comparison.files_b)}",
         "",
+        *(f"Warning: {w}" for w in comparison.warnings),
+        *([""] if comparison.warnings else []),
         *_header(["Figure", "A (%)", "B (%)", "B − A (pp)", f"{level}% CI of B − A", "Excludes 0"]),
     ]
     for f in comparison.figures:

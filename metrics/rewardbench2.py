@@ -48,10 +48,6 @@ TIES_WEIGHTS: dict[str, float] = {
 }
 """Weights of the Ties score (upstream ``process_single_model``)."""
 
-TIES_ID = re.compile(r"^(ref|tied):([0-9]+)$")
-"""Ties ids: ``ref:<prompt>`` or ``tied:<prompt>``."""
-
-
 @dataclass(frozen=True)
 class SubsetScore:
     """Score of one RewardBench 2 subset.

@@ -1,6 +1,7 @@
 """Dataset loaders: benchmark files or hub ids → validated :class:`~rmserve.schema.Group` lists.
 
-No torch, no ``datasets`` library: JSON/JSONL are read with orjson, parquet with pyarrow
+No torch, no ``datasets`` library: JSON/JSONL are read with orjson (falling back to Python's
+``json`` for the ``NaN``/``Infinity`` literals it writes, see :func:`loads_json`), parquet with pyarrow
 (the ``[parquet]`` extra), hub ids are fetched with ``huggingface_hub.snapshot_download``
 (cached; ``HF_HUB_OFFLINE=1`` makes it use the cache only).
 
@@ -10,6 +11,8 @@ id and field.
 
 from __future__ import annotations
 
+import codecs
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +32,75 @@ from rmserve.schema import (
 
 RMBENCH_HUB_ID = "THU-KEG/RM-Bench"
 RB2_HUB_ID = "allenai/reward-bench-2"
-RB2_TIES_ID = re.compile(r"^(ref|tied):(\d+)$")
+RB2_TIES_ID = re.compile(r"^(ref|tied):([0-9]+)$")
+"""RewardBench 2 Ties ids: ``ref:<prompt>`` (one correct answer) or ``tied:<prompt>`` (several);
+group 1 is the kind, group 2 the prompt number (ASCII digits)."""
+
+UTF8_BOM = codecs.BOM_UTF8
+"""The UTF-8 byte-order mark some Windows tools put at the start of a text file."""
+
+
+# --- JSON text shared by every reader -----------------------------------------------------
+
+
+def strip_bom(raw: bytes) -> tuple[bytes, int]:
+    """``raw`` without a leading UTF-8 byte-order mark, and how many bytes were removed (0 or 3).
+
+    The mark is skipped as Python's ``utf-8-sig`` codec does; one anywhere else is left alone
+    (and then fails to decode as JSON, naming its line).
+    """
+    if raw.startswith(UTF8_BOM):
+        return raw[len(UTF8_BOM) :], len(UTF8_BOM)
+    return raw, 0
+
+
+def loads_json(data: bytes) -> Any:
+    """Decode one JSON text, accepting what Python's ``json`` module writes.
+
+    The fast strict decoder (orjson) is tried first. Only when it refuses the text is it
+    decoded again with :func:`json.loads`, which also accepts the literals ``NaN``,
+    ``Infinity`` and ``-Infinity`` (written by ``json.dump`` with its default
+    ``allow_nan=True``) and numbers too large for a double such as ``1e999`` (→ ``inf``), so
+    a file written by an official harness reads with the same values the harness held.
+    Anything else orjson refuses is refused by both.
+
+    Raises:
+        orjson.JSONDecodeError: neither decoder accepts ``data``; the error is orjson's (its
+            ``msg``, ``lineno`` and ``colno`` locate the fault).
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        try:
+            return json.loads(data.decode("utf-8"))
+        except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise exc from None
+
+
+@dataclass(frozen=True)
+class TornLine:
+    """A last line cut short by an interrupted write, dropped by a reader.
+
+    A line counts as torn when it is the last of its file, has no newline after it and is
+    not valid JSON: what a writer killed in the middle of a line leaves. Any other line that
+    does not decode is an error.
+
+    Attributes:
+        path: the file.
+        line: the 1-based line number.
+        size_bytes: the length of the dropped text in bytes.
+    """
+
+    path: str
+    line: int
+    size_bytes: int
+
+    def message(self, consequence: str) -> str:
+        """One sentence naming file, line and bytes, then ``consequence`` (what it means for the caller)."""
+        return (
+            f"{self.path}: ignored a truncated last line (line {self.line}, {self.size_bytes} bytes, "
+            f"no newline and not valid JSON: an interrupted write); {consequence}"
+        )
 
 
 @dataclass(frozen=True)
@@ -57,6 +128,10 @@ class Dataset:
 def read_records(path: Path) -> list[dict[str, Any]]:
     """Read a JSON array, JSONL or parquet file into a list of dicts.
 
+    A UTF-8 byte-order mark at the start of a JSON/JSONL file is skipped. Every line of a
+    data file must decode, the last one included: a data file defines the benchmark, so a
+    record is never dropped from it.
+
     Raises:
         DataError: unreadable file, invalid JSON (with line number for JSONL), a JSON value
             that is not a list of objects, or parquet without pyarrow installed.
@@ -71,7 +146,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise DataError("reading parquet needs pyarrow: pip install 'rmserve[parquet]'", path=str(path)) from exc
         return pq.read_table(path).to_pylist()
-    raw = path.read_bytes()
+    raw, _ = strip_bom(path.read_bytes())
     if suffix == ".jsonl":
         records = []
         for lineno, line in enumerate(raw.splitlines(), start=1):

@@ -150,3 +150,47 @@ def test_hub_id_offline_without_cache_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(DataError, match="THU-KEG/RM-Bench"):
         load_rmbench("THU-KEG/RM-Bench")
+
+
+def test_byte_order_mark_at_the_start_of_a_data_file_is_skipped(tmp_path):
+    bom = b"\xef\xbb\xbf"
+    listed = tmp_path / "chat_filtered.json"
+    listed.write_bytes(bom + json.dumps(_raw("chat")[:3]).encode())
+    plain = load_rmbench(RMBENCH_DIR / "chat_filtered.json")
+    assert [g.key for g in load_rmbench(listed).groups] == [g.key for g in plain.groups[:3]]
+
+    lines = tmp_path / "rb2.jsonl"
+    lines.write_bytes(bom + RB2_FIXTURE.read_bytes())
+    assert [g.key for g in load_rewardbench2(lines).groups] == [g.key for g in load_rewardbench2(RB2_FIXTURE).groups]
+
+
+def test_a_byte_order_mark_inside_a_data_file_is_still_an_error(tmp_path):
+    text = RB2_FIXTURE.read_bytes().split(b"\n")
+    text[1] = b"\xef\xbb\xbf" + text[1]
+    path = tmp_path / "rb2.jsonl"
+    path.write_bytes(b"\n".join(text))
+    with pytest.raises(DataError, match=r"rb2.jsonl, line 2: invalid JSON"):
+        load_rewardbench2(path)
+
+
+def test_a_data_file_keeps_every_record_even_a_cut_last_one(tmp_path):
+    # Data files define the benchmark: a cut last line is an error, never a dropped record.
+    path = tmp_path / "rb2.jsonl"
+    path.write_bytes(RB2_FIXTURE.read_bytes().rstrip(b"\n")[:-10])
+    with pytest.raises(DataError, match=r"rb2.jsonl, line 14: invalid JSON"):
+        load_rewardbench2(path)
+
+
+def test_ties_id_pattern_is_the_one_the_metrics_use():
+    from rmserve.datasets import RB2_TIES_ID
+    from rmserve.metrics import inputs
+
+    assert inputs.RB2_TIES_ID is RB2_TIES_ID
+    assert [bool(RB2_TIES_ID.match(s)) for s in ("ref:0", "tied:12", "ref:", "tie:1", "ref:1a", "ref:\u0661")] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+    ]

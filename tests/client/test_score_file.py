@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import msgspec
@@ -182,3 +183,50 @@ def test_fsync_per_record_when_asked(tmp_path, monkeypatch):
     with ScoreFileWriter(tmp_path / "b.jsonl") as store:
         store.append(_record(0))
     assert calls == []
+
+
+def test_python_json_literals_read_as_the_floats_they_name(tmp_path):
+    path = tmp_path / "scores.jsonl"
+    line = _line(_record(0)).replace(
+        b'"rewards":[0.0,0.5,-1.25,2.0,0.0,0.0]', b'"rewards":[NaN,1e999,-Infinity,2.0,Infinity,0.0]'
+    )
+    assert line != _line(_record(0))
+    path.write_bytes(line + _line(_record(1)))
+    back = read_scores(path)
+    rewards = back.records[0].rewards
+    assert math.isnan(rewards[0])
+    assert rewards[1:] == (math.inf, -math.inf, 2.0, math.inf, 0.0)
+    assert back.records[1] == _record(1)
+    assert back.dropped_line is None
+
+
+def test_a_complete_but_invalid_last_line_without_newline_is_an_error_not_a_torn_write(tmp_path):
+    path = tmp_path / "scores.jsonl"
+    bad = _line(_record(1)).replace(b'"rewards":[1.0', b'"rewards":["one"').rstrip(b"\n")
+    path.write_bytes(_line(_record(0)) + bad)
+    with pytest.raises(DataError) as info:
+        read_scores(path)
+    assert info.value.line == 2 and info.value.field == "rewards[0]"
+
+
+def test_torn_last_line_note_names_file_line_and_bytes(tmp_path):
+    path = tmp_path / "scores.jsonl"
+    path.write_bytes(_line(_record(0)) + _line(_record(1))[:25])
+    assert read_scores(path).dropped_note == (
+        f"{path}: ignored a truncated last line (line 2, 25 bytes, no newline and not valid JSON: an interrupted "
+        "write); its group will be scored again"
+    )
+
+
+def test_byte_order_mark_is_skipped_and_kept_when_repairing(tmp_path):
+    path = tmp_path / "scores.jsonl"
+    bom = b"\xef\xbb\xbf"
+    good = bom + _line(_record(0))
+    path.write_bytes(good + _line(_record(1))[:30])
+    back = read_scores(path)
+    assert [r.id for r in back.records] == ["0"]
+    assert back.valid_bytes == len(good)  # counted from the start of the file, mark included
+    with ScoreFileWriter(path) as store:
+        store.append(_record(1))
+    assert path.read_bytes() == good + _line(_record(1))
+    assert [r.id for r in read_scores(path).records] == ["0", "1"]
