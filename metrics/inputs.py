@@ -219,6 +219,8 @@ class _Rows:
     warnings: list[str] = field(default_factory=list)
     repeated: list[tuple[str, str, _Where, _Where]] = field(default_factory=list)
     """Keys repeated inside one file outside Ties: (subset, id, first place, this place)."""
+    files_may_repeat_ids: bool = False
+    """Whether an id repeated outside Ties inside one RewardBench 2 file is accepted (files only)."""
 
 
 @dataclass(frozen=True)
@@ -405,7 +407,8 @@ def _add(rows: _Rows, domain: str, record_id: str, rewards: list[float], num_cor
     key = (domain, record_id)
     first = rows.seen.get(key)
     if first is not None:
-        if rows.benchmark == "rewardbench2" and domain != TIES and first.path == where.path:
+        same_file = first.path == where.path
+        if rows.files_may_repeat_ids and rows.benchmark == "rewardbench2" and domain != TIES and same_file:
             # The official figures outside Ties are means over items and never look at ids,
             # so a file with a repeated id still has its official figures: keep both records.
             rows.repeated.append((domain, record_id, first, where))
@@ -435,8 +438,8 @@ def _repeated_keys_warning(path: str, repeated: Sequence[tuple[str, str, _Where,
     ]
     more = f" and {len(repeated) - MAX_NAMED_KEYS} more" if len(repeated) > MAX_NAMED_KEYS else ""
     return (
-        f"{path}: {len(repeated)} group key(s) appear twice: {', '.join(named)}{more}. Every record is counted, "
-        "as the official RewardBench 2 code does (its figures outside Ties do not use ids); "
+        f"{path}: {len(repeated)} record(s) repeat the group key of an earlier record: {', '.join(named)}{more}. "
+        "Every record is counted, as the official RewardBench 2 code does (its figures outside Ties do not use ids); "
         "'metrics compare' pairs groups by key and refuses this file until the ids are unique."
     )
 
@@ -511,6 +514,7 @@ def _read_file(rows: _Rows, path: Path, *, domain: str | None, benchmark: str | 
     file_benchmark: str | None = None
     count = 0
     repeated_before = len(rows.repeated)
+    warnings_before = len(rows.warnings)
     for where, value in _iter_records(path, rows.warnings):
         if not isinstance(value, dict):
             raise where.error("each record must be a JSON object")
@@ -566,7 +570,8 @@ def _read_file(rows: _Rows, path: Path, *, domain: str | None, benchmark: str | 
             _rb2_item(rows, record, where)
         count += 1
     if count == 0:
-        raise DataError("holds no score records", path=name)
+        torn = " (its only line is a truncated write)" if len(rows.warnings) > warnings_before else ""
+        raise DataError(f"holds no score records{torn}", path=name)
     if len(rows.repeated) > repeated_before:
         rows.warnings.append(_repeated_keys_warning(name, rows.repeated[repeated_before:]))
     rows.files.append(name)
@@ -639,7 +644,7 @@ def read_score_files(
         raise DataError(f"unknown benchmark {benchmark!r}; expected one of {', '.join(BENCHMARKS)}", field="bench")
     if not paths:
         raise DataError("no score files given", field="files")
-    rows = _Rows()
+    rows = _Rows(files_may_repeat_ids=True)
     for path in paths:
         _read_file(rows, Path(path), domain=domain, benchmark=benchmark)
     return _to_scores(rows)

@@ -32,7 +32,11 @@ def error_of(body: bytes, type_=Outer) -> msgspec.ValidationError:
         (b"{}", "id", "Object missing required field `id`"),
         (b'{"id": "a", "extra": 1}', "extra", "Object contains unknown field `extra`"),
         (b'{"id": "a", "items": [{"name": "x"}, {}]}', "items[1].name", "Object missing required field `name`"),
-        (b'{"id": "a", "items": [{"name": "x", "values": [1, "2"]}]}', "items[0].values[1]", "Expected `float`, got `str`"),
+        (
+            b'{"id": "a", "items": [{"name": "x", "values": [1, "2"]}]}',
+            "items[0].values[1]",
+            "Expected `float`, got `str`",
+        ),
         (b'{"id": "a", "items": [{"name": "x", "nope": 0}]}', "items[0].nope", "Object contains unknown field `nope`"),
         (b'{"id": "a", "table": {"k": [1, "x"]}}', "table[...][1]", "Expected `int`, got `str`"),
         (b"[1]", None, "Expected `object`, got `array`"),

@@ -12,13 +12,14 @@ from testkit.metrics_data import RB2_REFERENCE, write_jsonl
 
 @pytest.fixture
 def rb2_reference(shared_data: Path) -> Path:
-    """The per-item RewardBench 2 scores of Skywork-Reward-V2-Llama-3.1-8B (skips when absent).
+    """The per-item RewardBench 2 scores of Skywork-Reward-V2-Llama-3.1-8B.
 
-    ``shared_data`` comes from ``tests/conftest.py``.
+    ``shared_data`` comes from ``tests/conftest.py``. Fails the test (not a skip) when the file
+    is missing: the tests that pin the official figures must not pass without it.
     """
     path = shared_data / RB2_REFERENCE
     if not path.is_file():
-        pytest.skip(f"shared reference file absent: {path}")
+        pytest.fail(f"shared reference file {path} is missing")
     return path
 
 

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from rmserve.cli import app
 from rmserve.errors import DataError
-from rmserve.metrics.inputs import RB2Scores, RMBenchScores, read_score_files
+from rmserve.metrics.inputs import RB2Scores, RMBenchScores, read_score_files, scores_from_records
+from rmserve.schema import ScoreRecord
 
 runner = CliRunner()
 
@@ -129,7 +130,13 @@ def test_rewardbench2_items_with_python_json_literals(tmp_path):
 SCORE_LINES = "\n".join(
     [
         json.dumps(
-            {"benchmark": "rm-bench", "domain": "chat", "id": "g1", "num_chosen": 3, "rewards": [math.nan, 1, 1, 0, 0, 0]}
+            {
+                "benchmark": "rm-bench",
+                "domain": "chat",
+                "id": "g1",
+                "num_chosen": 3,
+                "rewards": [math.nan, 1, 1, 0, 0, 0],
+            }
         ),
         '{"benchmark": "rm-bench", "domain": "chat", "id": "g2", "num_chosen": 3, '
         '"rewards": [1e999, -Infinity, 0, 1, -1, 1]}',
@@ -215,6 +222,13 @@ def test_an_undecodable_last_line_with_a_newline_is_not_a_torn_write(tmp_path):
         read_score_files([path])
 
 
+def test_a_file_whose_only_line_is_torn_holds_no_records(tmp_path):
+    path = tmp_path / "scores.jsonl"
+    path.write_text(score_line("0", 1.0, 0.0)[:40])
+    with pytest.raises(DataError, match=r"scores.jsonl: holds no score records \(its only line is a truncated write\)"):
+        read_score_files([path])
+
+
 def test_torn_last_line_of_a_rewardbench2_items_file(tmp_path):
     path = tmp_path / "items.jsonl"
     path.write_text(RB2_LITERALS + "\n" + RB2_LITERALS.splitlines()[3].replace('"3"', '"4"')[:30])
@@ -269,9 +283,9 @@ def test_published_per_item_file_with_repeated_ids_gives_the_reference_figures(r
     assert [json.loads(lines[n])["id"] for n in (1, 31, 40)] == ["0", "30", "39"]  # the line map above
     path = with_published_id_defect(rb2_reference, tmp_path / "published.jsonl")
     warning = (
-        f"{path}: 10 group key(s) appear twice: {DEFECT_KEYS}. Every record is counted, as the official "
-        "RewardBench 2 code does (its figures outside Ties do not use ids); 'metrics compare' pairs groups by key "
-        "and refuses this file until the ids are unique."
+        f"{path}: 10 record(s) repeat the group key of an earlier record: {DEFECT_KEYS}. Every record is counted, "
+        "as the official RewardBench 2 code does (its figures outside Ties do not use ids); 'metrics compare' "
+        "pairs groups by key and refuses this file until the ids are unique."
     )
     result = run("rewardbench2", path, "--json", "--resamples", "0")
     assert result.exit_code == 0, result.output
@@ -332,3 +346,10 @@ def test_repeated_ids_across_files_stay_an_error(tmp_path):
         read_score_files([first, second])
     with pytest.raises(DataError, match=r"a.jsonl, field 'files': given twice"):
         read_score_files([first, first])
+
+
+def test_repeated_ids_in_records_from_a_run_stay_an_error():
+    # Records of an rmserve run come from a score file that holds each key once.
+    record = ScoreRecord(benchmark="rewardbench2", domain="Math", id="7", num_chosen=1, rewards=(1.0, 0.0, 0.0, 0.0))
+    with pytest.raises(DataError, match=r"<records>, line 2, id '7', field 'id': duplicate group key"):
+        scores_from_records([record, record])

@@ -118,7 +118,7 @@ def _rewards_with_wins(total_wins: int, n_groups: int) -> np.ndarray:
 def test_aggregation_matches_published_final_result(shared_data, name):
     path = shared_data / RMBENCH_REFERENCE / f"{name}.RM-Bench.final_result.json"
     if not path.is_file():
-        pytest.skip(f"shared reference file absent: {path}")
+        pytest.fail(f"shared reference file {path} is missing")
     published = json.loads(path.read_text())
     # total_avg_acc is both the mean of the four domains and the mean of hard/normal/easy
     assert np.mean([published[d] for d in ("chat", "math", "code", "safety")]) == pytest.approx(
