@@ -353,3 +353,14 @@ def test_repeated_ids_in_records_from_a_run_stay_an_error():
     record = ScoreRecord(benchmark="rewardbench2", domain="Math", id="7", num_chosen=1, rewards=(1.0, 0.0, 0.0, 0.0))
     with pytest.raises(DataError, match=r"<records>, line 2, id '7', field 'id': duplicate group key"):
         scores_from_records([record, record])
+
+
+def test_compare_reports_a_torn_last_line(tmp_path):
+    path, torn_bytes = killed_writer_file(tmp_path)
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text("\n".join(path.read_text().split("\n")[:5]) + "\n")
+    result = run("compare", whole, path, "--resamples", "10")
+    assert result.exit_code == 0, result.output
+    assert f"Warning: {path}: ignored a truncated last line (line 6, {torn_bytes} bytes," in result.stdout
+    # The same five groups on both sides: every difference is 0.
+    assert table_row(result.stdout, "Avg")[:3] == ["80.0", "80.0", "+0.0"]
