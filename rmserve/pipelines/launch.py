@@ -358,8 +358,8 @@ def run(config: RunConfig) -> EvalResult:
     signature = store_signature(config)
     if signature is not None:
         assert config.evaluation.store is not None
-        with ScoreStore(config.evaluation.store) as db:
-            info = db.model_info_for(signature)
+        with ScoreStore(config.evaluation.store) as store:
+            info = store.model_info_for(signature)
         if info is not None:
             stored = evaluate_from_store(config.evaluation, info)
             if stored is not None:
@@ -388,8 +388,8 @@ def run(config: RunConfig) -> EvalResult:
     # Remember the folder only if it is still the one hashed before the server loaded it.
     if signature is not None and store_signature(config) == signature:
         assert config.evaluation.store is not None
-        with ScoreStore(config.evaluation.store) as db:
-            db.remember_checkpoint(
+        with ScoreStore(config.evaluation.store) as store:
+            store.remember_checkpoint(
                 signature,
                 path=str(Path(config.serve.model).resolve()),
                 fingerprint=result.model.fingerprint,
