@@ -1,4 +1,4 @@
-"""The JSONL score store: round trip, interrupted writes, corruption, duplicates, model checks."""
+"""The score file (JSONL): round trip, interrupted writes, corruption, duplicates, model checks."""
 
 from __future__ import annotations
 
@@ -182,3 +182,15 @@ def test_fsync_per_record_when_asked(tmp_path, monkeypatch):
     with ScoreFileWriter(tmp_path / "b.jsonl") as store:
         store.append(_record(0))
     assert calls == []
+
+
+def test_writer_reports_closed_and_refuses_appends_when_closed(tmp_path):
+    writer = ScoreFileWriter(tmp_path / "scores.jsonl")
+    assert writer.closed
+    with writer:
+        assert not writer.closed
+        writer.append(_record(0))
+    assert writer.closed
+    with pytest.raises(RuntimeError, match="not open"):
+        writer.append(_record(1))
+    assert read_scores(tmp_path / "scores.jsonl").records == (_record(0),)
