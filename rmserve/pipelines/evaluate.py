@@ -89,7 +89,7 @@ class EvalConfig:
     """Model name to request and to pick from ``/v1/models``; default: the server's only model."""
 
     overwrite: bool = False
-    """Discard stored scores of a different model instead of refusing. Default False."""
+    """Empty a score file holding a different model's scores instead of refusing. Default False."""
 
     fsync: bool = False
     """fsync the score file after every group (guards against machine crashes). Default False."""

@@ -338,11 +338,13 @@ def run(config: RunConfig) -> EvalResult:
     """Start a server for ``config.serve.model``, evaluate on it, and stop it.
 
     The server's output goes to ``OUT/server.log``. The evaluation is
-    :func:`rmserve.pipelines.evaluate.evaluate` with the child's URL; its score file resumes as
-    usual. With a score store and a local checkpoint folder whose fingerprint the store
-    remembers (:func:`store_signature`), a run whose every group is stored starts no server
-    (:func:`~rmserve.pipelines.evaluate.evaluate_from_store`; note "answered from the store, no
-    server started"); after a run that started one, the store remembers the folder's
+    :func:`rmserve.pipelines.evaluate.evaluate` with the child's URL, so the score file and the
+    score store resume as in ``rmserve eval`` (both kept by
+    :class:`~rmserve.client.score_log.ScoreLog`). ``run`` itself touches the score store only
+    for the checkpoint → fingerprint memo: with a local checkpoint folder whose fingerprint the
+    store remembers (:func:`store_signature`), a run whose every group is stored starts no
+    server (:func:`~rmserve.pipelines.evaluate.evaluate_from_store`; note "answered from the
+    store, no server started"); after a run that started one, the store remembers the folder's
     fingerprint.
 
     Raises:
