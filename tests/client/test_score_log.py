@@ -10,6 +10,7 @@ import msgspec
 import pytest
 from rmserve.client.score_log import Resumed, ScoreLog
 from rmserve.client.score_store import ScoreConflict, ScoreStore
+from testkit.records import score_record
 from testkit.servers import make_groups
 
 from rmserve.errors import DataError, FingerprintMismatch
@@ -20,20 +21,6 @@ MODEL_B = ModelInfo(name="rm-b", max_model_len=4096, dtype="float32", fingerprin
 GROUPS = make_groups(4)  # rm-bench/chat/0 … rm-bench/chat/3, in this data order
 
 
-def _record(i: int, *, fingerprint: str = "fp-a", model: str = "rm-a") -> ScoreRecord:
-    return ScoreRecord(
-        benchmark="rm-bench",
-        domain="chat",
-        id=str(i),
-        num_chosen=3,
-        rewards=(float(i), 0.5, -1.0, 2.0, 0.25, -float(i)),
-        num_tokens=(10, 11, 12, 13, 14, 15),
-        num_cached_tokens=(0, 8, 8, 8, 8, 8),
-        model=model,
-        fingerprint=fingerprint,
-    )
-
-
 def _line(record: ScoreRecord) -> bytes:
     # Written independently of the score file code: msgspec's own encoder, one object per line.
     return msgspec.json.encode(record) + b"\n"
@@ -41,7 +28,7 @@ def _line(record: ScoreRecord) -> bytes:
 
 def _write_file(path: Path, *ids: int, fingerprint: str = "fp-a", model: str = "rm-a") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"".join(_line(_record(i, fingerprint=fingerprint, model=model)) for i in ids))
+    path.write_bytes(b"".join(_line(score_record(i, fingerprint=fingerprint, model=model)) for i in ids))
 
 
 def _stored_ids(path: Path, fingerprint: str = "fp-a") -> list[str]:
@@ -60,12 +47,12 @@ def test_resume_from_the_score_file_alone(tmp_path):
         assert log.notes == ()
         assert [g.id for g in log.missing()] == ["1", "3"]
         assert log.done_keys() == {GROUPS[0].key, GROUPS[2].key}
-        log.append(_record(3))
-        log.append(_record(1))
+        log.append(score_record(3))
+        log.append(score_record(1))
         assert [r.id for r in log.records()] == ["0", "1", "2", "3"]
         log.finish()
     # Without a store the file stays as appended: found lines first, then new ones.
-    assert path.read_bytes() == b"".join(_line(_record(i)) for i in (2, 0, 3, 1))
+    assert path.read_bytes() == b"".join(_line(score_record(i)) for i in (2, 0, 3, 1))
 
 
 def test_resume_from_the_store_alone_copies_its_groups_into_the_file_in_data_order(tmp_path):
@@ -73,36 +60,36 @@ def test_resume_from_the_store_alone_copies_its_groups_into_the_file_in_data_ord
     store_path = tmp_path / "s.sqlite"
     with ScoreStore(store_path) as store:
         for i in (3, 0, 1):
-            store.put(_record(i))
-        store.put(_record(2, fingerprint="fp-b", model="rm-b"))  # another model: not for fp-a
+            store.put(score_record(i))
+        store.put(score_record(2, fingerprint="fp-b", model="rm-b"))  # another model: not for fp-a
         with ScoreLog(path, store=store) as log:
             resumed = log.resume(MODEL_A, GROUPS)
             assert resumed == Resumed(model=MODEL_A, n_resumed=0, n_from_store=3, n_extra=0)
             assert log.notes == (f"answered from the store: 3 groups ({store_path})",)
-            assert path.read_bytes() == b"".join(_line(_record(i)) for i in (0, 1, 3))
+            assert path.read_bytes() == b"".join(_line(score_record(i)) for i in (0, 1, 3))
             assert [g.id for g in log.missing()] == ["2"]
-            log.append(_record(2), server_version="1.2.3")
+            log.append(score_record(2), server_version="1.2.3")
             log.finish()
         assert _stored_ids(store_path) == ["0", "1", "2", "3"]
         with sqlite3.connect(store_path) as conn:
             row = conn.execute("SELECT server_version FROM scores WHERE fingerprint='fp-a' AND group_id='2'").fetchone()
         assert row == ("1.2.3",)
     # Finished with a store: the file is rewritten from it, the data's groups in data order.
-    assert path.read_bytes() == b"".join(_line(_record(i)) for i in range(4))
+    assert path.read_bytes() == b"".join(_line(score_record(i)) for i in range(4))
 
 
 def test_file_missing_groups_the_store_has_gets_them(tmp_path):
     path = tmp_path / "out" / "scores.jsonl"
     _write_file(path, 0)
     with ScoreStore(tmp_path / "s.sqlite") as store:
-        store.put(_record(0))
-        store.put(_record(2))
+        store.put(score_record(0))
+        store.put(score_record(2))
         with ScoreLog(path, store=store) as log:
             resumed = log.resume(MODEL_A, GROUPS)
             assert (resumed.n_resumed, resumed.n_from_store) == (1, 1)
             assert log.notes == (f"answered from the store: 1 groups ({store.path})",)
             assert [g.id for g in log.missing()] == ["1", "3"]
-    assert path.read_bytes() == _line(_record(0)) + _line(_record(2))
+    assert path.read_bytes() == _line(score_record(0)) + _line(score_record(2))
 
 
 def test_store_missing_groups_the_file_has_gets_them(tmp_path):
@@ -110,7 +97,7 @@ def test_store_missing_groups_the_file_has_gets_them(tmp_path):
     _write_file(path, 0, 2)
     store_path = tmp_path / "s.sqlite"
     with ScoreStore(store_path, batch_size=100, flush_interval_s=3600) as store:
-        store.put(_record(0))
+        store.put(score_record(0))
         store.flush()
         with ScoreLog(path, store=store) as log:
             resumed = log.resume(MODEL_A, GROUPS)
@@ -118,13 +105,13 @@ def test_store_missing_groups_the_file_has_gets_them(tmp_path):
             assert log.notes == (f"added 1 groups of {path} to the score store {store_path}",)
             assert _stored_ids(store_path) == ["0", "2"]  # committed during resume, not at close
             assert [g.id for g in log.missing()] == ["1", "3"]
-    assert path.read_bytes() == _line(_record(0)) + _line(_record(2))
+    assert path.read_bytes() == _line(score_record(0)) + _line(score_record(2))
 
 
 def test_torn_last_line_is_cut_noted_and_its_group_is_missing(tmp_path):
     path = tmp_path / "scores.jsonl"
-    whole = _line(_record(0)) + _line(_record(1))
-    torn = _line(_record(2))[:30]
+    whole = _line(score_record(0)) + _line(score_record(1))
+    torn = _line(score_record(2))[:30]
     path.write_bytes(whole + torn)
     with ScoreLog(path) as log:
         assert log.notes == (
@@ -135,8 +122,8 @@ def test_torn_last_line_is_cut_noted_and_its_group_is_missing(tmp_path):
         resumed = log.resume(MODEL_A, GROUPS)
         assert resumed.n_resumed == 2
         assert [g.id for g in log.missing()] == ["2", "3"]
-        log.append(_record(2))
-    assert path.read_bytes() == whole + _line(_record(2))
+        log.append(score_record(2))
+    assert path.read_bytes() == whole + _line(score_record(2))
 
 
 def test_another_models_score_file_is_refused_and_left_alone(tmp_path):
@@ -171,7 +158,7 @@ def test_groups_outside_the_data_are_counted_left_out_and_dropped_by_the_rewrite
             assert [r.id for r in log.records()] == ["0", "1", "2"]
             log.finish()
         assert _stored_ids(tmp_path / "s.sqlite") == ["0", "1", "2", "3", "7"]  # left the file, not the store
-    assert path.read_bytes() == b"".join(_line(_record(i)) for i in range(3))
+    assert path.read_bytes() == b"".join(_line(score_record(i)) for i in range(3))
 
 
 def test_finish_with_a_group_still_missing_names_it(tmp_path):
@@ -187,7 +174,7 @@ def test_file_and_store_disagreeing_is_a_conflict(tmp_path):
     path = tmp_path / "scores.jsonl"
     _write_file(path, 0)
     with ScoreStore(tmp_path / "s.sqlite") as store:
-        store.put(msgspec.structs.replace(_record(0), rewards=(9.0,) * 6))
+        store.put(msgspec.structs.replace(score_record(0), rewards=(9.0, 9.0)))
         with ScoreLog(path, store=store) as log, pytest.raises(ScoreConflict, match="rm-bench/chat/0"):
             log.resume(MODEL_A, GROUPS)
 
@@ -202,4 +189,4 @@ def test_steps_out_of_order_are_refused(tmp_path):
         with pytest.raises(RuntimeError, match=r"resume\(model, groups\) must come first"):
             log.finish()
     with pytest.raises(RuntimeError, match="not open"):
-        log.append(_record(0))
+        log.append(score_record(0))
