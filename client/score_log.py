@@ -33,7 +33,7 @@ from pathlib import Path
 
 from rmserve.client.score_file import ScoreFileWriter
 from rmserve.client.score_store import ScoreStore
-from rmserve.errors import DataError
+from rmserve.errors import DataError, FingerprintMismatch
 from rmserve.schema import Group, GroupKey, ModelInfo, ScoreRecord
 
 
@@ -186,10 +186,20 @@ class ScoreLog:
 
         Raises:
             rmserve.errors.DataError: the group is already in the score file.
-            rmserve.errors.FingerprintMismatch: the record's fingerprint differs from the file's.
+            rmserve.errors.FingerprintMismatch: the record's fingerprint is not the resumed
+                model's (names both).
             rmserve.client.score_store.ScoreConflict: the store holds other rewards for it.
-            RuntimeError: the log is not open.
+            RuntimeError: :meth:`resume` was not called, or the log is closed.
         """
+        self._require_resumed()
+        assert self._model is not None
+        if record.fingerprint != self._model.fingerprint:
+            raise FingerprintMismatch(
+                f"{self.path}: record of {str(record.key)!r} has fingerprint {record.fingerprint!r}, "
+                f"the run's model {self._model.name!r} has {self._model.fingerprint!r}",
+                field="fingerprint",
+                value=record.fingerprint,
+            )
         self._file.append(record)
         if self.store is not None:
             self.store.put(record, server_version=server_version)

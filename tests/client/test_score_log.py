@@ -188,5 +188,17 @@ def test_steps_out_of_order_are_refused(tmp_path):
             log.missing()
         with pytest.raises(RuntimeError, match=r"resume\(model, groups\) must come first"):
             log.finish()
-    with pytest.raises(RuntimeError, match="not open"):
+    with pytest.raises(RuntimeError, match=r"resume\(model, groups\) must come first"):
         log.append(score_record(0))
+    assert (tmp_path / "scores.jsonl").read_bytes() == b""
+
+
+def test_a_record_of_another_model_is_refused(tmp_path):
+    path = tmp_path / "scores.jsonl"
+    with ScoreStore(tmp_path / "s.sqlite") as store, ScoreLog(path, store=store) as log:
+        log.resume(MODEL_A, GROUPS)
+        with pytest.raises(FingerprintMismatch, match=r"'rm-bench/chat/0' has fingerprint 'fp-b'.*'rm-a' has 'fp-a'"):
+            log.append(score_record(0, fingerprint="fp-b", model="rm-b"))
+        assert [g.id for g in log.missing()] == ["0", "1", "2", "3"]
+    assert path.read_bytes() == b""
+    assert _stored_ids(tmp_path / "s.sqlite", "fp-b") == []
