@@ -172,7 +172,7 @@ def read_scores(path: str | Path) -> ScoreFile:
 class ScoreFileWriter:
     """Append-only writer of a score file, for one run at a time.
 
-    ``with ScoreFileWriter(path) as store:`` locks the file (a second writer gets a DataError),
+    ``with ScoreFileWriter(path) as score_file:`` locks the file (a second writer gets a DataError),
     reads what is there (:attr:`existing`), cuts off a truncated last line, and then appends
     one record per :meth:`append`.
 
@@ -233,6 +233,11 @@ class ScoreFileWriter:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    @property
+    def closed(self) -> bool:
+        """True before :meth:`open` and after :meth:`close`."""
+        return self._fd is None
 
     @property
     def records(self) -> tuple[ScoreRecord, ...]:
@@ -312,7 +317,7 @@ class ScoreFileWriter:
 
     def _require_open(self) -> int:
         if self._fd is None:
-            raise RuntimeError("ScoreFileWriter is not open: use 'with ScoreFileWriter(path) as store'")
+            raise RuntimeError("ScoreFileWriter is not open: use 'with ScoreFileWriter(path) as score_file'")
         return self._fd
 
     @staticmethod

@@ -4,7 +4,8 @@
 model. The score store keeps the records of all runs, keyed by model fingerprint and group
 (``fingerprint, benchmark, domain, id``), so a model already scored on a group is never asked
 again — by a rerun into another output folder, by ``rmserve run`` of a checkpoint seen before,
-or by a sweep over checkpoints.
+or by a sweep over checkpoints. Keeping a run's score file and the store in step is
+:class:`~rmserve.client.score_log.ScoreLog`'s job.
 
 Storage: stdlib :mod:`sqlite3` in WAL mode (``synchronous=NORMAL``, ``busy_timeout`` 30 s), so
 several processes may read and write one store at once. :meth:`ScoreStore.put` buffers records
@@ -177,7 +178,7 @@ def _key_text(fingerprint: str, key: GroupKey) -> str:
 class ScoreStore:
     """A score store file, open for reading and writing (one connection, thread-safe).
 
-    ``with ScoreStore(path) as db:`` opens (creating the folder and tables if missing), and on
+    ``with ScoreStore(path) as store:`` opens (creating the folder and tables if missing), and on
     exit commits the buffer and closes.
 
     Args:
@@ -187,8 +188,9 @@ class ScoreStore:
         flush_interval_s: longest time a put record waits for its commit, seconds. Default 1;
             finite, > 0.
 
-    Reads (:meth:`stored_keys`, :meth:`records`, :meth:`fingerprints`, :meth:`export_jsonl`)
-    commit this object's buffer first, so they see every record put so far.
+    Reads (:meth:`stored_keys`, :meth:`records`, :meth:`export_jsonl`, :meth:`fingerprint_for`,
+    :meth:`model_info_for`) commit this object's buffer first, so they see every record put so
+    far.
 
     Raises:
         ValueError: bad ``batch_size`` or ``flush_interval_s`` (names the field).
@@ -433,7 +435,8 @@ class ScoreStore:
 
         Args:
             signature: :func:`checkpoint_signature` of the folder.
-            path: the folder (for the ``list`` view only).
+            path: the folder, as the server loaded it (kept for people reading the store;
+                lookups go by ``signature``).
             fingerprint, model: what the server reported for it.
             info: optionally the server's whole :class:`~rmserve.schema.ModelInfo`, kept so a
                 run answered from the store can report it (:meth:`model_info_for`).
@@ -481,13 +484,6 @@ class ScoreStore:
             return msgspec.json.decode(info, type=ModelInfo)
         return ModelInfo(name=model, max_model_len=0, dtype="unknown", fingerprint=fingerprint, engine="unknown")
 
-    def checkpoints(self) -> list[tuple[str, str, str, str]]:
-        """Every remembered checkpoint as ``(signature, path, fingerprint, model)``, newest first."""
-        return [
-            (s, p, f, m)
-            for s, p, f, m in self._read("SELECT signature, path, fingerprint, model FROM checkpoints ORDER BY seen_at DESC")
-        ]
-
     def stored_keys(self, fingerprint: str, benchmark: str | None = None) -> frozenset[GroupKey]:
         """Keys of the groups stored under ``fingerprint`` (of ``benchmark`` only, when given)."""
         sql = "SELECT benchmark, domain, group_id FROM scores WHERE fingerprint = ?"
@@ -516,14 +512,6 @@ class ScoreStore:
             found = [r for r in found if r.key in wanted]
         found.sort(key=lambda r: (r.benchmark, r.domain, r.id))
         return found
-
-    def fingerprints(self) -> list[tuple[str, str, int]]:
-        """``(fingerprint, model name, number of groups)`` per stored fingerprint, by model then fingerprint.
-
-        The model name is the one of the most recently scored group.
-        """
-        rows = self._read("SELECT fingerprint, model, MAX(scored_at), COUNT(*) FROM scores GROUP BY fingerprint")
-        return sorted(((f, m, n) for f, m, _, n in rows), key=lambda t: (t[1], t[0]))
 
     def export_jsonl(
         self,

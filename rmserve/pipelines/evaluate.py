@@ -1,20 +1,24 @@
 """``rmserve eval``: score a benchmark through a running server, resumably, then report.
 
+This module's :func:`evaluate` is the **scoring pipeline** (data → server → score file →
+figures). It is not :func:`rmserve.metrics.report.evaluate`, which only computes figures from
+scores already on disk; this pipeline calls the metrics stage at its end.
+
 :func:`evaluate` loads the benchmark, waits for the server, reads its model fingerprint,
-skips the groups already in ``OUT/scores.jsonl`` (same model only), streams the rest through
-:class:`~rmserve.client.client.RewardClient` while appending one record per group, and then
-hands the records to the metrics stage (:mod:`rmserve.metrics.report`), which computes every
-figure and writes ``results.json``, ``table.md`` and the heatmaps. Nothing here computes a
-figure.
+skips the groups already in the score file ``OUT/scores.jsonl`` (same model only), streams
+the rest through :class:`~rmserve.client.client.RewardClient` while appending one record per
+group, and then hands the records to the metrics stage (:mod:`rmserve.metrics.report`), which
+computes every figure and writes ``results.json``, ``table.md`` and the heatmaps. Nothing here
+computes a figure.
 
 A run killed at any point keeps every group already answered; running the same command
 again scores exactly the groups that are missing.
 
-With a score store (``EvalConfig.store``, :mod:`rmserve.client.score_store`) the groups stored
-under the server's fingerprint by any earlier run are not sent either: they are copied into
-``OUT/scores.jsonl``; every newly scored group goes to both. At the end ``OUT/scores.jsonl`` is
-rewritten from the store with exactly the data's groups, in data order.
-:func:`evaluate_from_store` answers a whole run from the store, without a server.
+With a score store (``EvalConfig.store``: SQLite, :mod:`rmserve.client.score_store`) the groups
+stored under the server's fingerprint by any earlier run are not sent either. Keeping the score
+file and the store in step (what is done, what is copied where, the final rewrite of the score
+file in data order) is :class:`~rmserve.client.score_log.ScoreLog`'s job; see that module for
+the rules. :func:`evaluate_from_store` answers a whole run from the store, without a server.
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
+from rmserve.client.score_file import SCORES_FILENAME
+from rmserve.client.score_log import Resumed, ScoreLog
 from rmserve.client.score_store import ScoreStore
-from rmserve.client.score_file import SCORES_FILENAME, ScoreFileWriter
 
 from rmserve import errors
-from rmserve.schema import BENCHMARKS, Group, GroupKey, ModelInfo, ScoreRecord
+from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreRecord
 
 if TYPE_CHECKING:  # the metrics stage (numpy) is imported when a run reports, not before
     from rmserve.metrics.report import Evaluation
@@ -48,7 +53,7 @@ logger = logging.getLogger("rmserve.client")
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Settings of one evaluation run (``rmserve eval``; ``rmserve run`` fills ``server_url``)."""
+    """Settings of one scoring pipeline run (``rmserve eval``; ``rmserve run`` fills ``server_url``)."""
 
     bench: str
     """Benchmark: ``rm-bench`` or ``rewardbench2``."""
@@ -84,7 +89,7 @@ class EvalConfig:
     """Model name to request and to pick from ``/v1/models``; default: the server's only model."""
 
     overwrite: bool = False
-    """Discard stored scores of a different model instead of refusing. Default False."""
+    """Empty a score file holding a different model's scores instead of refusing. Default False."""
 
     fsync: bool = False
     """fsync the score file after every group (guards against machine crashes). Default False."""
@@ -138,22 +143,23 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class EvalResult:
-    """What one evaluation produced.
+    """What one scoring pipeline run produced.
 
     Attributes:
         evaluation: the metrics stage's :class:`~rmserve.metrics.report.Evaluation`.
         table_md: the Markdown report the metrics stage rendered (also in ``table.md``).
         results: the JSON dict the metrics stage wrote to ``results.json``.
         paths: every file the metrics stage wrote.
-        scores_path: the score file.
+        scores_path: the score file (``OUT/scores.jsonl``).
         model: the server's model (name, fingerprint, engine …).
         n_groups: groups of the benchmark data evaluated.
         n_scored: groups scored by this run.
-        n_resumed: groups found already scored in the score file.
+        n_resumed: groups found already scored in the score file (before any copied from
+            the score store).
         missing: canonical domains/subsets absent from the data (e.g. RM-Bench ``math``).
         notes: sentences about the run (resume, repaired file, ignored records, missing parts).
-        n_from_store: groups answered from the score store (``EvalConfig.store``) instead of
-            the server.
+        n_from_store: groups answered from the score store (SQLite, ``EvalConfig.store``)
+            instead of the server.
     """
 
     evaluation: Evaluation
@@ -210,17 +216,15 @@ def _progress(total: int, initial: int, quiet: bool):
 
 async def _score_pending(
     client: RewardClient,
-    store: ScoreFileWriter,
+    log: ScoreLog,
     pending: Sequence[Group],
     info: ModelInfo,
     config: EvalConfig,
     n_total: int,
     *,
-    db: ScoreStore | None = None,
     server_version: str = "",
 ) -> None:
-    """Stream ``pending`` through the client, appending each record as it arrives (and
-    putting it into the score store ``db`` when given)."""
+    """Stream ``pending`` through the client, appending each record to ``log`` as it arrives."""
     bar = _progress(n_total, n_total - len(pending), config.quiet)
     tokens = 0
     started = time.monotonic()
@@ -228,9 +232,7 @@ async def _score_pending(
         stream = client.score_stream(pending, model=config.model, expect_fingerprint=info.fingerprint)
         async with contextlib.aclosing(stream):
             async for record in stream:
-                store.append(record)
-                if db is not None:
-                    db.put(record, server_version=server_version)
+                log.append(record, server_version=server_version)
                 tokens += sum(record.num_tokens)
                 elapsed_s = max(time.monotonic() - started, 1e-9)
                 bar.set_postfix_str(f"{tokens / elapsed_s:,.0f} tok/s", refresh=False)
@@ -239,67 +241,15 @@ async def _score_pending(
         bar.close()
 
 
-def _sync_with_db(db: ScoreStore, store: ScoreFileWriter, groups: Sequence[Group], fingerprint: str, notes: list[str]) -> int:
-    """Bring the score file and the score store in line for one model, before scoring.
-
-    Records of the score file missing from the store (an earlier run killed before its store
-    commit, or a run without a store) are put into it, and those it holds must agree with it;
-    data groups in the store but not in the file are appended to the file, in data order.
-    Returns how many were appended.
-
-    Raises:
-        rmserve.client.score_store.ScoreConflict: the file and the store hold different rewards
-            for one group.
-    """
-    in_db = db.stored_keys(fingerprint)
-    added = 0
-    for record in store.records:
-        db.put(record)  # a group stored already is compared (equal rewards: ignored)
-        added += record.key not in in_db
-    if added:
-        db.flush()
-        notes.append(f"added {added} groups of {store.path} to the score store {db.path}")
-    in_file = store.scored_keys()
-    wanted = [g.key for g in groups if g.key not in in_file and g.key in in_db]
-    if not wanted:
-        return 0
-    by_key = {r.key: r for r in db.records(fingerprint, keys=wanted)}
-    for key in wanted:
-        store.append(by_key[key])
-    notes.append(f"answered from the store: {len(wanted)} groups ({db.path})")
-    return len(wanted)
-
-
-def _rewrite_from_db(db: ScoreStore, scores_path: Path, groups: Sequence[Group], fingerprint: str) -> None:
-    """Rewrite the score file from the store: exactly the data's groups, in data order.
-
-    Raises:
-        rmserve.errors.DataError: a data group is not in the store (names the first one).
-    """
-    keys = [g.key for g in groups]
-    written = db.export_jsonl(scores_path, fingerprint, keys=keys)
-    if written != len(keys):
-        stored = db.stored_keys(fingerprint)
-        absent = next(k for k in keys if k not in stored)
-        raise errors.DataError(
-            f"the score store holds {written} of the {len(keys)} data groups after the run; "
-            f"group {str(absent)!r} is missing",
-            path=str(db.path),
-            record_id=str(absent),
-        )
-
-
 async def _report(
     config: EvalConfig,
     dataset: Dataset,
     records: list[ScoreRecord],
     *,
-    info: ModelInfo,
+    resumed: Resumed,
     scores_path: Path,
     notes: list[str],
     n_scored: int,
-    n_resumed: int,
-    n_from_store: int,
 ) -> EvalResult:
     """Hand ``records`` (data order) to the metrics stage and gather the run's result."""
     from rmserve.metrics.report import (
@@ -321,18 +271,18 @@ async def _report(
         results=result_dict(evaluation),
         paths=tuple(paths),
         scores_path=scores_path,
-        model=info,
+        model=resumed.model,
         n_groups=len(dataset.groups),
         n_scored=n_scored,
-        n_resumed=n_resumed,
+        n_resumed=resumed.n_resumed,
         missing=dataset.missing,
         notes=tuple(notes),
-        n_from_store=n_from_store,
+        n_from_store=resumed.n_from_store,
     )
 
 
-async def _load_data(config: EvalConfig) -> tuple[Dataset, dict[GroupKey, int], Path, list[str]]:
-    """The benchmark data, each group key's position in it, the score file and the first notes.
+async def _load_data(config: EvalConfig) -> tuple[Dataset, list[str]]:
+    """The benchmark data and the first notes about it.
 
     Raises:
         rmserve.errors.DataError: bad benchmark data.
@@ -340,56 +290,43 @@ async def _load_data(config: EvalConfig) -> tuple[Dataset, dict[GroupKey, int], 
     from rmserve.datasets import load_benchmark
 
     dataset = await asyncio.to_thread(load_benchmark, config.bench, config.data, config.only)
-    keys = {g.key: i for i, g in enumerate(dataset.groups)}
     notes: list[str] = []
     if dataset.missing:
         notes.append(f"not in the data ({dataset.source}): {', '.join(dataset.missing)}")
-    return dataset, keys, config.out_dir / SCORES_FILENAME, notes
+    return dataset, notes
 
 
 async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession | None = None) -> EvalResult:
     """:func:`evaluate` on the running event loop; ``session`` reuses an open aiohttp session."""
     if config.server_url is None:
         raise ValueError("server_url is required to evaluate")
-    dataset, keys, scores_path, notes = await _load_data(config)
+    dataset, notes = await _load_data(config)
+    scores_path = config.out_dir / SCORES_FILENAME
     timeouts, concurrency, retry = config.client_settings()
     with contextlib.ExitStack() as stack:
-        db = stack.enter_context(ScoreStore(config.store)) if config.store is not None else None
-        with ScoreFileWriter(scores_path, fsync=config.fsync) as store:
-            assert store.existing is not None
-            if store.existing.dropped_note:
-                notes.append(store.existing.dropped_note)
+        store = stack.enter_context(ScoreStore(config.store)) if config.store is not None else None
+        with ScoreLog(scores_path, store=store, fsync=config.fsync) as log:
             async with RewardClient(
                 config.server_url, session=session, timeouts=timeouts, concurrency=concurrency, retry=retry
             ) as client:
                 health = await client.wait_until_ready(config.ready_timeout_s)
                 info = pick_model(await client.models(), config.model)
-                n_stored = len(store.records)
-                if store.check_model(model=info.name, fingerprint=info.fingerprint, overwrite=config.overwrite):
-                    notes.append(f"--overwrite: discarded {n_stored} stored groups of another model")
-                n_resumed = len(store.scored_keys() & keys.keys())
-                n_from_store = 0
-                if db is not None:
-                    n_from_store = _sync_with_db(db, store, dataset.groups, info.fingerprint, notes)
-                scored = store.scored_keys()
-                pending = [g for g in dataset.groups if g.key not in scored]
-                if n_resumed:
-                    notes.append(f"resumed: {n_resumed} groups already in {scores_path}, {len(pending)} to score")
-                extra = sum(1 for k in scored if k not in keys)
-                if extra:
-                    notes.append(f"{extra} stored groups are not in this data and are left out of the figures")
+                resumed = log.resume(info, dataset.groups, overwrite=config.overwrite)
+                notes += log.notes
+                pending = log.missing()
+                if resumed.n_resumed:
+                    notes.append(f"resumed: {resumed.n_resumed} groups already in {scores_path}, {len(pending)} to score")
+                if resumed.n_extra:
+                    notes.append(f"{resumed.n_extra} stored groups are not in this data and are left out of the figures")
                 if pending:
                     server_version = str(health.get("version", "")) if isinstance(health, dict) else ""
                     await _score_pending(
-                        client, store, pending, info, config, len(dataset.groups), db=db, server_version=server_version
+                        client, log, pending, info, config, len(dataset.groups), server_version=server_version
                     )
-            # Figures in data order, so a resumed run reports what an uninterrupted one would.
-            records: list[ScoreRecord] = sorted((r for r in store.records if r.key in keys), key=lambda r: keys[r.key])
-        if db is not None:
-            _rewrite_from_db(db, scores_path, dataset.groups, info.fingerprint)
+            records = log.records()
+            log.finish()
     return await _report(
-        config, dataset, records, info=info, scores_path=scores_path, notes=notes,
-        n_scored=len(pending), n_resumed=n_resumed, n_from_store=n_from_store,
+        config, dataset, records, resumed=resumed, scores_path=scores_path, notes=notes, n_scored=len(pending)
     )
 
 
@@ -397,32 +334,25 @@ async def evaluate_from_store_async(config: EvalConfig, info: ModelInfo) -> Eval
     """:func:`evaluate_from_store` on the running event loop."""
     if config.store is None:
         raise ValueError("store is required to evaluate from the score store")
-    dataset, keys, scores_path, notes = await _load_data(config)
-    with ScoreStore(config.store) as db:
-        if not keys.keys() <= db.stored_keys(info.fingerprint, config.bench):
+    dataset, notes = await _load_data(config)
+    scores_path = config.out_dir / SCORES_FILENAME
+    with ScoreStore(config.store) as store:
+        if not {g.key for g in dataset.groups} <= store.stored_keys(info.fingerprint, config.bench):
             return None
-        with ScoreFileWriter(scores_path, fsync=config.fsync) as store:
-            assert store.existing is not None
-            if store.existing.dropped_note:
-                notes.append(store.existing.dropped_note)
-            n_stored = len(store.records)
-            if store.check_model(model=info.name, fingerprint=info.fingerprint, overwrite=config.overwrite):
-                notes.append(f"--overwrite: discarded {n_stored} stored groups of another model")
-            n_resumed = len(store.scored_keys() & keys.keys())
-            n_from_store = _sync_with_db(db, store, dataset.groups, info.fingerprint, notes)
-            records = sorted((r for r in store.records if r.key in keys), key=lambda r: keys[r.key])
-        _rewrite_from_db(db, scores_path, dataset.groups, info.fingerprint)
-    return await _report(
-        config, dataset, records, info=info, scores_path=scores_path, notes=notes,
-        n_scored=0, n_resumed=n_resumed, n_from_store=n_from_store,
-    )
+        with ScoreLog(scores_path, store=store, fsync=config.fsync) as log:
+            resumed = log.resume(info, dataset.groups, overwrite=config.overwrite)
+            notes += log.notes
+            records = log.records()
+            log.finish()
+    return await _report(config, dataset, records, resumed=resumed, scores_path=scores_path, notes=notes, n_scored=0)
 
 
 def evaluate_from_store(config: EvalConfig, info: ModelInfo) -> EvalResult | None:
     """Report ``config.bench`` for the model ``info`` from the score store alone, no server.
 
-    Used by ``rmserve run`` for a checkpoint whose fingerprint the store remembers. The
-    score file and the figures are written exactly as :func:`evaluate` would.
+    Used by ``rmserve run`` for a checkpoint whose fingerprint the score store (SQLite)
+    remembers. The score file ``OUT/scores.jsonl`` and the figures are written exactly as
+    :func:`evaluate` would.
 
     Args:
         config: the run; ``config.store`` must be set (``server_url`` is not used).
@@ -435,9 +365,9 @@ def evaluate_from_store(config: EvalConfig, info: ModelInfo) -> EvalResult | Non
 
     Raises:
         ValueError: ``config.store`` is None.
-        rmserve.errors.DataError: bad benchmark data, an invalid score file or store.
-        rmserve.errors.FingerprintMismatch: ``OUT/scores.jsonl`` holds another model's scores
-            and ``overwrite`` is False.
+        rmserve.errors.DataError: bad benchmark data, an invalid score file or score store.
+        rmserve.errors.FingerprintMismatch: the score file holds another model's scores and
+            ``overwrite`` is False.
     """
     return asyncio.run(evaluate_from_store_async(config, info))
 
@@ -446,11 +376,12 @@ def evaluate(config: EvalConfig, *, session: aiohttp.ClientSession | None = None
     """Score ``config.bench`` on the server at ``config.server_url`` and report the figures.
 
     Steps: load the data → wait for ``/health`` (``ready_timeout_s``) → read the model
-    fingerprint from ``/v1/models`` → check it against ``OUT/scores.jsonl`` → with a score
-    store, copy the groups it holds under that fingerprint into the file → score the groups
-    not yet stored (at most ``max_in_flight`` in flight; progress bar on a terminal) → with a
-    store, rewrite the file from it (the data's groups, data order) → compute and write the
-    figures with :mod:`rmserve.metrics.report`.
+    fingerprint from ``/v1/models`` → check it against the score file ``OUT/scores.jsonl`` →
+    with a score store, copy the groups it holds under that fingerprint into the score file →
+    score the groups the score file lacks (at most ``max_in_flight`` in flight; progress bar on
+    a terminal) → with a score store, rewrite the score file from it (the data's groups, data
+    order) → compute and write the figures with :mod:`rmserve.metrics.report`. The file/store
+    steps are :class:`~rmserve.client.score_log.ScoreLog`'s.
 
     Returns:
         An :class:`EvalResult` (table, results dict, paths, counts, notes).

@@ -338,11 +338,13 @@ def run(config: RunConfig) -> EvalResult:
     """Start a server for ``config.serve.model``, evaluate on it, and stop it.
 
     The server's output goes to ``OUT/server.log``. The evaluation is
-    :func:`rmserve.pipelines.evaluate.evaluate` with the child's URL; its score file resumes as
-    usual. With a score store and a local checkpoint folder whose fingerprint the store
-    remembers (:func:`store_signature`), a run whose every group is stored starts no server
-    (:func:`~rmserve.pipelines.evaluate.evaluate_from_store`; note "answered from the store, no
-    server started"); after a run that started one, the store remembers the folder's
+    :func:`rmserve.pipelines.evaluate.evaluate` with the child's URL, so the score file and the
+    score store resume as in ``rmserve eval`` (both kept by
+    :class:`~rmserve.client.score_log.ScoreLog`). ``run`` itself touches the score store only
+    for the checkpoint → fingerprint memo: with a local checkpoint folder whose fingerprint the
+    store remembers (:func:`store_signature`), a run whose every group is stored starts no
+    server (:func:`~rmserve.pipelines.evaluate.evaluate_from_store`; note "answered from the
+    store, no server started"); after a run that started one, the store remembers the folder's
     fingerprint.
 
     Raises:
@@ -358,8 +360,8 @@ def run(config: RunConfig) -> EvalResult:
     signature = store_signature(config)
     if signature is not None:
         assert config.evaluation.store is not None
-        with ScoreStore(config.evaluation.store) as db:
-            info = db.model_info_for(signature)
+        with ScoreStore(config.evaluation.store) as store:
+            info = store.model_info_for(signature)
         if info is not None:
             stored = evaluate_from_store(config.evaluation, info)
             if stored is not None:
@@ -388,8 +390,8 @@ def run(config: RunConfig) -> EvalResult:
     # Remember the folder only if it is still the one hashed before the server loaded it.
     if signature is not None and store_signature(config) == signature:
         assert config.evaluation.store is not None
-        with ScoreStore(config.evaluation.store) as db:
-            db.remember_checkpoint(
+        with ScoreStore(config.evaluation.store) as store:
+            store.remember_checkpoint(
                 signature,
                 path=str(Path(config.serve.model).resolve()),
                 fingerprint=result.model.fingerprint,

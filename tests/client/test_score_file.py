@@ -1,4 +1,4 @@
-"""The JSONL score store: round trip, interrupted writes, corruption, duplicates, model checks."""
+"""The score file (JSONL): round trip, interrupted writes, corruption, duplicates, model checks."""
 
 from __future__ import annotations
 
@@ -230,3 +230,15 @@ def test_byte_order_mark_is_skipped_and_kept_when_repairing(tmp_path):
         store.append(_record(1))
     assert path.read_bytes() == good + _line(_record(1))
     assert [r.id for r in read_scores(path).records] == ["0", "1"]
+
+
+def test_writer_reports_closed_and_refuses_appends_when_closed(tmp_path):
+    writer = ScoreFileWriter(tmp_path / "scores.jsonl")
+    assert writer.closed
+    with writer:
+        assert not writer.closed
+        writer.append(_record(0))
+    assert writer.closed
+    with pytest.raises(RuntimeError, match="not open"):
+        writer.append(_record(1))
+    assert read_scores(tmp_path / "scores.jsonl").records == (_record(0),)

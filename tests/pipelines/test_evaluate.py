@@ -1,4 +1,5 @@
-"""evaluate(): scoring through the stub, resume, interrupted runs, model checks, report files."""
+"""The eval pipeline (``rmserve.pipelines.evaluate.evaluate``, not the metrics stage's): scoring
+through the stub, resume, interrupted runs, model checks, report files."""
 
 from __future__ import annotations
 
@@ -146,3 +147,26 @@ def test_pick_model():
         pick_model([a, b], None)
     with pytest.raises(errors.ModelNotFound, match="does not serve 'c'"):
         pick_model([a, b], "c")
+
+
+
+async def test_resume_notes_come_in_order_and_name_the_score_file(stub_http, stub_state, small_rmbench, tmp_path):
+    out = tmp_path / "out"
+    await _run(stub_http, _config(stub_http, small_rmbench, out, max_in_flight=1))
+    path = out / "scores.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert len(lines) == N_SMALL
+    torn = lines[-1][:-10]
+    path.write_bytes(b"".join(lines[:-1]) + torn)  # the last line torn mid-write
+    result = await _run(stub_http, _config(stub_http, small_rmbench, out, only=("code",)))
+    # One code group lost its line: it is scored again; the other three are resumed.
+    assert stub_state.score_requests == N_SMALL + 1
+    assert (result.n_scored, result.n_resumed, result.n_from_store) == (1, 3, 0)
+    # (With --only, domains outside the selection are not reported missing.)
+    assert result.missing == ()
+    assert result.notes == (
+        f"{path}: ignored a truncated last line (line {N_SMALL}, {len(torn)} bytes, no newline and not valid JSON: an interrupted write); "
+        "its group will be scored again",
+        f"resumed: 3 groups already in {path}, 1 to score",
+        "6 stored groups are not in this data and are left out of the figures",
+    )

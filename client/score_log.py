@@ -1,0 +1,250 @@
+"""Resume, owned by one object: the score file of an output folder plus an optional score store.
+
+A run keeps what it has scored in up to two places: the **score file** ``OUT/scores.jsonl``
+(:mod:`rmserve.client.score_file`: one model, one output folder, append-only) and the
+**score store** (:mod:`rmserve.client.score_store`: SQLite, every model of every run, keyed by
+fingerprint). :class:`ScoreLog` is the only code that keeps the two in step and decides which
+groups of the data are done; a pipeline opens it, asks it what is missing, appends what the
+server answers and finishes it.
+
+Which place holds the truth, and when:
+
+1. **Opening** (``with ScoreLog(...)``) locks the score file, reads it and cuts off a torn last
+   line (an interrupted write; reported in :attr:`ScoreLog.notes`, its group is scored again).
+2. **Resuming** (:meth:`ScoreLog.resume`, once the model is known): the score file must hold
+   the same model (fingerprint) or nothing; another model's records are refused, or discarded
+   with ``overwrite``. With a store, every record of the file is put into the store (an earlier
+   run may have been killed before its store commit, or have had no store); a group both hold
+   must have equal rewards. Then the data groups the store holds under the fingerprint and the
+   file lacks are appended to the file, in data order. From here on the file's groups are the
+   groups that are done.
+3. **Scoring**: :meth:`ScoreLog.append` writes the record's line to the file, then puts it into
+   the store.
+4. **Finishing** (:meth:`ScoreLog.finish`): with a store, the file is rewritten from the store
+   with exactly the data's groups, in data order (groups of other data leave the file, not the
+   store). Without a store the file stays as appended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rmserve.client.score_file import ScoreFileWriter
+from rmserve.client.score_store import ScoreStore
+from rmserve.errors import DataError, FingerprintMismatch
+from rmserve.schema import Group, GroupKey, ModelInfo, ScoreRecord
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where a run stands after :meth:`ScoreLog.resume`.
+
+    Attributes:
+        model: the model the log now holds records of.
+        n_resumed: data groups the score file already held (after the model check, before
+            anything was copied from the store).
+        n_from_store: data groups copied from the score store into the score file.
+        n_extra: groups in the score file that are not in the data (left out of
+            :meth:`ScoreLog.records`; kept in the file until :meth:`ScoreLog.finish` rewrites
+            it from a store).
+    """
+
+    model: ModelInfo
+    n_resumed: int
+    n_from_store: int
+    n_extra: int
+
+
+class ScoreLog:
+    """The score file of one output folder, kept in step with an optional score store.
+
+    ``with ScoreLog(path, store=store) as log:`` locks and reads the file; then
+    :meth:`resume` (model and data known) → :meth:`missing` → :meth:`append` per answered
+    group → :meth:`records` → :meth:`finish`. Leaving the block releases the file (the store
+    stays open: it belongs to the caller). An error before :meth:`finish` leaves the file as
+    appended so far, which is what the next run resumes from.
+
+    Args:
+        path: the score file (created with its folder if missing).
+        store: an open :class:`~rmserve.client.score_store.ScoreStore`, or None for no store.
+            The log reads and writes it but does not close it.
+        fsync: ``os.fsync`` the score file after every appended record. Default False.
+    """
+
+    def __init__(self, path: str | Path, *, store: ScoreStore | None = None, fsync: bool = False) -> None:
+        self.path = Path(path)
+        self.store = store
+        self._file = ScoreFileWriter(self.path, fsync=fsync)
+        self._notes: list[str] = []
+        self._order: dict[GroupKey, int] | None = None
+        self._groups: tuple[Group, ...] = ()
+        self._model: ModelInfo | None = None
+
+    def __enter__(self) -> ScoreLog:
+        self.open()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        """Lock the score file, read it and cut off a torn last line (noted in :attr:`notes`).
+
+        Raises:
+            rmserve.errors.DataError: another run holds the file, or a line of it (other
+                than a torn last one) is invalid (names file and line).
+        """
+        self._file.open()
+        existing = self._file.existing
+        if existing is not None and existing.dropped_note:
+            self._notes.append(existing.dropped_note)
+
+    def close(self) -> None:
+        """Release the score file; idempotent. The store is left open."""
+        self._file.close()
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Sentences about what opening and resuming found or did, in order."""
+        return tuple(self._notes)
+
+    def resume(self, model: ModelInfo, groups: Sequence[Group], *, overwrite: bool = False) -> Resumed:
+        """Check the score file against ``model`` and bring file and store in step for ``groups``.
+
+        Args:
+            model: the model being evaluated (``model.fingerprint`` keys the store).
+            groups: the benchmark data, in data order; :meth:`missing`, :meth:`records` and
+                :meth:`finish` refer to it.
+            overwrite: discard the file's records of another model instead of refusing.
+
+        Returns:
+            The counts of :class:`Resumed`.
+
+        Raises:
+            rmserve.errors.FingerprintMismatch: the file holds another model's records and
+                ``overwrite`` is False (names both models).
+            rmserve.client.score_store.ScoreConflict: the file and the store hold different
+                rewards for one group (names the group).
+            RuntimeError: the log is not open.
+        """
+        self._require_open()
+        self._model = model
+        self._groups = tuple(groups)
+        self._order = {g.key: i for i, g in enumerate(self._groups)}
+        n_before = len(self._file.records)
+        if self._file.check_model(model=model.name, fingerprint=model.fingerprint, overwrite=overwrite):
+            self._notes.append(f"--overwrite: discarded {n_before} stored groups of another model")
+        n_resumed = len(self._file.scored_keys() & self._order.keys())
+        n_from_store = self._sync_with_store(model.fingerprint) if self.store is not None else 0
+        n_extra = sum(1 for key in self._file.scored_keys() if key not in self._order)
+        return Resumed(model=model, n_resumed=n_resumed, n_from_store=n_from_store, n_extra=n_extra)
+
+    def _sync_with_store(self, fingerprint: str) -> int:
+        """File records into the store, then the store's data groups the file lacks into the file.
+
+        Returns how many groups were appended to the file.
+        """
+        store = self.store
+        assert store is not None
+        in_store = store.stored_keys(fingerprint)
+        added = 0
+        for record in self._file.records:
+            store.put(record)  # a group stored already is compared (equal rewards: ignored)
+            added += record.key not in in_store
+        if added:
+            store.flush()
+            self._notes.append(f"added {added} groups of {self.path} to the score store {store.path}")
+        in_file = self._file.scored_keys()
+        wanted = [g.key for g in self._groups if g.key not in in_file and g.key in in_store]
+        if not wanted:
+            return 0
+        by_key = {r.key: r for r in store.records(fingerprint, keys=wanted)}
+        for key in wanted:
+            self._file.append(by_key[key])
+        self._notes.append(f"answered from the store: {len(wanted)} groups ({store.path})")
+        return len(wanted)
+
+    def done_keys(self) -> frozenset[GroupKey]:
+        """Keys of every group in the score file (data groups and others)."""
+        return self._file.scored_keys()
+
+    def missing(self) -> list[Group]:
+        """The data groups not yet in the score file, in data order (those still to score)."""
+        self._require_resumed()
+        done = self._file.scored_keys()
+        return [g for g in self._groups if g.key not in done]
+
+    def append(self, record: ScoreRecord, *, server_version: str = "") -> None:
+        """Write ``record`` to the score file, then put it into the store (when there is one).
+
+        Args:
+            record: one answered group.
+            server_version: the scoring server's version, kept in the store's row ('' when
+                unknown).
+
+        Raises:
+            rmserve.errors.DataError: the group is already in the score file.
+            rmserve.errors.FingerprintMismatch: the record's fingerprint is not the resumed
+                model's (names both).
+            rmserve.client.score_store.ScoreConflict: the store holds other rewards for it.
+            RuntimeError: :meth:`resume` was not called, or the log is closed.
+        """
+        self._require_resumed()
+        assert self._model is not None
+        if record.fingerprint != self._model.fingerprint:
+            raise FingerprintMismatch(
+                f"{self.path}: record of {str(record.key)!r} has fingerprint {record.fingerprint!r}, "
+                f"the run's model {self._model.name!r} has {self._model.fingerprint!r}",
+                field="fingerprint",
+                value=record.fingerprint,
+            )
+        self._file.append(record)
+        if self.store is not None:
+            self.store.put(record, server_version=server_version)
+
+    def records(self) -> list[ScoreRecord]:
+        """The score file's records of the data groups, in data order.
+
+        Data order makes a resumed run report exactly what an uninterrupted one would.
+        """
+        order = self._require_resumed()
+        return sorted((r for r in self._file.records if r.key in order), key=lambda r: order[r.key])
+
+    def finish(self) -> None:
+        """Release the score file; with a store, rewrite it from the store.
+
+        The rewritten file holds exactly the data's groups, in data order, atomically
+        replaced. Without a store the file stays as appended.
+
+        Raises:
+            rmserve.errors.DataError: a data group is not in the store (names the first one);
+                the file is then left as appended.
+            RuntimeError: :meth:`resume` was not called.
+        """
+        self._require_resumed()
+        assert self._model is not None
+        self._file.close()
+        if self.store is None:
+            return
+        keys = [g.key for g in self._groups]
+        written = self.store.export_jsonl(self.path, self._model.fingerprint, keys=keys)
+        if written != len(keys):
+            stored = self.store.stored_keys(self._model.fingerprint)
+            absent = next(k for k in keys if k not in stored)
+            raise DataError(
+                f"the score store holds {written} of the {len(keys)} data groups after the run; "
+                f"group {str(absent)!r} is missing",
+                path=str(self.store.path),
+                record_id=str(absent),
+            )
+
+    def _require_open(self) -> None:
+        if self._file.closed:
+            raise RuntimeError("ScoreLog is not open: use 'with ScoreLog(path) as log'")
+
+    def _require_resumed(self) -> dict[GroupKey, int]:
+        if self._order is None:
+            raise RuntimeError("ScoreLog.resume(model, groups) must come first")
+        return self._order
