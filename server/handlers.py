@@ -98,7 +98,8 @@ async def load_model(request: web.Request) -> web.Response:
     requests wait on the gate (up to ``swap_wait_s``, then 503), in-flight ones finish on
     the old model, for at most ``swap_drain_timeout_s`` → the swap → the served name
     becomes ``name``, the fingerprint is the new checkpoint's, ``swap_count`` /
-    ``last_swap_time`` advance → the gate opens. The two kinds:
+    ``last_swap_time`` advance, the result cache is cleared → the gate opens
+    (:func:`rmserve.server.swap.start_swap`). The two kinds:
 
     - ``reload`` (same architecture/shape and tokenizer): engine ``reload_weights`` then
       ``reset_prefix_cache`` (cached prompt states of the old weights must not be reused).

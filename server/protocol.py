@@ -103,14 +103,16 @@ class RewardEngine(Protocol):
     """What the server needs from an engine.
 
     Lifecycle: ``await start()`` once (may take minutes), then ``score_group`` concurrently
-    from many requests, then ``await shutdown()``. ``info()`` is valid after ``start``.
+    from many requests, then ``await shutdown()``. ``info()`` is valid after ``start`` (for
+    in-process callers; the app keeps the :class:`LoadedModel` that ``start`` returned).
     """
 
     async def start(self) -> LoadedModel:
         """Load the model and describe it; raise ``rmserve.errors.ServerFault`` when it cannot."""
 
     def info(self) -> ModelInfo:
-        """Name, max length, dtype, fingerprint and engine kind of the loaded model."""
+        """Name, max length, dtype, fingerprint and engine kind of the loaded model (the same
+        as the last returned :class:`LoadedModel`'s ``info``)."""
 
     async def score_group(self, token_ids: Sequence[Sequence[int]], request_id: str) -> list[SequenceScore]:
         """Score all sequences of one group together (so they share prefix-cache blocks).
