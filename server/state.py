@@ -4,15 +4,19 @@ Everything the app owns lives under one of the :class:`aiohttp.web.AppKey` keys 
 module globals). :class:`EngineState` is the only mutable record; its fields change only
 through its named methods, each called from one place:
 
-- :meth:`EngineState.publish` / :meth:`EngineState.fail` / :meth:`EngineState.stop`: the
-  app's engine start-up task and cleanup (:mod:`rmserve.server.app`);
+- :meth:`EngineState.publish`, :meth:`EngineState.fail`, :meth:`EngineState.settle`,
+  :meth:`EngineState.stop`: the app's engine start-up task and cleanup
+  (:mod:`rmserve.server.app`);
 - :meth:`EngineState.begin_swap` / :meth:`EngineState.finish_swap`,
   :meth:`EngineState.begin_restart` / :meth:`EngineState.finish_restart`,
-  :meth:`EngineState.swapped`, :meth:`EngineState.restored`, :meth:`EngineState.fail`:
-  the checkpoint-swap orchestration (:mod:`rmserve.server.swap`);
-- :meth:`EngineState.enter_scoring` / :meth:`EngineState.leave_scoring` and
-  :meth:`EngineState.admit_groups` / :meth:`EngineState.release_groups`: the scoring path
-  (:mod:`rmserve.server.scoring`).
+  :meth:`EngineState.use_renderer`, :meth:`EngineState.swapped`,
+  :meth:`EngineState.restored`, and :meth:`EngineState.fail` when neither the new nor the
+  previous checkpoint starts: the checkpoint-swap orchestration (:mod:`rmserve.server.swap`);
+- :meth:`EngineState.enter_scoring` / :meth:`EngineState.leave_scoring`: the scoring gate
+  (:func:`rmserve.server.swap.scoring_slot`), and :meth:`EngineState.admit_groups` /
+  :meth:`EngineState.release_groups`: the scoring path (:mod:`rmserve.server.scoring`).
+
+Routes only read it (:meth:`EngineState.require_ready`, ``status``, ``restarting``).
 """
 
 from __future__ import annotations
