@@ -131,6 +131,11 @@ class GroupResult(msgspec.Struct, frozen=True, omit_defaults=True):
     ``rewards`` are raw reward-head logits (no sigmoid); ``num_tokens`` the scored sequence
     lengths in tokens (template included); ``num_cached_tokens`` the tokens served from the
     prefix cache; ``truncated_tokens`` tokens cut per response when truncation was asked.
+
+    ``extras`` holds what only some kinds of reward model produce, per response: name → one
+    value per response, response order (for example summed log-probabilities of a policy and
+    its reference, or a generative judge's text); values are numbers, texts or null. Absent
+    (None) for classifiers, and then omitted on the wire.
     """
 
     id: str
@@ -138,6 +143,7 @@ class GroupResult(msgspec.Struct, frozen=True, omit_defaults=True):
     num_tokens: tuple[int, ...]
     num_cached_tokens: tuple[int, ...]
     truncated_tokens: tuple[int, ...] | None = None
+    extras: dict[str, tuple[float | int | str | None, ...]] | None = None
 
 
 class ScoreResponse(msgspec.Struct, frozen=True, omit_defaults=True):

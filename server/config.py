@@ -7,7 +7,7 @@ an engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -180,3 +180,99 @@ def check_reward_head(model: str) -> None:
     num_labels = getattr(hf_config, "num_labels", None)
     if num_labels != 1:
         raise ServerFault(f"{model!r} has num_labels={num_labels}; a reward model must have exactly 1")
+
+
+# --- the HTTP layer: ServerConfig (the engine has EngineConfig above) -------------------
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+"""Default request body limit: 32 MiB.
+
+Set on purpose (aiohttp's own default is 1 MiB): a request of 64 RM-Bench groups with six
+long responses each is a few MiB of JSON; 32 MiB leaves room for long-context benchmarks while
+bounding what one request can make the server buffer and decode.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Settings of the HTTP layer (the engine has its own ``EngineConfig``).
+
+    Raises:
+        ValueError: from ``__post_init__``, naming the field, the value and the limit.
+    """
+
+    host: str = "127.0.0.1"
+    """Interface to listen on; default 127.0.0.1 (this machine only); 0.0.0.0 accepts remote clients."""
+
+    port: int = 8000
+    """TCP port, 0-65535; default 8000 (0 lets the OS pick a free port)."""
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    """Largest request body accepted, bytes (≥ 1024); default 32 MiB. Larger bodies get 413 body_too_large."""
+
+    max_inflight_groups: int = 0
+    """Most groups admitted at once over all requests (≥ 0); beyond it 429 overloaded. 0 (default) = no limit."""
+
+    served_model_name: str | None = None
+    """Name reported in replies and matched against a request's model; None (default) = the engine's name."""
+
+    retry_after_s: int = 5
+    """Seconds sent in Retry-After with 503/429 replies (≥ 1); default 5."""
+
+    render_threads: int = 2
+    """Threads that decode request bodies, render chat templates and tokenize (≥ 1); default 2."""
+
+    shutdown_timeout_s: float = 10.0
+    """Seconds in-flight requests get to finish on shutdown before they are cancelled (≥ 0); default 10."""
+
+    admin_token: str | None = field(default=None, repr=False)
+    """Bearer token of POST /v1/models/load; None (default) disables the endpoint (403)."""
+
+    checkpoint_roots: tuple[str, ...] = ()
+    """Folders a checkpoint swap may load from (after resolving symlinks); empty = none (403)."""
+
+    swap_wait_s: float = 30.0
+    """Seconds a scoring request waits for a checkpoint swap to finish before 503 (≥ 0); default 30."""
+
+    result_cache_groups: int = 100_000
+    """Recent group results kept so a group sent again (a resumed or retrying client) is answered without engine work; ≥ 0, 0 = off. Keyed by fingerprint and token ids (:mod:`rmserve.server.result_cache`)."""
+
+    swap_drain_timeout_s: float = 600.0
+    """Seconds a checkpoint swap waits for in-flight scoring to finish (≥ 0); default 600. Past it the load fails with 503, nothing is loaded and scoring resumes."""
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            raise ValueError("ServerConfig.host must be a non-empty host name or address")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"ServerConfig.port is {self.port}; it must be between 0 and 65535")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"ServerConfig.max_body_bytes is {self.max_body_bytes}; it must be at least 1024")
+        if self.max_inflight_groups < 0:
+            raise ValueError(
+                f"ServerConfig.max_inflight_groups is {self.max_inflight_groups}; it must be ≥ 0 (0 = no limit)"
+            )
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("ServerConfig.served_model_name must be None or a non-empty name")
+        if self.retry_after_s < 1:
+            raise ValueError(f"ServerConfig.retry_after_s is {self.retry_after_s}; it must be at least 1")
+        if self.render_threads < 1:
+            raise ValueError(f"ServerConfig.render_threads is {self.render_threads}; it must be at least 1")
+        if self.shutdown_timeout_s < 0:
+            raise ValueError(f"ServerConfig.shutdown_timeout_s is {self.shutdown_timeout_s}; it must be ≥ 0")
+        if self.admin_token is not None and not self.admin_token.strip():
+            raise ValueError("ServerConfig.admin_token must be None or a non-empty token")
+        for root in self.checkpoint_roots:
+            if not Path(root).is_dir():
+                raise ValueError(f"ServerConfig.checkpoint_roots: {root!r} is not an existing folder")
+        if self.result_cache_groups < 0:
+            raise ValueError(f"ServerConfig.result_cache_groups is {self.result_cache_groups}; it must be ≥ 0 (0 = off)")
+        if self.swap_wait_s < 0:
+            raise ValueError(f"ServerConfig.swap_wait_s is {self.swap_wait_s}; it must be ≥ 0")
+        if not self.swap_drain_timeout_s >= 0:
+            raise ValueError(f"ServerConfig.swap_drain_timeout_s is {self.swap_drain_timeout_s}; it must be ≥ 0")
+
+    @property
+    def url(self) -> str:
+        """Base URL clients use, e.g. ``http://127.0.0.1:8000``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"

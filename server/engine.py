@@ -30,11 +30,12 @@ from typing import Any
 
 from rmserve.server.config import EngineConfig, check_reward_head
 from rmserve.fingerprint import model_fingerprint
-from rmserve.server.protocol import PrefixCacheStats, SequenceScore, check_token_ids
+from rmserve.server.lifecycle import EngineLifecycle
+from rmserve.server.protocol import LoadedModel, PrefixCacheStats, SequenceScore, check_token_ids, local_checkpoint
 from rmserve.server.render import Renderer
 from vllm import AsyncEngineArgs, PoolingParams
 
-from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, ServerFault
+from rmserve.errors import EngineError, EngineNotReady, ServerFault
 from rmserve.schema import ModelInfo
 
 try:  # vllm ≥ 0.10 layout
@@ -66,51 +67,59 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class _Loaded:
     engine: Any
-    renderer: Renderer
-    info: ModelInfo
+    record: LoadedModel
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.record.info
+
+    @property
+    def renderer(self) -> Renderer:
+        assert self.record.renderer is not None
+        return self.record.renderer
 
 
-class VLLMEngine:
+class VLLMEngine(EngineLifecycle[_Loaded]):
     """:class:`~rmserve.server.protocol.RewardEngine` backed by an embedded vLLM ``AsyncLLM``.
 
     Args:
         config: what to load and how; ``config.engine`` is ignored (this is the vLLM one).
 
     Attributes (after :meth:`start`):
-        renderer: the :class:`Renderer` built from the model's tokenizer and template.
+        renderer: the :class:`Renderer` built from the model's tokenizer and template (the
+            same as in the :class:`LoadedModel` that :meth:`start` returned).
         start_time_s: seconds :meth:`start` (or the last :meth:`restart`) took to build the engine.
         config: the settings; after :meth:`restart` its ``model`` is the checkpoint last started.
     """
 
     kind = "vllm"
+    label = "vLLM engine"
 
     def __init__(self, config: EngineConfig) -> None:
+        super().__init__()
         self.config = config
-        self._loaded: _Loaded | None = None
-        self._closing = False
         self._swapping = False
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._query_tokens = 0
         self._hit_tokens = 0
-        self._not_loaded = "the engine is still loading"
-        self.start_time_s: float | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self) -> LoadedModel:
         """Build the engine (25–60 s on 2 CPU cores for a tiny model; minutes for 8B on GPU).
 
         The blocking construction runs in a worker thread so the event loop keeps serving
-        ``/health``.
+        ``/health``. Returns the loaded model (info, renderer, checkpoint folder); a second
+        call returns the same record.
 
         Raises:
             ServerFault: the model is not a one-label sequence classifier, or vLLM failed
                 to start (the message carries vLLM's reason).
         """
         if self._loaded is not None:
-            return
+            return self._loaded.record
         if self._closing:
             raise EngineNotReady("the engine is shutting down")
         started = time.perf_counter()
@@ -118,9 +127,7 @@ class VLLMEngine:
         if self._closing:  # shutdown() was called while loading
             await asyncio.to_thread(loaded.engine.shutdown)
             raise EngineNotReady("the engine was shut down while loading")
-        self._loaded = loaded
-        self.start_time_s = time.perf_counter() - started
-        log.info("vLLM engine ready in %.1f s: %s", self.start_time_s, loaded.info)
+        return self._finish_start(loaded, started, log, "ready")
 
     async def _build_in_thread(self) -> _Loaded:
         """:meth:`_build` in a worker thread; if the caller is cancelled, the engine is shut down
@@ -174,7 +181,7 @@ class VLLMEngine:
         except BaseException:
             engine.shutdown()
             raise
-        return _Loaded(engine=engine, renderer=renderer, info=info)
+        return _Loaded(engine=engine, record=LoadedModel(info, renderer, local_checkpoint(cfg.model)))
 
     async def shutdown(self) -> None:
         """Stop the engine process; idempotent.
@@ -290,21 +297,22 @@ class VLLMEngine:
             result = await result
         return bool(result) if result is not None else True
 
-    async def reload_weights(self, path: str | Path) -> ModelInfo:
+    async def reload_weights(self, path: str | Path) -> LoadedModel:
         """Swap the weights in place for the checkpoint at ``path`` (same architecture).
 
         New requests get :class:`EngineNotReady` while in-flight ones drain; then the
         workers load the new weights, the prefix cache is reset (cached prompt states of the
         old weights must not be reused) and the fingerprint is recomputed.
 
+        Returns:
+            The loaded model: new fingerprint and checkpoint folder, the same renderer.
+
         Raises:
             InvalidRequest: ``path`` is not a folder.
             EngineError: vLLM failed to load the weights.
         """
         loaded = self._require()
-        folder = Path(path)
-        if not folder.is_dir():
-            raise InvalidRequest(f"checkpoint path {str(folder)!r} is not a folder", field="path")
+        folder = self._checkpoint_folder(path)
         self._swapping = True
         try:
             await self._idle.wait()
@@ -320,12 +328,13 @@ class VLLMEngine:
                 fingerprint=model_fingerprint(str(folder), loaded.renderer.chat_template, loaded.info.dtype),
                 engine=self.kind,
             )
-            self._loaded = _Loaded(engine=loaded.engine, renderer=loaded.renderer, info=info)
-            return info
+            self._loaded = _Loaded(engine=loaded.engine,
+                                   record=LoadedModel(info, loaded.renderer, local_checkpoint(folder)))
+            return self._loaded.record
         finally:
             self._swapping = False
 
-    async def restart(self, path: str | Path) -> ModelInfo:
+    async def restart(self, path: str | Path) -> LoadedModel:
         """Shut the running vLLM engine down and start a new one on the checkpoint at ``path``.
 
         For a checkpoint of another architecture/shape or tokenizer, which
@@ -336,6 +345,9 @@ class VLLMEngine:
         restart costs a full engine start (25–60 s for a tiny model on 2 CPU cores).
         Scoring calls meanwhile get :class:`EngineNotReady`; in-flight ones finish first.
 
+        Returns:
+            The loaded model: new info, renderer and checkpoint folder.
+
         Raises:
             InvalidRequest: ``path`` is not a folder (nothing was stopped).
             EngineNotReady: shutting down, or another reload/restart is running.
@@ -344,16 +356,14 @@ class VLLMEngine:
         """
         if self._closing:
             raise EngineNotReady("the engine is shutting down")
-        folder = Path(path)
-        if not folder.is_dir():
-            raise InvalidRequest(f"checkpoint path {str(folder)!r} is not a folder", field="path")
+        folder = self._checkpoint_folder(path)
         if self._swapping:
             raise EngineNotReady("another checkpoint reload or restart is in progress")
         self._swapping = True
         try:
             await self._idle.wait()
-            old, self._loaded = self._loaded, None
-            self._not_loaded = f"the engine is restarting on checkpoint {folder.name!r}"
+            old = self._loaded
+            self._begin_restart(folder)
             if old is not None:
                 await asyncio.to_thread(old.engine.shutdown)
             self.config = dataclasses.replace(self.config, model=str(folder))
@@ -361,30 +371,18 @@ class VLLMEngine:
             try:
                 loaded = await self._build_in_thread()
             except asyncio.CancelledError:
-                self._not_loaded = f"the restart on checkpoint {folder.name!r} was cancelled; no model is loaded"
+                self._restart_cancelled(folder)
                 raise
             except Exception as exc:  # noqa: BLE001 - any start failure: no model now
-                self._not_loaded = f"the restart on checkpoint {folder.name!r} failed; no model is loaded"
-                reason = exc.message if isinstance(exc, ServerFault) else f"{type(exc).__name__}: {exc}"
-                raise EngineError(f"the vLLM engine did not start on checkpoint {folder.name!r}: {reason}") from exc
+                raise self._restart_failed(folder, exc) from exc
             if self._closing:  # shutdown() was called while building
                 await asyncio.to_thread(loaded.engine.shutdown)
                 raise EngineNotReady("the engine was shut down while restarting")
-            self._loaded = loaded
-            self.start_time_s = time.perf_counter() - started
-            log.info("vLLM engine restarted in %.1f s on %s: %s", self.start_time_s, folder.name, loaded.info)
-            return loaded.info
+            return self._finish_start(loaded, started, log, f"restarted on {folder.name}")
         finally:
             self._swapping = False
 
     # --- helpers ------------------------------------------------------------------------
-
-    def _require(self) -> _Loaded:
-        if self._closing:
-            raise EngineNotReady("the engine is shutting down")
-        if self._loaded is None:
-            raise EngineNotReady(self._not_loaded)
-        return self._loaded
 
     @staticmethod
     async def _abort(engine: Any, request_ids: list[str]) -> None:

@@ -21,16 +21,16 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from rmserve.server.config import EngineConfig, check_reward_head
 from rmserve.fingerprint import model_fingerprint
-from rmserve.server.protocol import SequenceScore, check_token_ids
+from rmserve.server.lifecycle import EngineLifecycle
+from rmserve.server.protocol import LoadedModel, SequenceScore, check_token_ids, local_checkpoint
 from rmserve.server.render import Renderer
 
-from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, ServerFault
+from rmserve.errors import EngineError, EngineNotReady, ServerFault
 from rmserve.schema import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -45,11 +45,19 @@ class _Loaded:
     head: Any
     device: torch.device
     pad_id: int
-    renderer: Renderer
-    info: ModelInfo
+    record: LoadedModel
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.record.info
+
+    @property
+    def renderer(self) -> Renderer:
+        assert self.record.renderer is not None
+        return self.record.renderer
 
 
-class HFEngine:
+class HFEngine(EngineLifecycle[_Loaded]):
     """:class:`~rmserve.server.protocol.RewardEngine` backed by transformers.
 
     Args:
@@ -58,33 +66,30 @@ class HFEngine:
             ``chat_template`` and ``hf_batch_size`` (sequences per forward pass).
 
     Attributes (after :meth:`start`):
-        renderer: the :class:`Renderer` for this model.
+        renderer: the :class:`Renderer` for this model (the one in :meth:`start`'s record).
         config: the settings; after :meth:`restart` its ``model`` is the checkpoint last started.
     """
 
     kind = "hf"
+    label = "transformers engine"
 
     def __init__(self, config: EngineConfig) -> None:
+        super().__init__()
         self.config = config
-        self._loaded: _Loaded | None = None
-        self._closing = False
         self._lock = asyncio.Lock()
-        self._not_loaded = "the engine is still loading"
-        self.start_time_s: float | None = None
 
-    async def start(self) -> None:
-        """Load model and tokenizer in a worker thread.
+    async def start(self) -> LoadedModel:
+        """Load model and tokenizer in a worker thread; return the loaded model (info,
+        renderer, checkpoint folder). A second call returns the same record.
 
         Raises:
             ServerFault: not a one-label ``*ForSequenceClassification`` with a ``score``
                 head, or loading failed.
         """
         if self._loaded is not None:
-            return
+            return self._loaded.record
         started = time.perf_counter()
-        self._loaded = await asyncio.to_thread(self._build)
-        self.start_time_s = time.perf_counter() - started
-        log.info("transformers engine ready in %.1f s: %s", self.start_time_s, self._loaded.info)
+        return self._finish_start(await asyncio.to_thread(self._build), started, log, "ready")
 
     def _build(self) -> _Loaded:
         from transformers import AutoModelForSequenceClassification
@@ -125,7 +130,8 @@ class HFEngine:
         )
         return _Loaded(
             model=model, base=base, head=head, device=device,
-            pad_id=int(pad_id) if pad_id is not None else 0, renderer=renderer, info=info,
+            pad_id=int(pad_id) if pad_id is not None else 0,
+            record=LoadedModel(info, renderer, local_checkpoint(cfg.model)),
         )
 
     async def shutdown(self) -> None:
@@ -175,12 +181,12 @@ class HFEngine:
         """No prefix cache here: nothing to drop; True."""
         return True
 
-    async def reload_weights(self, path: str) -> ModelInfo:
+    async def reload_weights(self, path: str) -> LoadedModel:
         """Replace the model in place with the checkpoint at ``path`` (same architecture).
 
         Waits for the forward pass in progress, loads the new model in a worker thread and
         swaps it in; the renderer (same tokenizer) is kept, the fingerprint recomputed. On
-        any failure the loaded model is unchanged.
+        any failure the loaded model is unchanged. Returns the loaded model.
 
         Raises:
             EngineNotReady: not started or shut down.
@@ -192,7 +198,7 @@ class HFEngine:
                 self._loaded = await asyncio.to_thread(self._reload, loaded, path)
             except (OSError, RuntimeError, ValueError, ServerFault) as exc:
                 raise EngineError(f"reloading weights failed: {type(exc).__name__}: {exc}") from exc
-            return self._loaded.info
+            return self._loaded.record
 
     def _reload(self, loaded: _Loaded, path: str) -> _Loaded:
         from transformers import AutoModelForSequenceClassification
@@ -209,16 +215,17 @@ class HFEngine:
             fingerprint=model_fingerprint(path, loaded.renderer.chat_template, dtype), engine=self.kind,
         )
         return _Loaded(model=model, base=base, head=head, device=loaded.device, pad_id=loaded.pad_id,
-                       renderer=loaded.renderer, info=info)
+                       record=LoadedModel(info, loaded.renderer, local_checkpoint(path)))
 
-    async def restart(self, path: str) -> ModelInfo:
+    async def restart(self, path: str) -> LoadedModel:
         """Drop the model and load the checkpoint at ``path`` (any architecture or tokenizer).
 
         Like :meth:`start` with this engine's config, ``model`` replaced
         (``dataclasses.replace``): new renderer (tokenizer, chat template), ``max_model_len``
         (a configured one is kept, else the new model's ``max_position_embeddings``) and
         fingerprint. Waits for the forward pass in progress; the old model is released
-        before the new one loads (one model in accelerator memory at a time).
+        before the new one loads (one model in accelerator memory at a time). Returns the
+        loaded model.
 
         Raises:
             EngineNotReady: shutting down.
@@ -226,28 +233,20 @@ class HFEngine:
             EngineError: the checkpoint could not be loaded or is not a one-label
                 classifier; no model is loaded afterwards until a restart succeeds.
         """
-        folder = Path(path)
-        if not folder.is_dir():
-            raise InvalidRequest(f"checkpoint path {str(folder)!r} is not a folder", field="path")
+        folder = self._checkpoint_folder(path)
         async with self._lock:
             if self._closing:
                 raise EngineNotReady("the engine is shutting down")
-            self._loaded = None
-            self._not_loaded = f"the engine is restarting on checkpoint {folder.name!r}"
+            self._begin_restart(folder)
             self.config = dataclasses.replace(self.config, model=str(folder))
             started = time.perf_counter()
             try:
                 loaded = await asyncio.to_thread(self._release_then_build)
             except Exception as exc:  # noqa: BLE001 - any load failure: no model now
-                self._not_loaded = f"the restart on checkpoint {folder.name!r} failed; no model is loaded"
-                reason = exc.message if isinstance(exc, ServerFault) else f"{type(exc).__name__}: {exc}"
-                raise EngineError(f"the transformers engine did not load checkpoint {folder.name!r}: {reason}") from exc
+                raise self._restart_failed(folder, exc) from exc
             if self._closing:
                 raise EngineNotReady("the engine was shut down while restarting")
-            self._loaded = loaded
-            self.start_time_s = time.perf_counter() - started
-            log.info("transformers engine restarted in %.1f s on %s: %s", self.start_time_s, folder.name, loaded.info)
-            return loaded.info
+            return self._finish_start(loaded, started, log, f"restarted on {folder.name}")
 
     def _release_then_build(self) -> _Loaded:
         """Free the dropped model's memory (garbage, CUDA cache), then :meth:`_build`."""
@@ -255,13 +254,6 @@ class HFEngine:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return self._build()
-
-    def _require(self) -> _Loaded:
-        if self._closing:
-            raise EngineNotReady("the engine is shutting down")
-        if self._loaded is None:
-            raise EngineNotReady(self._not_loaded)
-        return self._loaded
 
 
 def _dtype_kwargs(dtype: str) -> dict[str, Any]:

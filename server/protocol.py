@@ -1,24 +1,42 @@
 """The engine protocol the HTTP layer sees, and the records that cross it.
 
-Handlers never touch ``AsyncLLM`` or transformers: they render and tokenize a group with a
-:class:`~rmserve.server.render.Renderer`-like object, then hand token ids to a
+The server never touches ``AsyncLLM`` or transformers: it renders and tokenizes a group
+with a :class:`~rmserve.server.render.Renderer`, then hands token ids to a
 :class:`RewardEngine`. Implementations: ``rmserve.server.engine`` (vLLM),
-``rmserve.server.engine_hf`` (transformers), and a fake in the tests. Both real engines
-expose, after ``start``, a ``renderer`` attribute (a
-:class:`~rmserve.server.render.Renderer` with the model's tokenizer, the chat template in
-use and the engine's ``max_model_len``); it is not part of the protocol so fakes stay small.
+``rmserve.server.engine_hf`` (transformers), and fakes in the tests; engines are registered
+by name in :mod:`rmserve.server.backends`.
+
+Every way of (re)loading a model — ``start``, ``restart``, ``reload_weights`` — returns one
+:class:`LoadedModel`: the model's info, the renderer built for it (its tokenizer, chat
+template and resolved ``max_model_len``; None when the engine leaves rendering to the app)
+and the local checkpoint folder. That record is the only channel from engine to app.
+
+A kind of reward model plugs in as one engine module plus its renderer: the engine returns,
+per sequence, a :class:`SequenceScore` whose ``reward`` every kind has, and whose optional
+``extras`` carry what only that kind produces (for example the summed log-probabilities of
+a DPO policy and its reference, or a generative judge's text); the app passes extras
+through to the reply's :class:`~rmserve.schema.GroupResult` without reading them.
+
 Optional capabilities are separate protocols (:class:`SupportsPrefixCacheStats`,
 :class:`SupportsWeightReload`, :class:`SupportsRestart`): check them with ``isinstance``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rmserve.errors import InvalidRequest, SequenceTooLong
 from rmserve.schema import ModelInfo
+
+if TYPE_CHECKING:  # render imports the tokenizer stack lazily; only its type is needed here
+    from rmserve.server.render import Renderer
+
+ExtraValue = float | int | str | None
+"""One per-response extra value: a number (e.g. a log-probability sum) or a text (a judge's
+verdict); None where the engine has no value for that response."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,13 +44,45 @@ class SequenceScore:
     """The engine's answer for one token sequence.
 
     Attributes:
-        reward: the raw reward-head logit (no activation), a Python float.
+        reward: the reward, a Python float (a classifier's raw reward-head logit, no
+            activation; other kinds define theirs in their engine module).
         num_cached_tokens: tokens of this sequence served from the prefix cache (0 when the
             engine has no prefix cache).
+        extras: optional named values of this response that only some kinds of reward model
+            produce (empty for classifiers). Every sequence of a group must carry the same
+            names; the app sends them as ``GroupResult.extras`` (one list per name, response
+            order) and omits the field when no sequence has any.
     """
 
     reward: float
     num_cached_tokens: int
+    extras: Mapping[str, ExtraValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """What an engine serves after ``start``, ``restart`` or ``reload_weights``.
+
+    Attributes:
+        info: name, max length, dtype, fingerprint and engine kind of the loaded model.
+        renderer: the renderer matching the model (tokenizer, chat template, ``max_model_len``),
+            or None when the engine does not build one (the app then needs a renderer or a
+            renderer factory of its own).
+        checkpoint_dir: the loaded checkpoint's folder, resolved; None when the model is not a
+            local folder (a hub id). The app compares checkpoints for a swap from it and
+            restores it when a restart on another checkpoint fails.
+    """
+
+    info: ModelInfo
+    renderer: Renderer | None = None
+    checkpoint_dir: Path | None = None
+
+
+def local_checkpoint(model: str | Path | None) -> Path | None:
+    """``model`` resolved when it names an existing local folder, else None (hub ids, None)."""
+    if model is None or not Path(model).is_dir():
+        return None
+    return Path(model).resolve()
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +103,16 @@ class RewardEngine(Protocol):
     """What the server needs from an engine.
 
     Lifecycle: ``await start()`` once (may take minutes), then ``score_group`` concurrently
-    from many requests, then ``await shutdown()``. ``info()`` is valid after ``start``.
+    from many requests, then ``await shutdown()``. ``info()`` is valid after ``start`` (for
+    in-process callers; the app keeps the :class:`LoadedModel` that ``start`` returned).
     """
 
-    async def start(self) -> None:
-        """Load the model; raise ``rmserve.errors.ServerFault`` when it cannot."""
+    async def start(self) -> LoadedModel:
+        """Load the model and describe it; raise ``rmserve.errors.ServerFault`` when it cannot."""
 
     def info(self) -> ModelInfo:
-        """Name, max length, dtype, fingerprint and engine kind of the loaded model."""
+        """Name, max length, dtype, fingerprint and engine kind of the loaded model (the same
+        as the last returned :class:`LoadedModel`'s ``info``)."""
 
     async def score_group(self, token_ids: Sequence[Sequence[int]], request_id: str) -> list[SequenceScore]:
         """Score all sequences of one group together (so they share prefix-cache blocks).
@@ -98,8 +150,9 @@ class SupportsWeightReload(Protocol):
     async def reset_prefix_cache(self) -> bool:
         """Drop all cached prefix blocks."""
 
-    async def reload_weights(self, path: str) -> ModelInfo:
-        """Load the weights at ``path`` and return the new model info (new fingerprint)."""
+    async def reload_weights(self, path: str) -> LoadedModel:
+        """Load the weights at ``path`` into the running model; return what is now loaded
+        (new fingerprint and checkpoint folder; same renderer)."""
 
 
 @runtime_checkable
@@ -108,14 +161,13 @@ class SupportsRestart(Protocol):
 
     The same engine object stays in the app; only what it runs changes. Both real engines
     implement it; the app uses it when a checkpoint cannot be reloaded in place (different
-    architecture/shape or tokenizer). After a successful restart the engine's ``renderer``
-    (when it has one) belongs to the new checkpoint.
+    architecture/shape or tokenizer).
     """
 
-    async def restart(self, path: str) -> ModelInfo:
+    async def restart(self, path: str) -> LoadedModel:
         """Shut the running model down, then start the checkpoint folder ``path`` with the
-        same engine settings otherwise; return its model info (new fingerprint, new
-        ``max_model_len``).
+        same engine settings otherwise; return what is now loaded (new fingerprint,
+        ``max_model_len`` and renderer).
 
         Scoring calls made meanwhile get ``EngineNotReady``. On failure no model is loaded
         (``info()`` and ``score_group`` raise ``EngineNotReady``) until a later ``restart``

@@ -14,35 +14,30 @@ import signal
 from collections.abc import Callable
 
 from aiohttp import web
-from rmserve.server.app import STATE_KEY, RendererFactory, ServerConfig, create_app
-from rmserve.server.config import EngineConfig
-from rmserve.server.protocol import RewardEngine
+from rmserve.server.app import create_app
+from rmserve.server.config import EngineConfig, ServerConfig
+from rmserve.server.protocol import LoadedModel, RewardEngine
 from rmserve.server.render import Renderer
+from rmserve.server.state import STATE_KEY, RendererFactory
 
 from rmserve.errors import ServerFault
-from rmserve.schema import ModelInfo
 
 logger = logging.getLogger("rmserve.server")
 
 
-def engine_renderer(engine: RewardEngine) -> RendererFactory:
-    """A renderer factory that takes the started engine's own ``renderer``.
+def engine_renderer(loaded: LoadedModel) -> Renderer:
+    """Renderer factory that takes the renderer the engine built with its model.
 
-    Both real engines build, while loading, a :class:`~rmserve.server.render.Renderer` with
-    the model's tokenizer, the chat template in use and the resolved max length (which is
-    only known once the engine is up), so the app asks for it after ``start``.
+    The real engines build, while loading, a :class:`~rmserve.server.render.Renderer` with
+    the model's tokenizer, the chat template in use and the resolved max length (only known
+    once the engine is up) and return it in their :class:`LoadedModel`.
 
-    Raises (when called):
-        ServerFault: the engine has no ``renderer`` attribute.
+    Raises:
+        ServerFault: the engine returned no renderer.
     """
-
-    def take(info: ModelInfo) -> Renderer:
-        renderer = getattr(engine, "renderer", None)
-        if renderer is None:
-            raise ServerFault(f"the {info.engine} engine exposes no renderer after start")
-        return renderer
-
-    return take
+    if loaded.renderer is None:
+        raise ServerFault(f"the {loaded.info.engine} engine returned no renderer with its model")
+    return loaded.renderer
 
 
 def _bound_url(runner: web.AppRunner, config: ServerConfig) -> str:
@@ -136,4 +131,4 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig, *, announce:
     from rmserve.server.backends import build_engine
 
     engine = build_engine(engine_config)
-    return asyncio.run(serve_app(server_config, engine, renderer_factory=engine_renderer(engine), announce=announce))
+    return asyncio.run(serve_app(server_config, engine, renderer_factory=engine_renderer, announce=announce))

@@ -1,26 +1,55 @@
-"""Checks of a checkpoint swap (``POST /v1/models/load``): token, path, and which kind of swap.
+"""Checkpoint swaps (``POST /v1/models/load``): the checks, the plan and the orchestration.
 
 A swap is a ``reload`` (new weights into the running engine: same architecture/shape and
 tokenizer) or a ``restart`` (the engine shuts its model down and starts the new checkpoint
 with the same settings otherwise: any architecture or tokenizer). :func:`plan_swap` picks one
 from the two checkpoints' ``config.json`` and tokenizer files and the engine's capabilities.
 
-No torch, no vllm: these run on the event loop (file reads of a few KiB) before the app
-drains scoring and hands the swap to the engine.
+Checks (:func:`check_admin_token`, :func:`resolve_checkpoint`, :func:`plan_swap`) run on the
+event loop (file reads of a few KiB). Then :func:`run_swap` closes the scoring gate
+(:func:`scoring_slot` is the other side of it), drains in-flight scoring, hands the swap to
+the engine, restores the previous checkpoint when a restart fails, and publishes the new
+model in the app's :class:`~rmserve.server.state.EngineState`. No torch, no vllm.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Literal
 
+from aiohttp import web
 from rmserve.fingerprint import TOKENIZER_FILES
-from rmserve.server.protocol import SupportsRestart, SupportsWeightReload
+from rmserve.server.protocol import LoadedModel, SupportsRestart, SupportsWeightReload
+from rmserve.server.render import Renderer
+from rmserve.server.state import (
+    CONFIG_KEY,
+    ENGINE_KEY,
+    EXECUTOR_KEY,
+    METRICS_KEY,
+    RENDERER_FACTORY_KEY,
+    RESULT_CACHE_KEY,
+    STATE_KEY,
+    EngineState,
+)
 
-from rmserve.errors import Conflict, Forbidden, Unauthorized
+from rmserve.errors import (
+    Conflict,
+    EngineError,
+    EngineNotReady,
+    Forbidden,
+    RMServeError,
+    Unauthorized,
+)
+from rmserve.schema import LoadModelRequest, ModelInfo
+
+logger = logging.getLogger("rmserve.server")
 
 SHAPE_KEYS: tuple[str, ...] = (
     "architectures",
@@ -124,18 +153,6 @@ def reload_blocker(current: Path, new: Path) -> str | None:
     return None
 
 
-def check_compatible(current: Path, new: Path) -> None:
-    """Check that ``new`` has the loaded checkpoint's architecture/shape and tokenizer.
-
-    Raises:
-        Conflict (409, field ``path``): :func:`reload_blocker` found a difference (the
-            message names it and says a restart is needed), or a ``config.json`` is unreadable.
-    """
-    blocker = reload_blocker(current, new)
-    if blocker is not None:
-        raise Conflict(f"{blocker}; {RESTART_HINT}", field="path")
-
-
 def plan_swap(engine: object, current: Path | None, new: Path) -> tuple[SwapKind, str | None]:
     """Which swap loads ``new`` into ``engine`` (serving the checkpoint folder ``current``).
 
@@ -172,3 +189,173 @@ def plan_swap(engine: object, current: Path | None, new: Path) -> tuple[SwapKind
             field="path",
         )
     raise Conflict(f"{blocker}; {RESTART_HINT}", field="path")
+
+
+# --- orchestration ----------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def scoring_slot(state: EngineState, wait_s: float) -> AsyncIterator[None]:
+    """Admit one scoring request past the swap gate and count it until it is answered.
+
+    While a checkpoint swap runs (``state.serving`` cleared) the request waits up to
+    ``wait_s`` seconds, then gets :class:`EngineNotReady` (503, Retry-After). Between the
+    gate opening and the count there is no await, so a swap that has started draining
+    never sees a request slip in.
+    """
+    if not state.serving.is_set():
+        try:
+            async with asyncio.timeout(wait_s):
+                while not state.serving.is_set():
+                    await state.serving.wait()
+        except TimeoutError:
+            raise EngineNotReady(
+                f"a checkpoint swap is in progress (waited swap_wait_s={wait_s:g} s); retry later"
+            ) from None
+    state.enter_scoring()
+    try:
+        yield
+    finally:
+        state.leave_scoring()
+
+
+async def start_swap(app: web.Application, load: LoadModelRequest, folder: Path) -> tuple[ModelInfo, SwapKind]:
+    """Plan and run the swap of the app's engine to the resolved checkpoint ``folder``.
+
+    One swap at a time: a second one is refused, not queued. Once it holds the swap lock the
+    swap runs to its end even if the caller is cancelled (a half-done restart would leave no
+    model); the lock is released when it ends.
+
+    Returns:
+        (the served model's new info, the kind of swap).
+
+    Raises:
+        Conflict: another swap is in progress, or :func:`plan_swap` found no way to load it.
+        EngineNotReady / EngineError: from :func:`run_swap`.
+    """
+    state = app[STATE_KEY]
+    kind, reason = plan_swap(app[ENGINE_KEY], state.checkpoint_dir, folder)
+    if state.swap_lock.locked():
+        raise Conflict("another checkpoint swap is in progress; retry after it finishes")
+    await state.swap_lock.acquire()  # free (checked just above): returns without yielding
+    operation = asyncio.ensure_future(run_swap(app, load, folder, kind, reason))
+    operation.add_done_callback(lambda _: state.swap_lock.release())
+    return await asyncio.shield(operation), kind
+
+
+async def run_swap(app: web.Application, load: LoadModelRequest, folder: Path, kind: SwapKind,
+                   reason: str | None) -> ModelInfo:
+    """Drain, swap, publish the new model info; the scoring gate reopens whatever happens.
+
+    After a successful swap the result cache is cleared: its entries are keyed by the old
+    model's fingerprint and can no longer be hit (unless a later swap goes back to it).
+
+    Raises:
+        EngineNotReady: in-flight scoring outlasted ``swap_drain_timeout_s`` (nothing loaded).
+        EngineError: the engine failed (see :func:`restart_or_restore` for restarts).
+    """
+    config = app[CONFIG_KEY]
+    state = app[STATE_KEY]
+    metrics = app[METRICS_KEY]
+    engine = app[ENGINE_KEY]
+    if kind == "restart":
+        logger.info("checkpoint swap to %s needs an engine restart: %s", folder.name, reason)
+    started = time.perf_counter()
+    state.begin_swap()
+    try:
+        try:
+            async with asyncio.timeout(config.swap_drain_timeout_s):
+                await state.scoring_idle.wait()
+        except TimeoutError:
+            metrics.swaps.labels(kind=kind, outcome="drain_timeout").inc()
+            raise EngineNotReady(
+                f"{state.scoring_requests} scoring requests were still in flight after "
+                f"swap_drain_timeout_s={config.swap_drain_timeout_s:g} s; checkpoint {folder.name!r} was not "
+                "loaded and the current model is still served; retry later"
+            ) from None
+        try:
+            if kind == "reload":
+                loaded = await engine.reload_weights(str(folder))
+                await engine.reset_prefix_cache()
+            else:
+                loaded = await restart_or_restore(app, folder)
+        except BaseException:
+            metrics.swaps.labels(kind=kind, outcome="error").inc()
+            raise
+        info = state.swapped(loaded, load.name, folder)
+        app[RESULT_CACHE_KEY].clear()
+    finally:
+        state.finish_swap()
+    metrics.swaps.labels(kind=kind, outcome="ok").inc()
+    metrics.swap_duration_s.labels(kind=kind).observe(time.perf_counter() - started)
+    logger.info("checkpoint swap %d (%s): now serving %s (fingerprint %s, max_model_len %d)", info.swap_count,
+                kind, load.name, info.fingerprint, info.max_model_len)
+    return info
+
+
+async def renderer_for(app: web.Application, loaded: LoadedModel) -> Renderer:
+    """The renderer for a model the engine has just loaded.
+
+    The app's renderer factory (called in a render thread) when it has one; else the fixed
+    renderer the app was given (kept across restarts).
+    """
+    factory = app[RENDERER_FACTORY_KEY]
+    state = app[STATE_KEY]
+    if factory is None:
+        assert state.renderer is not None
+        return state.renderer
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(app[EXECUTOR_KEY], factory, loaded)
+
+
+def _why(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, RMServeError) else f"{type(exc).__name__}: {exc}"
+
+
+async def restart_or_restore(app: web.Application, folder: Path) -> LoadedModel:
+    """Restart the engine on ``folder``; on failure restart it on the previous checkpoint.
+
+    ``/health`` answers ``restarting`` meanwhile. Returns the loaded model (its renderer is
+    in place).
+
+    Raises:
+        EngineError: the new checkpoint failed; the message says whether the previous one
+            serves again (status stays ``ready``, name and swap count unchanged) or not
+            (status ``failed``, no info, no renderer).
+    """
+    state = app[STATE_KEY]
+    state.begin_restart()
+    try:
+        return await _restart_or_restore(app, folder)
+    finally:
+        state.finish_restart()
+
+
+async def _restart_or_restore(app: web.Application, folder: Path) -> LoadedModel:
+    engine = app[ENGINE_KEY]
+    state = app[STATE_KEY]
+    previous = state.checkpoint_dir
+    assert previous is not None  # plan_swap restarts only from a known folder
+    try:
+        loaded = await engine.restart(str(folder))
+        state.use_renderer(await renderer_for(app, loaded))
+        return loaded
+    except Exception as exc:  # noqa: BLE001 - any failure: restore the previous checkpoint
+        failure = exc
+    logger.error("engine restart on checkpoint %s failed (%s); restarting on the previous checkpoint %s",
+                 folder.name, _why(failure), previous.name)
+    try:
+        restored = await engine.restart(str(previous))
+        state.use_renderer(await renderer_for(app, restored))
+    except Exception as exc:  # noqa: BLE001
+        state.fail(exc)
+        logger.error("restoring checkpoint %s failed too (%s): no model is served", previous.name, _why(exc))
+        raise EngineError(
+            f"restarting the engine on checkpoint {folder.name!r} failed ({_why(failure)}); restoring the previous "
+            f"checkpoint {previous.name!r} failed too ({_why(exc)}); no model is served: restart the server"
+        ) from failure
+    state.restored(restored)
+    raise EngineError(
+        f"restarting the engine on checkpoint {folder.name!r} failed ({_why(failure)}); the previous checkpoint "
+        f"{previous.name!r} was restored and is served again (fingerprint {restored.info.fingerprint})"
+    ) from failure

@@ -38,11 +38,11 @@ class CountingEngine(fakes.ReloadableFakeEngine):
         self.n_score_calls = 0
 
     async def reload_weights(self, path):
-        info = await super().reload_weights(path)
+        info = (await super().reload_weights(path)).info
         if self.skew_fingerprint:
             self.model = ModelInfo(name=info.name, max_model_len=info.max_model_len, dtype=info.dtype,
                                    fingerprint="skewed-" + info.fingerprint, engine=info.engine)
-        return self.model
+        return self.loaded()
 
     async def score_group(self, token_ids, request_id):
         self.n_score_calls += 1

@@ -188,14 +188,14 @@ async def test_reload_weights_swaps_checkpoint_and_back(vllm_engine, demo_model_
     original = await vllm_engine.score_group(group.token_ids, "reload-before")  # fills the prefix cache
     old_fingerprint = vllm_engine.info().fingerprint
 
-    info = await vllm_engine.reload_weights(other)
+    info = (await vllm_engine.reload_weights(other)).info
     swapped = await vllm_engine.score_group(group.token_ids, "reload-after")
     expected = _direct_rewards(model, group.token_ids)
     assert info.fingerprint != old_fingerprint
     assert max(abs(s.reward - e) for s, e in zip(swapped, expected, strict=True)) <= PARITY_ATOL
     assert max(abs(s.reward - o.reward) for s, o in zip(swapped, original, strict=True)) > 100 * PARITY_ATOL
 
-    info = await vllm_engine.reload_weights(demo_model_dir)
+    info = (await vllm_engine.reload_weights(demo_model_dir)).info
     restored = await vllm_engine.score_group(group.token_ids, "reload-restored")
     assert info.fingerprint == old_fingerprint
     assert max(abs(s.reward - o.reward) for s, o in zip(restored, original, strict=True)) <= PARITY_ATOL

@@ -106,9 +106,9 @@ async def test_renderer_factory_is_called_after_the_engine_started():
     engine = FakeEngine()
     seen = []
 
-    def factory(info):
-        seen.append((info.name, engine.started))
-        return FakeRenderer(max_model_len=info.max_model_len)
+    def factory(loaded):
+        seen.append((loaded.info.name, engine.started))
+        return FakeRenderer(max_model_len=loaded.info.max_model_len)
 
     lines: list[str] = []
     stop = asyncio.Event()

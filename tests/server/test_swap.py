@@ -14,7 +14,7 @@ import math
 import orjson
 import pytest
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, ReloadableFakeEngine, write_fake_checkpoint
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.app import RESULT_CACHE_KEY, STATE_KEY, ServerConfig, create_app
 from rmserve.fingerprint import model_fingerprint
 from test_app import VALID, assert_serves, error_of, post_score, scrape, wait_until
 
@@ -257,3 +257,20 @@ def test_server_config_rejects_bad_swap_settings(kwargs, field):
 
 def test_server_config_hides_admin_token():
     assert TOKEN not in repr(ServerConfig(admin_token=TOKEN))
+
+
+async def test_successful_swap_clears_the_result_cache_and_a_refused_one_keeps_it(make_swap_client, roots):
+    root, original, second = roots
+    client, engine = await make_swap_client()
+    cache = client.app[RESULT_CACHE_KEY]
+    assert await rewards(client) == pytest.approx(BASE_REWARDS)
+    assert len(cache) == 1  # the one group of VALID
+    other_shape = write_fake_checkpoint(root / "wide", 5.0, hidden_size=16)
+    status, body = await load(client, "wide", other_shape)  # this engine cannot restart: refused
+    assert (status, error_of(body)["type"]) == (409, "conflict")
+    assert len(cache) == 1
+    status, body = await load(client, "step-1", second)
+    assert status == 200, body
+    assert len(cache) == 0
+    assert await rewards(client, "step-1") == pytest.approx((14.55, 14.41))
+    assert len(engine.calls) == 2  # the same tokens were scored again, on the new weights

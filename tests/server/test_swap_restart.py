@@ -55,9 +55,9 @@ def make_client(aiohttp_client, ckpts):
         engine = engine or RestartableFakeEngine(checkpoint_dir=str(ckpts["step-0"]))
         built: list[int] = []
 
-        def renderer_factory(info):
-            built.append(info.max_model_len)
-            return FakeRenderer(max_model_len=info.max_model_len)
+        def renderer_factory(loaded):
+            built.append(loaded.info.max_model_len)
+            return FakeRenderer(max_model_len=loaded.info.max_model_len)
 
         server_config = ServerConfig(port=0, admin_token=TOKEN, checkpoint_roots=(str(ckpts["root"]),), **config)
         app = create_app(server_config, engine, renderer_factory=renderer_factory)

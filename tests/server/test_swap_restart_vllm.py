@@ -66,7 +66,7 @@ async def test_vllm_restart_on_other_shape_then_failed_restart_restores(demo_mod
     engine = VLLMEngine(EngineConfig(model=str(demo_model_dir), engine="vllm", dtype="float32", block_size=32,
                                      kv_cache_memory_bytes=1 << 30, enforce_eager=True))
     config = ServerConfig(port=0, admin_token=TOKEN, checkpoint_roots=(str(demo_model_dir.parent), str(deeper.parent)))
-    app = create_app(config, engine, renderer_factory=engine_renderer(engine))
+    app = create_app(config, engine, renderer_factory=engine_renderer)
     groups = _chat_groups(rmbench_dir)
     payload = encode(ScoreRequest(groups=tuple(groups)))
     client = TestClient(TestServer(app))
@@ -129,8 +129,10 @@ async def test_hf_restart_on_other_shape(demo_model_dir, rmbench_dir, restart_ch
     await engine.start()
     try:
         first = engine.info()
-        info = await engine.restart(str(deeper))
+        loaded = await engine.restart(str(deeper))
+        info = loaded.info
         assert info == engine.info() and info.max_model_len == SECOND_MAX_LEN
+        assert loaded.renderer is engine.renderer and loaded.checkpoint_dir == deeper.resolve()
         expected_fingerprint = model_fingerprint(deeper, engine.renderer.chat_template, "float32")
         assert info.fingerprint == expected_fingerprint != first.fingerprint
         groups = _chat_groups(rmbench_dir, count=2)
@@ -145,6 +147,6 @@ async def test_hf_restart_on_other_shape(demo_model_dir, rmbench_dir, restart_ch
             await engine.restart(str(broken))
         with pytest.raises(EngineNotReady, match="no model is loaded"):
             engine.info()
-        assert (await engine.restart(str(deeper))).fingerprint == info.fingerprint
+        assert (await engine.restart(str(deeper))).info.fingerprint == info.fingerprint
     finally:
         await engine.shutdown()

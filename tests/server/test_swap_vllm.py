@@ -36,11 +36,9 @@ class _Lent:
 
     def __init__(self, engine) -> None:
         self._engine = engine
-        self.config = engine.config
-        self.renderer = engine.renderer
 
-    async def start(self) -> None:
-        await self._engine.start()
+    async def start(self):
+        return await self._engine.start()
 
     def info(self):
         return self._engine.info()

@@ -7,6 +7,10 @@ prefix-cache counts computed from the token ids, so a test can work out every nu
 - ``num_cached_tokens``: 0 for the first sequence of a group; for a later one, its longest
   common prefix with any earlier sequence of the group, capped at ``len(ids) - 1`` (the last
   token is always recomputed), rounded down to a multiple of ``block_size``.
+- ``extras``: ``FakeEngine.extras_of(ids)`` when that hook is set, else none (as a classifier).
+
+Its :meth:`FakeEngine.start` returns a :class:`~rmserve.server.protocol.LoadedModel` with no
+renderer (the app is given :class:`FakeRenderer` or a factory).
 
 :class:`FakeRenderer` is the real :class:`rmserve.server.render.Renderer` over
 :class:`FakeTokenizer`, a character tokenizer (token id = Unicode code point) whose "chat
@@ -24,10 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rmserve.server.protocol import PrefixCacheStats, SequenceScore
+from rmserve.server.protocol import ExtraValue, LoadedModel, PrefixCacheStats, SequenceScore, local_checkpoint
 from rmserve.server.render import Renderer
 
 from rmserve.errors import EngineNotReady
@@ -77,6 +81,9 @@ class FakeEngine:
         calls: ``(request_id, token_ids)`` of every ``score_group`` call, in call order.
         cancelled: request ids whose ``score_group`` was cancelled (the engine's abort).
         entered: set whenever a ``score_group`` call has been recorded.
+        checkpoint_dir: the loaded fake checkpoint folder (None: the model is not a local
+            folder); reported in the :class:`LoadedModel` records.
+        extras_of: when set, the per-response extras of a sequence, from its token ids.
     """
 
     model: ModelInfo = FAKE_MODEL
@@ -93,13 +100,20 @@ class FakeEngine:
     queries_tokens: int = 0
     hits_tokens: int = 0
     reward_offset: float = 0.0
+    checkpoint_dir: object = None
+    extras_of: Callable[[tuple[int, ...]], Mapping[str, ExtraValue]] | None = None
 
-    async def start(self) -> None:
+    async def start(self) -> LoadedModel:
         if self.start_gate is not None:
             await self.start_gate.wait()
         if self.start_error is not None:
             raise self.start_error
         self.started = True
+        return self.loaded()
+
+    def loaded(self) -> LoadedModel:
+        """What is loaded now: :attr:`model`, no renderer, :attr:`checkpoint_dir` resolved."""
+        return LoadedModel(info=self.model, checkpoint_dir=local_checkpoint(self.checkpoint_dir))
 
     def info(self) -> ModelInfo:
         return self.model
@@ -119,7 +133,9 @@ class FakeEngine:
         if self.fail_with is not None:
             raise self.fail_with
         scores = [
-            SequenceScore(reward=fake_reward(ids) + self.reward_offset, num_cached_tokens=fake_cached_tokens(group, i, self.block_size))
+            SequenceScore(reward=fake_reward(ids) + self.reward_offset,
+                          num_cached_tokens=fake_cached_tokens(group, i, self.block_size),
+                          extras=dict(self.extras_of(ids)) if self.extras_of is not None else {})
             for i, ids in enumerate(group)
         ]
         self.queries_tokens += sum(len(ids) for ids in group)
@@ -237,7 +253,6 @@ class ReloadableFakeEngine(FakeEngine):
     :func:`~rmserve.fingerprint.model_fingerprint` of the folder.
 
     Attributes:
-        checkpoint_dir: the loaded fake checkpoint (the app's compatibility check reads it).
         reload_gate: when set, a reload waits for it half-way (the offset is already NaN,
             so any request scored mid-swap would be visible).
         reload_entered: set when a reload starts.
@@ -245,7 +260,6 @@ class ReloadableFakeEngine(FakeEngine):
         mixed: scores computed while a reload was in progress (must stay 0).
     """
 
-    checkpoint_dir: object = None
     reload_gate: asyncio.Event | None = None
     reload_entered: asyncio.Event = field(default_factory=asyncio.Event)
     reloads: list[str] = field(default_factory=list)
@@ -259,7 +273,7 @@ class ReloadableFakeEngine(FakeEngine):
             self.mixed += 1
         return scores
 
-    async def reload_weights(self, path: str) -> ModelInfo:
+    async def reload_weights(self, path: str) -> LoadedModel:
         import json
         from pathlib import Path
 
@@ -277,7 +291,7 @@ class ReloadableFakeEngine(FakeEngine):
             self.checkpoint_dir = path
             self.model = ModelInfo(name=self.model.name, max_model_len=self.model.max_model_len, dtype=self.model.dtype,
                                    fingerprint=model_fingerprint(path, None), engine=self.model.engine)
-            return self.model
+            return self.loaded()
         finally:
             self.reloading = False
 
@@ -308,7 +322,7 @@ class RestartableFakeEngine(ReloadableFakeEngine):
     restart_entered: asyncio.Event = field(default_factory=asyncio.Event)
     failing_paths: set[str] = field(default_factory=set)
 
-    async def restart(self, path: str) -> ModelInfo:
+    async def restart(self, path: str) -> LoadedModel:
         import json
         from pathlib import Path
 
@@ -330,4 +344,4 @@ class RestartableFakeEngine(ReloadableFakeEngine):
         self.model = ModelInfo(name=self.model.name, max_model_len=max_model_len, dtype=self.model.dtype,
                                fingerprint=model_fingerprint(path, None), engine=self.model.engine)
         self.started = True
-        return self.model
+        return self.loaded()
