@@ -379,7 +379,7 @@ async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession |
                 if extra:
                     notes.append(f"{extra} stored groups are not in this data and are left out of the figures")
                 if pending:
-                    server_version = str(health.get("version", "")) if isinstance(health, dict) else ""
+                    server_version = health.version
                     await _score_pending(
                         client, store, pending, info, config, len(dataset.groups), db=db, server_version=server_version
                     )
