@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sqlite3
 
 import pytest
 from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
@@ -400,3 +401,19 @@ async def test_stub_replies_equal_the_real_app_replies(real_app, stub, stub_http
     stub_reply = await reply(stub_http, "POST", "/v1/score", json={"groups": []})
     assert stub_reply == (404, "application/json", False, wire.encode_error(errors.ModelNotFound("scripted model_not_found")))
     assert decode(stub_reply[3], ErrorBody) == ErrorBody(ErrorDetail("model_not_found", "scripted model_not_found", None))
+
+
+async def test_a_run_with_a_store_records_the_version_the_real_server_sends(scoring_server, small_rmbench, tmp_path):
+    from rmserve.pipelines.evaluate import EvalConfig, evaluate_async
+
+    url, _ = scoring_server
+    store = tmp_path / "scores.sqlite"
+    config = EvalConfig(
+        bench="rm-bench", data=str(small_rmbench), out_dir=tmp_path / "out", server_url=url, store=store,
+        resamples=0, quiet=True,
+    )
+    result = await evaluate_async(config)
+    assert result.n_scored == 10  # the small RM-Bench fixture: 6 chat + 4 code groups
+    with sqlite3.connect(store) as conn:
+        versions = conn.execute("SELECT server_version, COUNT(*) FROM scores GROUP BY server_version").fetchall()
+    assert versions == [(__version__, 10)]
