@@ -12,6 +12,7 @@ import socket
 import sqlite3
 
 import pytest
+from aiohttp import web
 from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
 from rmserve.server import wire
 from rmserve.server.app import STATE_KEY, ServerConfig, create_app
@@ -417,3 +418,24 @@ async def test_a_run_with_a_store_records_the_version_the_real_server_sends(scor
     with sqlite3.connect(store) as conn:
         versions = conn.execute("SELECT server_version, COUNT(*) FROM scores GROUP BY server_version").fetchall()
     assert versions == [(__version__, 10)]
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [(b'{"ok": true}', "missing required field `status`"), (b"<html>up</html>", "malformed"),
+     (b'{"status": "sleeping"}', "Invalid enum value 'sleeping'")],
+    ids=["no-status", "not-json", "unknown-status"],
+)
+async def test_a_200_health_reply_that_is_not_a_health_record_is_a_server_fault(aiohttp_client, body, words):
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    http = await aiohttp_client(app)
+    async with _client_on(http) as client:
+        with pytest.raises(errors.ServerFault) as info:
+            await client.health()
+    assert info.value.message.startswith("GET /health: invalid reply (")
+    assert words in info.value.message
+    assert not info.value.retryable
