@@ -1,14 +1,15 @@
 """Typed records for every arrow of the data flow, defined once.
 
 dataset -> :class:`Group` -> (wire) :class:`ScoreRequest` -> server -> :class:`ScoreResponse`
--> :class:`ScoreRecord` (JSONL store) -> metric arrays -> report.
+-> :class:`ScoreRecord` (JSONL score file) -> metric arrays -> report.
 
 All records are frozen ``msgspec.Struct`` types: they validate on decode and cannot be
-mutated by later stages. Every HTTP body is one of these records, on both sides: the
+mutated by later stages. Every JSON body on HTTP is one of these records, on both sides: the
 server encodes replies in ``rmserve.server.wire`` (error bodies through
 :meth:`rmserve.errors.RMServeError.to_wire`), the client decodes them into the same types
 (error bodies through :func:`rmserve.errors.from_wire`), and no body is built as a dict.
-Score files and the score store write records with :func:`encode`.
+The score file and the score store write each :class:`ScoreRecord` with :func:`encode`
+(the metrics' ``results.json`` is a report, not a wire body, and is built in ``metrics.report``).
 """
 
 from __future__ import annotations
