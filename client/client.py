@@ -34,6 +34,7 @@ from rmserve import errors
 from rmserve.schema import (
     Group,
     GroupResult,
+    HealthReply,
     LoadModelRequest,
     ModelInfo,
     ModelList,
@@ -202,18 +203,14 @@ class Retry:
 def error_from_reply(status: int, body: bytes, *, retry_after: str | None = None) -> errors.RMServeError:
     """The :mod:`rmserve.errors` instance a non-200 reply stands for.
 
-    The body is decoded as JSON (``{"error": {"type", "message", "field"}}``) when it can be;
-    the class is chosen by :func:`rmserve.errors.from_wire` (``error.type`` first, then the
-    status: 429/503 retryable, other 4xx client fault, else server fault). The parsed
-    ``Retry-After`` header, in seconds, is attached as ``retry_after_s`` (None without one).
+    The body is decoded as the :class:`~rmserve.schema.ErrorBody` record the server writes
+    (``{"error": {"type", "message", "field"}}``) when it is one; the class is chosen by
+    :func:`rmserve.errors.from_wire` (``error.type`` first, then the status: 429/503
+    retryable, other 4xx client fault, else server fault). The ``Retry-After`` header, parsed
+    to seconds by :func:`parse_retry_after`, becomes the error's ``retry_after_s`` (None
+    without one).
     """
-    try:
-        decoded: Any = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        decoded = body.decode("utf-8", "replace")
-    exc = errors.from_wire(status, decoded)
-    exc.retry_after_s = parse_retry_after(retry_after)  # type: ignore[attr-defined]
-    return exc
+    return errors.from_wire(status, body, retry_after_s=parse_retry_after(retry_after))
 
 
 def parse_retry_after(value: str | None, *, now_s: float | None = None) -> float | None:
@@ -418,9 +415,7 @@ class RewardClient:
                 raise error_from_reply(resp.status, body, retry_after=resp.headers.get("Retry-After"))
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
             what = "timed out" if isinstance(exc, TimeoutError) else f"failed ({type(exc).__name__}: {exc})"
-            failure = errors.ConnectionFailed(f"{method} {url} {what}")
-            failure.retry_after_s = None  # type: ignore[attr-defined]
-            raise failure from exc
+            raise errors.ConnectionFailed(f"{method} {url} {what}") from exc
 
     async def _send(
         self,
@@ -438,33 +433,44 @@ class RewardClient:
             except errors.RMServeError as exc:
                 if not exc.retryable or attempt >= self.retry.max_attempts:
                     raise
-                retry_after_s = getattr(exc, "retry_after_s", None)
-                delay_s = retry_after_s if retry_after_s is not None else self.retry.backoff_s(attempt, self._rng.random())
+                delay_s = (
+                    exc.retry_after_s
+                    if exc.retry_after_s is not None
+                    else self.retry.backoff_s(attempt, self._rng.random())
+                )
             self.retries += 1
             await self._sleep(delay_s)
         raise AssertionError("unreachable")  # pragma: no cover
 
     # --- endpoints --------------------------------------------------------------------
 
-    async def health(self) -> dict[str, Any]:
-        """``GET /health`` once, no retries: the reply body (a JSON object) when ready.
+    async def health(self) -> HealthReply:
+        """``GET /health`` once, no retries.
+
+        Returns:
+            The :class:`~rmserve.schema.HealthReply` of a 200 reply: ``status`` ``ready`` and
+            the server's rmserve ``version`` (``""`` from a server that does not send it).
 
         Raises:
-            rmserve.errors.EngineNotReady: 503, the engine is loading or shutting down.
+            rmserve.errors.EngineNotReady: 503, the engine is loading, restarting or shutting
+                down.
             rmserve.errors.ConnectionFailed: nothing answered within ``Timeouts.probe_s``.
+            rmserve.errors.ServerFault: a 200 reply that is not a ``HealthReply``.
             rmserve.errors.RMServeError: any other non-200 reply, mapped by status and type.
         """
         body = await self._send_once("GET", "/health", data=None, timeout=self.timeouts.for_probe())
         try:
-            decoded = msgspec.json.decode(body) if body else {}
-        except msgspec.DecodeError:
-            decoded = {}
-        return decoded if isinstance(decoded, dict) else {}
+            return msgspec.json.decode(body, type=HealthReply)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise errors.ServerFault(f"GET /health: invalid reply ({exc})") from None
 
-    async def wait_until_ready(self, timeout_s: float, *, poll_interval_s: float = 0.5) -> dict[str, Any]:
+    async def wait_until_ready(self, timeout_s: float, *, poll_interval_s: float = 0.5) -> HealthReply:
         """Poll ``/health`` until it answers 200 or ``timeout_s`` seconds pass.
 
         Connection failures and 503 count as "not ready yet"; anything else is raised at once.
+
+        Returns:
+            The ready server's :class:`~rmserve.schema.HealthReply` (see :meth:`health`).
 
         Raises:
             rmserve.errors.EngineNotReady: not ready after ``timeout_s`` (names the URL and the

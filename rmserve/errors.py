@@ -2,10 +2,11 @@
 
 Every error carries a stable ``type`` string and, for client faults, the offending
 ``field`` (a dotted/indexed path such as ``groups[3].responses[1]``), ``value`` and
-``limit``. The server maps ``status`` to HTTP with one middleware
-(``{"error": {"type", "message", "field"}}``); the client maps the status and ``type`` back
-to these same classes (:func:`from_wire`). Loader and metric input errors
-(:class:`DataError`) additionally name the file and the record/line.
+``limit``. The server maps ``status`` to HTTP with one middleware and writes the body
+:meth:`RMServeError.to_wire` gives (an :class:`~rmserve.schema.ErrorBody`,
+``{"error": {"type", "message", "field"}}``); the client decodes the same record and maps
+the status and ``type`` back to these same classes (:func:`from_wire`). Loader and metric
+input errors (:class:`DataError`) additionally name the file and the record/line.
 """
 
 from __future__ import annotations
@@ -15,9 +16,21 @@ from typing import Any
 
 import msgspec
 
+from rmserve.schema import ErrorBody, ErrorDetail
+
 
 class RMServeError(Exception):
-    """Base of every rmserve error. ``status`` is the HTTP status it maps to."""
+    """Base of every rmserve error. ``status`` is the HTTP status it maps to.
+
+    Attributes:
+        message: what went wrong (the exception text).
+        field: path of the offending value (``groups[3].responses[1]``), or None.
+        value, limit: the offending value and the bound it broke, where one applies (kept
+            in the process; only ``type``, ``message`` and ``field`` travel on the wire).
+        retry_after_s: for a retryable error read from a server reply, the wait in seconds
+            the reply's ``Retry-After`` header asked for; None when it had none, and on
+            errors raised locally.
+    """
 
     type: str = "internal_error"
     status: int = 500
@@ -30,16 +43,18 @@ class RMServeError(Exception):
         field: str | None = None,
         value: Any = None,
         limit: Any = None,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
         self.value = value
         self.limit = limit
+        self.retry_after_s = retry_after_s
 
-    def to_wire(self) -> dict[str, Any]:
-        """The JSON error body: ``{"error": {"type", "message", "field"}}``."""
-        return {"error": {"type": self.type, "message": self.message, "field": self.field}}
+    def to_wire(self) -> ErrorBody:
+        """The error reply's body record: ``{"error": {"type", "message", "field"}}``."""
+        return ErrorBody(error=ErrorDetail(type=self.type, message=self.message, field=self.field))
 
 
 # --- client faults: the request is wrong; retrying the same request cannot succeed -------
@@ -216,20 +231,44 @@ _WIRE_TYPES: dict[str, type[RMServeError]] = {
 }
 
 
-def from_wire(status: int, body: Any) -> RMServeError:
-    """Rebuild the error a server reply describes.
+FOREIGN_BODY_CHARS = 200
+"""Most characters of a reply body that is not an :class:`~rmserve.schema.ErrorBody` (an
+HTML page from a proxy, say) quoted in the error message; a longer body is cut and the
+message says how long it was."""
 
-    ``body`` is the decoded JSON (or anything else when the reply was not JSON). The class is
-    chosen by ``error.type`` when known, else by status: 429/503 → retryable, other 4xx →
-    :class:`ClientFault`, 5xx → :class:`ServerFault`.
+
+def from_wire(status: int, body: bytes, *, retry_after_s: float | None = None) -> RMServeError:
+    """Rebuild the error a non-200 server reply describes.
+
+    Args:
+        status: the reply's HTTP status.
+        body: the raw reply body; an :class:`~rmserve.schema.ErrorBody` from an rmserve
+            server, anything else (an empty or HTML body from a proxy) otherwise.
+        retry_after_s: the reply's ``Retry-After`` in seconds, or None; kept on the error.
+
+    Returns:
+        The error, with ``status`` set to the reply's. The class is chosen by
+        ``error.type`` when the body is an ``ErrorBody`` of a known type, else by status:
+        429 → :class:`Overloaded`, 503 → :class:`EngineNotReady` (both retryable), other
+        4xx → :class:`ClientFault`, else :class:`ServerFault`. The message and field are the
+        body's; a foreign body is quoted in the message (at most ``FOREIGN_BODY_CHARS``
+        characters, its full length named when cut).
     """
-    err = body.get("error") if isinstance(body, dict) else None
-    if isinstance(err, dict):
-        type_ = str(err.get("type", ""))
-        message = str(err.get("message", ""))
-        field = err.get("field")
+    try:
+        detail: ErrorDetail | None = msgspec.json.decode(body, type=ErrorBody).error
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        detail = None
+    if detail is not None:
+        type_, message, field = detail.type, detail.message or f"HTTP {status}", detail.field
     else:
-        type_, message, field = "", f"HTTP {status}: {str(body)[:200]}", None
+        text = body.decode("utf-8", "replace")
+        if not text:
+            message = f"HTTP {status} with an empty body"
+        elif len(text) > FOREIGN_BODY_CHARS:
+            message = f"HTTP {status}: {text[:FOREIGN_BODY_CHARS]}… (body cut, {len(text)} characters)"
+        else:
+            message = f"HTTP {status}: {text}"
+        type_, field = "", None
     cls = _WIRE_TYPES.get(type_)
     if cls is None:
         if status == 429:
@@ -240,7 +279,7 @@ def from_wire(status: int, body: Any) -> RMServeError:
             cls = ClientFault
         else:
             cls = ServerFault
-    exc = cls(message or f"HTTP {status}", field=field)
+    exc = cls(message, field=field, retry_after_s=retry_after_s)
     exc.status = status
     return exc
 

@@ -1,11 +1,15 @@
 """Typed records for every arrow of the data flow, defined once.
 
 dataset -> :class:`Group` -> (wire) :class:`ScoreRequest` -> server -> :class:`ScoreResponse`
--> :class:`ScoreRecord` (JSONL store) -> metric arrays -> report.
+-> :class:`ScoreRecord` (JSONL score file) -> metric arrays -> report.
 
 All records are frozen ``msgspec.Struct`` types: they validate on decode and cannot be
-mutated by later stages. JSON conversion of records happens through :func:`encode` /
-:func:`decode` here and in ``rmserve.server.wire``; nothing else hand-builds dicts.
+mutated by later stages. Every JSON body on HTTP is one of these records, on both sides: the
+server encodes replies in ``rmserve.server.wire`` (error bodies through
+:meth:`rmserve.errors.RMServeError.to_wire`), the client decodes them into the same types
+(error bodies through :func:`rmserve.errors.from_wire`), and no body is built as a dict.
+The score file and the score store write each :class:`ScoreRecord` with :func:`encode`
+(the metrics' ``results.json`` is a report, not a wire body, and is built in ``metrics.report``).
 """
 
 from __future__ import annotations
@@ -192,6 +196,49 @@ class LoadModelResponse(ModelList, frozen=True):
     :class:`ModelList` too."""
 
     swap_kind: str
+
+
+HealthStatus = Literal["ready", "loading", "failed", "stopping", "restarting"]
+"""Server states reported by ``GET /health``; only ``ready`` answers 200."""
+
+
+class HealthReply(msgspec.Struct, frozen=True):
+    """Body of ``GET /health``: 200 when ``status`` is ``ready``, else 503 with ``Retry-After``.
+
+    Attributes:
+        status: ``ready`` (scoring); ``loading`` (the engine is starting); ``failed`` (the
+            engine did not start, or a restart after a checkpoint swap failed); ``stopping``
+            (shutting down); ``restarting`` (a checkpoint swap restarts the engine).
+        version: the server's rmserve version (``rmserve.__version__``), sent in every
+            state; ``""`` when decoding the reply of a server that does not send it.
+    """
+
+    status: HealthStatus
+    version: str = ""
+
+
+class ErrorDetail(msgspec.Struct, frozen=True):
+    """The ``error`` member of an error reply.
+
+    Attributes:
+        type: the stable error type (e.g. ``invalid_request``, ``engine_not_ready``; see
+            :mod:`rmserve.errors`), or an HTTP reason in snake case (``not_found``,
+            ``method_not_allowed``) for faults outside rmserve's own classes.
+        message: what went wrong, for people; names the field and the limit where one
+            applies. Decodes as ``""`` when a (foreign) reply leaves it out.
+        field: path of the offending request value (e.g. ``groups[2].responses[1]``), or
+            None. Always written, as ``null`` when None.
+    """
+
+    type: str
+    message: str = ""
+    field: str | None = None
+
+
+class ErrorBody(msgspec.Struct, frozen=True):
+    """Body of every non-200 reply except ``GET /health``: ``{"error": {"type", "message", "field"}}``."""
+
+    error: ErrorDetail
 
 
 class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):

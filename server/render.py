@@ -20,6 +20,12 @@ from that side and the cut count is reported per response. A left cut keeps the 
 BOS (drops the tokens right after it), so truncated sequences still start with exactly one
 BOS.
 
+Request rules (exactly one of ``messages``/``prompt``, at least one turn and one response,
+truncation bounds …) have one owner, :mod:`rmserve.server.wire`: :meth:`Renderer.render_request`
+trusts a request that passed :func:`~rmserve.server.wire.validate_score_request`, and the
+entry points for loose groups (:meth:`Renderer.render_groups`, :meth:`Renderer.render_group`)
+run the wire's own checks, so every rule has one message.
+
 Empty responses are scored: the template renders the assistant turn with empty content
 (``<|assistant|>\\n</s>`` in the demo template), which is a legitimate, usually badly rated,
 answer. Rejecting them would drop items from a benchmark silently on the client side.
@@ -36,6 +42,10 @@ from typing import Any
 
 from rmserve.errors import InvalidRequest, SequenceTooLong, ServerFault
 from rmserve.schema import Message, RequestGroup, ScoreRequest, Truncation
+from rmserve.server.wire import check_request_group, check_truncation
+
+_Item = tuple[int, str, tuple[Message, ...], tuple[str, ...]]
+"""A group as the renderer works on it: (index in the request, id, messages, responses)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +123,14 @@ class Renderer:
     # --- public API ---------------------------------------------------------------------
 
     def render_request(self, request: ScoreRequest) -> list[RenderedGroup]:
-        """Render every group of a score request (see :meth:`render_groups`)."""
-        return self.render_groups(request.groups, request.truncation)
+        """Render every group of a validated score request, with its truncation.
+
+        ``request`` must have passed :func:`rmserve.server.wire.validate_score_request` (as
+        every decoded request body has) with this renderer's ``max_model_len``; its rules are
+        not checked again here. Returns and raises as :meth:`render_groups`, less the
+        request-rule errors.
+        """
+        return self._render(_items(request.groups), request.truncation)
 
     def render_group(
         self,
@@ -128,63 +144,50 @@ class Renderer:
         """Render one conversation with each response as the final assistant turn.
 
         ``group_index`` is the group's position in its request; it appears in error fields
-        (``groups[i].responses[j]``). Errors as :meth:`render_groups`.
+        (``groups[i].responses[j]``). The group and ``truncation`` are checked as a request
+        would be (:func:`~rmserve.server.wire.check_request_group`,
+        :func:`~rmserve.server.wire.check_truncation`). Errors as :meth:`render_groups`.
         """
-        rendered = self._render(
-            [(group_index, group_id, tuple(messages), tuple(responses))], truncation
-        )
-        return rendered[0]
+        group = RequestGroup(id=group_id, responses=tuple(responses), messages=tuple(messages))
+        check_request_group(group, group_index)
+        check_truncation(truncation, max_model_len=self.max_model_len)
+        return self._render(_items([group], start=group_index), truncation)[0]
 
     def render_groups(
         self, groups: Sequence[RequestGroup], truncation: Truncation | None = None
     ) -> list[RenderedGroup]:
         """Render and tokenize request groups (one batched tokenizer call for all).
 
-        A group carries either ``messages`` or ``prompt`` (one user turn).
+        A group carries either ``messages`` or ``prompt`` (one user turn). Each group and
+        ``truncation`` are checked by the wire's rules
+        (:func:`~rmserve.server.wire.check_request_group`,
+        :func:`~rmserve.server.wire.check_truncation`), with the same messages a request
+        body gets; ids need not be unique here.
 
         Returns:
             One :class:`RenderedGroup` per group, request order.
 
         Raises:
-            InvalidRequest: a group with neither or both of ``messages``/``prompt``, no
-                responses, a conversation the template rejects (field
-                ``groups[i].messages``), or ``truncation.max_tokens`` outside
-                ``[2, max_model_len]``.
+            InvalidRequest: a group that breaks a request rule (neither or both of
+                ``messages``/``prompt``, no turn, no response, a last turn not ``user`` …),
+                a conversation the template rejects (field ``groups[i].messages``), or
+                ``truncation.max_tokens`` outside ``[2, max_model_len]``.
             SequenceTooLong: a sequence longer than ``max_model_len`` and no truncation;
                 the message names the group id, ``groups[i].responses[j]``, the token count
                 and the limit.
             ServerFault: the chat template writes BOS twice.
         """
-        items = []
         for i, group in enumerate(groups):
-            if (group.messages is None) == (group.prompt is None):
-                raise InvalidRequest(
-                    f"groups[{i}] (id {group.id!r}) must carry exactly one of 'messages' or 'prompt'",
-                    field=f"groups[{i}].messages",
-                )
-            messages = group.messages if group.messages is not None else (Message("user", group.prompt),)
-            items.append((i, group.id, tuple(messages), tuple(group.responses)))
-        return self._render(items, truncation)
+            check_request_group(group, i)
+        check_truncation(truncation, max_model_len=self.max_model_len)
+        return self._render(_items(groups), truncation)
 
     # --- internals ----------------------------------------------------------------------
 
-    def _render(
-        self,
-        items: Sequence[tuple[int, str, tuple[Message, ...], tuple[str, ...]]],
-        truncation: Truncation | None,
-    ) -> list[RenderedGroup]:
-        self._check_truncation(truncation)
+    def _render(self, items: Sequence[_Item], truncation: Truncation | None) -> list[RenderedGroup]:
+        """Render checked groups (see :meth:`render_groups`; the request rules hold)."""
         conversations: list[list[dict[str, str]]] = []
-        for index, group_id, messages, responses in items:
-            if not responses:
-                raise InvalidRequest(
-                    f"groups[{index}] (id {group_id!r}) has no responses; at least 1 is needed",
-                    field=f"groups[{index}].responses", value=0, limit=1,
-                )
-            if not messages:
-                raise InvalidRequest(
-                    f"groups[{index}] (id {group_id!r}) has no messages", field=f"groups[{index}].messages"
-                )
+        for _, _, messages, responses in items:
             turns = [{"role": m.role, "content": m.content} for m in messages]
             conversations.extend([*turns, {"role": "assistant", "content": r}] for r in responses)
         texts = self._apply_template(conversations, items)
@@ -234,7 +237,7 @@ class Renderer:
             )
         return results
 
-    def _apply_template(self, conversations: list[list[dict[str, str]]], items: Sequence[tuple]) -> list[str]:
+    def _apply_template(self, conversations: list[list[dict[str, str]]], items: Sequence[_Item]) -> list[str]:
         from jinja2 import TemplateError
 
         try:
@@ -295,21 +298,6 @@ class Renderer:
                 "fix the template or pass --chat-template"
             )
 
-    def _check_truncation(self, truncation: Truncation | None) -> None:
-        if truncation is None:
-            return
-        if truncation.max_tokens > self.max_model_len:
-            raise InvalidRequest(
-                f"truncation.max_tokens={truncation.max_tokens} exceeds the model limit "
-                f"max_model_len={self.max_model_len}",
-                field="truncation.max_tokens", value=truncation.max_tokens, limit=self.max_model_len,
-            )
-        if truncation.max_tokens < 2:
-            raise InvalidRequest(
-                f"truncation.max_tokens={truncation.max_tokens} must be ≥ 2",
-                field="truncation.max_tokens", value=truncation.max_tokens, limit=2,
-            )
-
     def _truncate(
         self, sequences: list[list[int]], truncation: Truncation
     ) -> tuple[list[list[int]], tuple[int, ...]]:
@@ -368,3 +356,20 @@ def _common_prefix_len(sequences: Sequence[list[int]], *, known: int = 0) -> int
     while k < n and all(s[k] == first[k] for s in sequences):
         k += 1
     return k
+
+
+def _items(groups: Sequence[RequestGroup], *, start: int = 0) -> list[_Item]:
+    """Request groups as renderer items, a ``prompt`` becoming one user turn.
+
+    ``start`` is the request index of the first group. The groups must have passed
+    :func:`~rmserve.server.wire.check_request_group` (exactly one of messages/prompt).
+    """
+    items: list[_Item] = []
+    for i, group in enumerate(groups, start):
+        if group.messages is not None:
+            messages = group.messages
+        else:
+            assert group.prompt is not None  # exactly one of the two (check_request_group)
+            messages = (Message("user", group.prompt),)
+        items.append((i, group.id, tuple(messages), tuple(group.responses)))
+    return items

@@ -319,7 +319,7 @@ async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession |
                 if resumed.n_extra:
                     notes.append(f"{resumed.n_extra} stored groups are not in this data and are left out of the figures")
                 if pending:
-                    server_version = str(health.get("version", "")) if isinstance(health, dict) else ""
+                    server_version = health.version
                     await _score_pending(
                         client, log, pending, info, config, len(dataset.groups), server_version=server_version
                     )

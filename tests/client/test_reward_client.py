@@ -1,14 +1,25 @@
-"""RewardClient against the in-process wire stub: streaming, bounds, retries, reply checks."""
+"""RewardClient against the in-process wire stub: streaming, bounds, retries, reply checks.
+
+The last section aims the client at the real server app (fake engine and renderer) and checks
+that its health and error replies decode through the records the client uses, and that the
+stub's replies are byte-identical to the app's, so a change to either body fails a test here.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import sqlite3
 
 import pytest
+from aiohttp import web
 from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
+from rmserve.server import wire
+from rmserve.server.app import STATE_KEY, ServerConfig, create_app
+from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer
 
-from rmserve import errors
-from rmserve.schema import GroupResult
+from rmserve import __version__, errors
+from rmserve.schema import ErrorBody, ErrorDetail, GroupResult, HealthReply, Truncation, decode
 
 
 async def _collect(client, groups, **kwargs):
@@ -72,7 +83,7 @@ def test_bad_url_is_refused():
 
 async def test_health_models_and_not_ready(make_client, stub, stub_state):
     async with make_client() as client:
-        assert await client.health() == {"status": "ready"}
+        assert await client.health() == HealthReply(status="ready", version=__version__)
         assert await client.models() == (stub.STUB_MODEL,)
         stub_state.ready = False
         with pytest.raises(errors.EngineNotReady):
@@ -292,3 +303,139 @@ async def test_closing_the_stream_early_cancels_the_rest(make_client, make_group
             break
         await stream.aclose()
     assert stub_state.score_requests <= 5  # the 4 in flight, plus at most the one launched after
+
+
+# --- the real app: same records, same bytes ----------------------------------------------
+
+
+@pytest.fixture
+def real_app(aiohttp_client):
+    """Start the real server app on a fake engine; returns (app, aiohttp test client)."""
+
+    async def start(engine: FakeEngine | None = None, **config):
+        app = create_app(ServerConfig(port=0, **config), engine or FakeEngine(), FakeRenderer())
+        return app, await aiohttp_client(app)
+
+    return start
+
+
+def _client_on(http) -> RewardClient:
+    """A client on the test server's session that tries every request once."""
+    return RewardClient(
+        str(http.make_url("")),
+        session=http.session,
+        timeouts=Timeouts(connect_s=5, sock_read_s=30, total_s=30, probe_s=5),
+        retry=Retry(max_attempts=1),
+    )
+
+
+async def test_client_reads_the_real_app_health_with_its_version(real_app, make_groups):
+    gate = asyncio.Event()
+    app, http = await real_app(FakeEngine(start_gate=gate), retry_after_s=7)
+    async with _client_on(http) as client:
+        with pytest.raises(errors.EngineNotReady) as info:
+            await client.health()
+        # /health's 503 body is a HealthReply, not an error body: the status decides.
+        assert info.value.message == f'HTTP 503: {{"status":"loading","version":"{__version__}"}}'
+        assert info.value.retry_after_s == 7.0
+        with pytest.raises(errors.EngineNotReady) as info:
+            await client.score(make_groups(1))
+        assert info.value.message == "the engine is not ready (status: loading); retry later"
+        assert (info.value.status, info.value.retry_after_s) == (503, 7.0)
+        gate.set()
+        await app[STATE_KEY].settled.wait()
+        assert await client.health() == HealthReply(status="ready", version=__version__)
+        assert (await client.wait_until_ready(5.0)).version == __version__
+
+
+async def test_real_app_errors_decode_to_the_classes_the_client_raises(real_app, make_groups):
+    app, http = await real_app()
+    await app[STATE_KEY].settled.wait()
+    groups = make_groups(1)  # 16..21 fake tokens: BOS, user turn (12), assistant turn (3 + 1..6)
+    async with _client_on(http) as client:
+        with pytest.raises(errors.ModelNotFound) as info:
+            await client.score(groups, model="other-rm")
+        assert (info.value.status, info.value.field) == (404, "model")
+        assert info.value.message == f"model 'other-rm' is not served here; this server scores {FAKE_MODEL.name!r}"
+
+        with pytest.raises(errors.InvalidRequest) as info:
+            await client.score(groups, truncation=Truncation(side="left", max_tokens=FAKE_MODEL.max_model_len + 1))
+        assert (info.value.status, info.value.field) == (400, "truncation.max_tokens")
+        assert info.value.message == "truncation.max_tokens is 65; it must be between 2 and the model's max length 64"
+
+        long_group = make_groups(7)[6:]  # responses of 61..66 characters: 76..81 tokens, over 64
+        with pytest.raises(errors.SequenceTooLong) as info:
+            await client.score(long_group)
+        assert (info.value.status, info.value.field) == (413, "groups[0].responses[0]")
+        assert info.value.retry_after_s is None
+
+
+async def test_stub_replies_equal_the_real_app_replies(real_app, stub, stub_http, stub_state):
+    gate = asyncio.Event()
+    app, http = await real_app(FakeEngine(start_gate=gate))
+
+    async def reply(client, method, path, **kwargs):
+        async with client.request(method, path, **kwargs) as resp:
+            return resp.status, resp.content_type, "Retry-After" in resp.headers, await resp.read()
+
+    # Health while loading, then ready: same status, content type, header and bytes.
+    stub_state.ready = False
+    loading = await reply(http, "GET", "/health")
+    assert loading == await reply(stub_http, "GET", "/health")
+    assert loading[:3] == (503, "application/json", True)
+    gate.set()
+    await app[STATE_KEY].settled.wait()
+    stub_state.ready = True
+    ready = await reply(http, "GET", "/health")
+    assert ready == await reply(stub_http, "GET", "/health")
+    assert decode(ready[3], HealthReply) == HealthReply(status="ready", version=__version__)
+
+    # An error: the app's body, rebuilt by the stub from the decoded record, is the same bytes.
+    status, content_type, _, body = await reply(
+        http, "POST", "/v1/score", json={"model": "nope", "groups": [{"id": "g", "prompt": "q", "responses": ["a"]}]}
+    )
+    detail = decode(body, ErrorBody).error
+    assert (status, content_type, detail.type, detail.field) == (404, "application/json", "model_not_found", "model")
+    assert stub.error_body(detail.type, detail.message, detail.field) == body
+    # ... and the stub's scripted error is what the server writes for that error.
+    stub_state.failures = [stub.Failure(404, "model_not_found")]
+    stub_reply = await reply(stub_http, "POST", "/v1/score", json={"groups": []})
+    assert stub_reply == (404, "application/json", False, wire.encode_error(errors.ModelNotFound("scripted model_not_found")))
+    assert decode(stub_reply[3], ErrorBody) == ErrorBody(ErrorDetail("model_not_found", "scripted model_not_found", None))
+
+
+async def test_a_run_with_a_store_records_the_version_the_real_server_sends(scoring_server, small_rmbench, tmp_path):
+    from rmserve.pipelines.evaluate import EvalConfig, evaluate_async
+
+    url, _ = scoring_server
+    store = tmp_path / "scores.sqlite"
+    config = EvalConfig(
+        bench="rm-bench", data=str(small_rmbench), out_dir=tmp_path / "out", server_url=url, store=store,
+        resamples=0, quiet=True,
+    )
+    result = await evaluate_async(config)
+    assert result.n_scored == 10  # the small RM-Bench fixture: 6 chat + 4 code groups
+    with sqlite3.connect(store) as conn:
+        versions = conn.execute("SELECT server_version, COUNT(*) FROM scores GROUP BY server_version").fetchall()
+    assert versions == [(__version__, 10)]
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [(b'{"ok": true}', "missing required field `status`"), (b"<html>up</html>", "malformed"),
+     (b'{"status": "sleeping"}', "Invalid enum value 'sleeping'")],
+    ids=["no-status", "not-json", "unknown-status"],
+)
+async def test_a_200_health_reply_that_is_not_a_health_record_is_a_server_fault(aiohttp_client, body, words):
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    http = await aiohttp_client(app)
+    async with _client_on(http) as client:
+        with pytest.raises(errors.ServerFault) as info:
+            await client.health()
+    assert info.value.message.startswith("GET /health: invalid reply (")
+    assert words in info.value.message
+    assert not info.value.retryable

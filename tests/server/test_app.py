@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rmserve.server.app import ENGINE_KEY, STATE_KEY, ServerConfig, create_app
 from rmserve.server.protocol import SequenceScore
 
+from rmserve import __version__
 from rmserve.errors import EngineError
 from rmserve.schema import GroupResult, ModelList, ScoreResponse, decode
 
@@ -369,7 +370,7 @@ async def test_health_503_while_loading_then_200(make_client, engine, aiohttp_cl
     async with client.get("/health") as resp:
         assert resp.status == 503
         assert resp.headers["Retry-After"] == "7"
-        assert orjson.loads(await resp.read()) == {"status": "loading"}
+        assert orjson.loads(await resp.read()) == {"status": "loading", "version": __version__}
     async with client.post("/v1/score", json=VALID) as resp:
         assert resp.status == 503
         assert resp.headers["Retry-After"] == "7"
@@ -380,7 +381,7 @@ async def test_health_503_while_loading_then_200(make_client, engine, aiohttp_cl
     await client.app[STATE_KEY].settled.wait()
     async with client.get("/health") as resp:
         assert resp.status == 200
-        assert orjson.loads(await resp.read()) == {"status": "ready"}
+        assert orjson.loads(await resp.read()) == {"status": "ready", "version": __version__}
     await assert_serves(client)
 
 
@@ -389,7 +390,7 @@ async def test_engine_start_failure_keeps_answering_503(make_client):
     client = await make_client(engine_=failing)
     async with client.get("/health") as resp:
         assert resp.status == 503
-        assert orjson.loads(await resp.read()) == {"status": "failed"}
+        assert orjson.loads(await resp.read()) == {"status": "failed", "version": __version__}
     status, body = await post_score(client, VALID)
     assert (status, error_of(body)["type"]) == (503, "engine_not_ready")
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rmserve.server import wire
 from rmserve.server.render import Renderer
+from testkit.fakes import FakeRenderer
 
 from rmserve.datasets import load_rmbench
 from rmserve.errors import InvalidRequest, SequenceTooLong, ServerFault
@@ -249,6 +251,55 @@ def test_malformed_groups_are_rejected(renderer, group, field):
     with pytest.raises(InvalidRequest) as info:
         renderer.render_groups([group])
     assert info.value.field == field
+
+
+def _wire_error(groups, truncation=None, max_model_len=30) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as info:
+        wire.validate_score_request(ScoreRequest(groups=tuple(groups), truncation=truncation), max_model_len=max_model_len)
+    return info.value
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        RequestGroup(id="n", responses=("a",)),
+        RequestGroup(id="b", responses=("a",), prompt="p", messages=(Message("user", "p"),)),
+        RequestGroup(id="e", responses=("a",), messages=()),
+        RequestGroup(id="r", responses=("a",), messages=(Message("", "p"),)),
+        RequestGroup(id="l", responses=("a",), messages=(Message("user", "p"), Message("assistant", "q"))),
+        RequestGroup(id="z", responses=(), prompt="p"),
+        RequestGroup(id="", responses=("a",), prompt="p"),
+    ],
+    ids=["neither", "both", "no-turn", "empty-role", "last-not-user", "no-response", "empty-id"],
+)
+def test_renderer_rejects_a_bad_group_with_the_wire_error(bad):
+    # One owner per rule: loose groups given to the renderer get the request body's error.
+    fine = RequestGroup(id="fine", responses=("a",), prompt="q")
+    expected = _wire_error([fine, bad])
+    with pytest.raises(InvalidRequest) as info:
+        FakeRenderer(max_model_len=30).render_groups([fine, bad])
+    got = info.value
+    assert (got.field, got.value, got.limit, got.message) == (expected.field, expected.value, expected.limit, expected.message)
+    assert got.field.startswith("groups[1].")
+
+
+@pytest.mark.parametrize(("max_tokens", "limit"), [(31, 30), (1, 2)])
+def test_renderer_truncation_bounds_are_the_wire_error(max_tokens, limit):
+    truncation = Truncation("left", max_tokens)
+    expected = _wire_error([RequestGroup(id="g", responses=("y",), prompt="x")], truncation)
+    with pytest.raises(InvalidRequest) as info:
+        FakeRenderer(max_model_len=30).render_group([Message("user", "x")], ["y"], group_id="g", truncation=truncation)
+    assert (info.value.field, info.value.value, info.value.limit) == ("truncation.max_tokens", max_tokens, limit)
+    assert info.value.message == expected.message == (
+        f"truncation.max_tokens is {max_tokens}; it must be between 2 and the model's max length 30"
+    )
+
+
+def test_render_group_names_its_index_in_error_fields():
+    with pytest.raises(InvalidRequest) as info:
+        FakeRenderer().render_group([Message("user", "x")], [], group_id="g", group_index=4)
+    assert info.value.field == "groups[4].responses"
+    assert info.value.message == "groups[4].responses (id 'g') must hold at least one response"
 
 
 def test_chat_template_override_file_is_used(demo_model_dir, tmp_path, tokenizer, special):

@@ -29,6 +29,7 @@ from rmserve.fingerprint import model_fingerprint
 from test_app import VALID, assert_serves, error_of, post_score, scrape, wait_until
 from test_swap import AUTH, BASE_REWARDS, TOKEN, load, model_info, rewards
 
+from rmserve import __version__
 from rmserve.errors import Conflict
 
 WIDER_MAX_LEN = 32
@@ -148,14 +149,14 @@ async def test_restart_drains_in_flight_and_gates_new_requests(make_client, ckpt
     await engine.restart_entered.wait()
     assert not engine.started  # the old model is down
     async with client.get("/health") as resp:
-        assert (resp.status, await resp.json()) == (503, {"status": "restarting"})
+        assert (resp.status, await resp.json()) == (503, {"status": "restarting", "version": __version__})
         assert resp.headers["Retry-After"] == "5"
     await asyncio.sleep(0.05)
     assert len(engine.calls) == 1 and not waiting.done()
     restart_gate.set()
     assert (await swapping)[0] == 200
     async with client.get("/health") as resp:
-        assert (resp.status, await resp.json()) == (200, {"status": "ready"})
+        assert (resp.status, await resp.json()) == (200, {"status": "ready", "version": __version__})
     status, body = await waiting
     assert (status, body["model"]) == (200, "wider")
     assert tuple(body["results"][0]["rewards"]) == pytest.approx((7.55, 7.41))
@@ -179,7 +180,7 @@ async def test_failed_restart_restores_previous_checkpoint(make_client, ckpts):
     assert info.fingerprint == model_fingerprint(ckpts["step-0"], None)
     assert built == [FAKE_MODEL.max_model_len, FAKE_MODEL.max_model_len]  # rebuilt for the restored engine
     async with client.get("/health") as resp:
-        assert (resp.status, await resp.json()) == (200, {"status": "ready"})
+        assert (resp.status, await resp.json()) == (200, {"status": "ready", "version": __version__})
     await assert_serves(client)
     samples = await scrape(client)
     assert samples[("rmserve_checkpoint_swaps_total", (("kind", "restart"), ("outcome", "error")))] == 1
@@ -206,7 +207,7 @@ async def test_failed_restart_and_failed_restore_reports_no_model(make_client, c
     status, body = await waiting  # released by the gate, then told the truth
     assert (status, error_of(body)["type"]) == (503, "engine_not_ready")
     async with client.get("/health") as resp:
-        assert (resp.status, await resp.json()) == (503, {"status": "failed"})
+        assert (resp.status, await resp.json()) == (503, {"status": "failed", "version": __version__})
     async with client.get("/v1/models") as resp:
         assert resp.status == 503
     status, body = await load(client, "step-1", ckpts["step-1"])

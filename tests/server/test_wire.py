@@ -6,9 +6,13 @@ import orjson
 import pytest
 from rmserve.server import wire
 
-from rmserve.errors import InvalidRequest
+from rmserve import __version__
+from rmserve.errors import EngineNotReady, InvalidRequest
 from rmserve.schema import (
+    ErrorBody,
+    ErrorDetail,
     GroupResult,
+    HealthReply,
     Message,
     ModelInfo,
     ModelList,
@@ -147,6 +151,72 @@ def test_truncation_bounds(max_tokens):
     assert str(MAX_LEN) in err.message
 
 
+# One row per request rule: the body, then the error's field, value, limit and whole message.
+RULES = [
+    (body([]), "groups", 0, 1, "groups must hold at least one group"),
+    (body([group("")]), "groups[0].id", None, None, "groups[0].id must be a non-empty string"),
+    (
+        body([group("a"), group("a")]), "groups[1].id", "a", None,
+        "groups[1].id 'a' repeats groups[0].id; ids must be unique within a request",
+    ),
+    (
+        body([group("a", prompt=None)]), "groups[0].messages", None, None,
+        "groups[0] (id 'a') must have exactly one of 'messages' or 'prompt', got neither",
+    ),
+    (
+        body([group("a", messages=[{"role": "user", "content": "q"}])]), "groups[0].messages", None, None,
+        "groups[0] (id 'a') must have exactly one of 'messages' or 'prompt', got both",
+    ),
+    (
+        body([group("a", prompt=None, messages=[])]), "groups[0].messages", 0, 1,
+        "groups[0].messages (id 'a') must hold at least one turn",
+    ),
+    (
+        body([group("a", prompt=None, messages=[{"role": "", "content": "q"}])]), "groups[0].messages[0].role",
+        None, None, "groups[0].messages[0].role (id 'a') must be a non-empty string",
+    ),
+    (
+        body([group("a", prompt=None, messages=[{"role": "user", "content": "q"}, {"role": "system", "content": "s"}])]),
+        "groups[0].messages[1].role", "system", None,
+        "groups[0].messages[1].role (id 'a') is 'system'; the last turn must be 'user' (the responses answer it)",
+    ),
+    (
+        body([group("a"), group("b", responses=[])]), "groups[1].responses", 0, 1,
+        "groups[1].responses (id 'b') must hold at least one response",
+    ),
+    (
+        body([group("a")], truncation={"side": "left", "max_tokens": 1}), "truncation.max_tokens", 1, 2,
+        f"truncation.max_tokens is 1; it must be between 2 and the model's max length {MAX_LEN}",
+    ),
+    (
+        body([group("a")], truncation={"side": "left", "max_tokens": MAX_LEN + 1}), "truncation.max_tokens",
+        MAX_LEN + 1, MAX_LEN, f"truncation.max_tokens is {MAX_LEN + 1}; it must be between 2 and the model's max length {MAX_LEN}",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "field", "value", "limit", "message"), RULES, ids=[r[1] + "-" + str(i) for i, r in enumerate(RULES)])
+def test_each_rule_has_one_message_naming_field_and_limit(data, field, value, limit, message):
+    err = invalid(data)
+    assert (err.field, err.value, err.limit) == (field, value, limit)
+    assert err.message == message
+
+
+def test_group_and_truncation_checks_are_the_request_validation():
+    # The checks the renderer runs on loose groups raise exactly what a request body gets.
+    bad = RequestGroup(id="q", responses=(), prompt="p")
+    with pytest.raises(InvalidRequest) as direct:
+        wire.check_request_group(bad, 3)
+    assert (direct.value.field, direct.value.message) == (
+        "groups[3].responses", "groups[3].responses (id 'q') must hold at least one response"
+    )
+    with pytest.raises(InvalidRequest) as direct:
+        wire.check_truncation(Truncation(side="right", max_tokens=MAX_LEN + 5), max_model_len=MAX_LEN)
+    assert (direct.value.value, direct.value.limit) == (MAX_LEN + 5, MAX_LEN)
+    wire.check_truncation(None, max_model_len=MAX_LEN)
+    wire.check_truncation(Truncation(side="right", max_tokens=2), max_model_len=MAX_LEN)
+
+
 @pytest.mark.parametrize("max_tokens", [2, MAX_LEN])
 def test_truncation_bounds_inclusive(max_tokens):
     request = wire.decode_score_request(
@@ -178,4 +248,27 @@ def test_models_and_error_bodies():
     assert orjson.loads(wire.encode_error(err)) == {
         "error": {"type": "invalid_request", "message": "bad", "field": "groups[0].id"}
     }
-    assert orjson.loads(wire.encode_health("loading")) == {"status": "loading"}
+    assert orjson.loads(wire.encode_health("loading")) == {"status": "loading", "version": __version__}
+
+
+def test_error_and_health_bytes_are_the_records_encoding():
+    # The exact bytes (key order, null field) clients have always read.
+    assert wire.encode_error(InvalidRequest("bad", field="groups[0].id")) == (
+        b'{"error":{"type":"invalid_request","message":"bad","field":"groups[0].id"}}'
+    )
+    assert wire.encode_error(EngineNotReady("loading; retry later")) == (
+        b'{"error":{"type":"engine_not_ready","message":"loading; retry later","field":null}}'
+    )
+    assert wire.encode_error_fields("not_found", "Not Found: GET /nope") == (
+        b'{"error":{"type":"not_found","message":"Not Found: GET /nope","field":null}}'
+    )
+    assert wire.encode_health("ready") == b'{"status":"ready","version":"' + __version__.encode() + b'"}'
+    # ... and they decode through the records the client uses.
+    assert decode(wire.encode_error(InvalidRequest("bad", field="f")), ErrorBody) == ErrorBody(
+        ErrorDetail(type="invalid_request", message="bad", field="f")
+    )
+    assert decode(wire.encode_health("restarting"), HealthReply) == HealthReply(status="restarting", version=__version__)
+
+
+def test_health_reply_of_a_server_without_version_decodes_with_empty_version():
+    assert decode(b'{"status":"ready"}', HealthReply) == HealthReply(status="ready", version="")

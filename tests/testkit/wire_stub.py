@@ -1,6 +1,7 @@
 """A minimal scoring server speaking the rmserve wire schema, for client tests.
 
-It decodes requests with the schema records, answers every group with a reward computed from
+It decodes requests and encodes every reply body (scores, models, health, errors) with the
+schema records the real server uses, so its bodies match the server's byte for byte; it answers every group with a reward computed from
 the response text (``len(response) / 100``, so tests can recompute it), and lets a test script
 failures (status + error type + headers, or a dropped connection), hold groups back to force
 out-of-order replies, and read counters (requests, groups, most groups in flight).
@@ -18,7 +19,19 @@ from dataclasses import dataclass, field
 import msgspec
 from aiohttp import web
 
-from rmserve.schema import GroupResult, ModelInfo, ModelList, ScoreRequest, ScoreResponse, encode
+from rmserve import __version__
+from rmserve.schema import (
+    ErrorBody,
+    ErrorDetail,
+    GroupResult,
+    HealthReply,
+    HealthStatus,
+    ModelInfo,
+    ModelList,
+    ScoreRequest,
+    ScoreResponse,
+    encode,
+)
 
 STUB_MODEL = ModelInfo(name="stub-rm", max_model_len=4096, dtype="float32", fingerprint="fp-stub-1", engine="stub")
 
@@ -70,17 +83,27 @@ class StubState:
 STATE_KEY = web.AppKey("stub_state", StubState)
 
 
+def error_body(type_: str, message: str, field: str | None = None) -> bytes:
+    """The stub's error reply body: an :class:`~rmserve.schema.ErrorBody`, as the server writes it."""
+    return encode(ErrorBody(error=ErrorDetail(type=type_, message=message, field=field)))
+
+
+def health_body(status: HealthStatus) -> bytes:
+    """The stub's ``GET /health`` body: a :class:`~rmserve.schema.HealthReply` with this rmserve version."""
+    return encode(HealthReply(status=status, version=__version__))
+
+
 def _error(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    body = msgspec.json.encode({"error": {"type": type_, "message": message, "field": None}})
-    return web.Response(body=body, status=status, content_type="application/json", headers=headers)
+    return web.Response(body=error_body(type_, message), status=status, content_type="application/json", headers=headers)
 
 
 async def _health(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     state.health_requests += 1
     if not state.ready:
-        return web.json_response({"status": "loading"}, status=503, headers={"Retry-After": "1"})
-    return web.json_response({"status": "ready"})
+        return web.Response(body=health_body("loading"), status=503, content_type="application/json",
+                            headers={"Retry-After": "1"})
+    return web.Response(body=health_body("ready"), content_type="application/json")
 
 
 async def _models(request: web.Request) -> web.Response:
