@@ -93,6 +93,15 @@ class Conflict(ClientFault):
     status = 409
 
 
+class InvalidCheckpoint(ClientFault):
+    """A checkpoint folder that cannot be served, found from its files before any engine
+    touches it (422): unreadable or wrong config (architecture, label count), no tokenizer
+    files, no weights or a missing shard."""
+
+    type = "invalid_checkpoint"
+    status = 422
+
+
 class ModelNotFound(ClientFault):
     """The request named a model this server does not serve (404)."""
 
@@ -220,6 +229,7 @@ _WIRE_TYPES: dict[str, type[RMServeError]] = {
         Unauthorized,
         Forbidden,
         Conflict,
+        InvalidCheckpoint,
         ModelNotFound,
         SequenceTooLong,
         BodyTooLarge,

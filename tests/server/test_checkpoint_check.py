@@ -1,0 +1,92 @@
+"""File checks of a checkpoint folder before a load: each rule refuses with 422 naming file and rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rmserve.server.checkpoint_check import check_checkpoint, num_labels
+
+from rmserve.errors import InvalidCheckpoint
+
+GOOD_CONFIG = {"architectures": ["LlamaForSequenceClassification"], "id2label": {"0": "LABEL_0"}}
+
+
+def _folder(tmp_path: Path, *, config=GOOD_CONFIG, tokenizer: str | None = '{"model": {}}',
+            weights: tuple[str, ...] = ("model.safetensors",)) -> Path:
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    if config is not None:
+        (folder / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    if tokenizer is not None:
+        (folder / "tokenizer.json").write_text(tokenizer)
+    for name in weights:
+        (folder / name).write_bytes(b"\0" * 8)
+    return folder
+
+
+def test_a_servable_folder_passes(tmp_path):
+    assert check_checkpoint(_folder(tmp_path)) is None
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"id2label": {"0": "A"}}, 1),
+        ({"id2label": {"0": "A", "1": "B"}, "num_labels": 1}, 2),  # id2label wins, as in transformers
+        ({"num_labels": 1}, 1),
+        ({}, 2),  # transformers' default
+    ],
+)
+def test_num_labels_counts_as_transformers_does(config, expected):
+    assert num_labels(config) == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"config": {**GOOD_CONFIG, "id2label": {"0": "A", "1": "B"}}},
+         "checkpoint 'ckpt/config.json': has 2 labels (num_labels/id2label); a reward model must have exactly 1, the reward logit"),
+        ({"config": {"architectures": ["LlamaForCausalLM"], "num_labels": 1}},
+         "checkpoint 'ckpt/config.json': architectures is ['LlamaForCausalLM']; a reward model must be a *ForSequenceClassification"),
+        ({"config": {"architectures": ["LlamaForSequenceClassification"]}},
+         "checkpoint 'ckpt/config.json': has 2 labels (num_labels/id2label); a reward model must have exactly 1, the reward logit"),
+        ({"config": None}, "checkpoint 'ckpt/config.json': is missing"),
+        ({"config": "[1, 2]"}, "checkpoint 'ckpt/config.json': holds a JSON list, not an object"),
+        ({"tokenizer": None},
+         "checkpoint 'ckpt': has no tokenizer files (expected one of tokenizer.json, tokenizer_config.json, "
+         "special_tokens_map.json, tokenizer.model, vocab.json, merges.txt, added_tokens.json)"),
+        ({"weights": ()}, "checkpoint 'ckpt': has no weight files (*.safetensors or *.bin)"),
+    ],
+)
+def test_each_rule_refuses_with_422_naming_file_and_rule(tmp_path, kwargs, message):
+    with pytest.raises(InvalidCheckpoint) as info:
+        check_checkpoint(_folder(tmp_path, **kwargs))
+    assert info.value.status == 422
+    assert info.value.type == "invalid_checkpoint"
+    assert info.value.field == "path"
+    assert str(info.value) == message
+
+
+def test_unparsable_tokenizer_json_is_refused(tmp_path):
+    with pytest.raises(InvalidCheckpoint, match=r"^checkpoint 'ckpt/tokenizer.json': is not readable JSON \(JSONDecodeError"):
+        check_checkpoint(_folder(tmp_path, tokenizer="{not json"))
+
+
+def test_a_sharded_checkpoint_needs_every_shard(tmp_path):
+    folder = _folder(tmp_path, weights=("model-00001-of-00002.safetensors",))
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(InvalidCheckpoint) as info:
+        check_checkpoint(folder)
+    assert str(info.value) == (
+        "checkpoint 'ckpt/model.safetensors.index.json': names 1 missing shard(s) of 2, "
+        "first 'model-00002-of-00002.safetensors'"
+    )
+    (folder / "model-00002-of-00002.safetensors").write_bytes(b"\0")
+    assert check_checkpoint(folder) is None
+
+
+def test_the_demo_model_passes(tmp_path, demo_model_dir):
+    assert check_checkpoint(demo_model_dir) is None
