@@ -244,8 +244,12 @@ def request_group(group: Group) -> RequestGroup:
     return RequestGroup(id=str(group.key), responses=group.responses, messages=group.messages)
 
 
-def record_from_result(group: Group, result: GroupResult, *, model: str, fingerprint: str) -> ScoreRecord:
-    """The stored record of one scored group (key, rewards, token counts, model identity)."""
+def record_from_result(
+    group: Group, result: GroupResult, *, model: str, fingerprint: str, truncation: Truncation | None = None
+) -> ScoreRecord:
+    """The stored record of one scored group: key, rewards (null where a response could not be
+    scored, with its :class:`~rmserve.schema.ResponseError` in ``errors``), token counts, model
+    identity and the truncation it was scored under."""
     return ScoreRecord(
         benchmark=group.benchmark,
         domain=group.domain,
@@ -258,6 +262,8 @@ def record_from_result(group: Group, result: GroupResult, *, model: str, fingerp
         fingerprint=fingerprint,
         truncated_tokens=result.truncated_tokens,
         styles=group.styles,
+        errors=result.errors,
+        truncation=truncation,
     )
 
 
@@ -267,8 +273,9 @@ def check_reply(groups: Sequence[Group], reply: ScoreResponse) -> tuple[GroupRes
     Raises:
         rmserve.errors.ServerFault: a result count different from the groups sent, an id
             sent but not answered, an id answered but not sent or answered twice, or a
-            ``rewards``/``num_tokens``/``num_cached_tokens``/``truncated_tokens`` length that
-            differs from the group's number of responses.
+            ``rewards``/``num_tokens``/``num_cached_tokens``/``truncated_tokens``/``errors``
+            length that differs from the group's number of responses, or a null reward
+            without an error for that response (or an error beside a reward).
     """
     if len(reply.results) != len(groups):
         raise errors.ServerFault(
@@ -289,7 +296,7 @@ def check_reply(groups: Sequence[Group], reply: ScoreResponse) -> tuple[GroupRes
                 f"reply has no result for group {wire_id!r} (unexpected ids: {unexpected})", field="results"
             )
         n = len(group.responses)
-        for name in ("rewards", "num_tokens", "num_cached_tokens", "truncated_tokens"):
+        for name in ("rewards", "num_tokens", "num_cached_tokens", "truncated_tokens", "errors"):
             values = getattr(result, name)
             if values is not None and len(values) != n:
                 raise errors.ServerFault(
@@ -297,6 +304,13 @@ def check_reply(groups: Sequence[Group], reply: ScoreResponse) -> tuple[GroupRes
                     field=f"results[{wire_id}].{name}",
                     value=len(values),
                     limit=n,
+                )
+        reasons = result.errors or (None,) * n
+        for j, (reward, reason) in enumerate(zip(result.rewards, reasons)):
+            if (reward is None) != (reason is not None):
+                state = "a null reward without an error" if reward is None else "both a reward and an error"
+                raise errors.ServerFault(
+                    f"reply for group {wire_id!r} has {state} for response {j}", field=f"results[{wire_id}].rewards[{j}]"
                 )
         ordered.append(result)
     return tuple(ordered)
@@ -602,7 +616,7 @@ class RewardClient:
                 field="fingerprint",
             )
         return [
-            record_from_result(g, r, model=reply.model, fingerprint=reply.fingerprint)
+            record_from_result(g, r, model=reply.model, fingerprint=reply.fingerprint, truncation=truncation)
             for g, r in zip(groups, reply.results, strict=True)
         ]
 

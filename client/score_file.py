@@ -16,6 +16,7 @@ A score file holds one model: every record carries the server's ``model`` and
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -291,6 +292,25 @@ class ScoreFileWriter:
         os.ftruncate(fd, 0)
         self._records.clear()
         self._keys.clear()
+
+    def discard(self, keys: Iterable[GroupKey]) -> int:
+        """Remove the records of ``keys`` from the file (rewritten in place, order kept).
+
+        Used to score groups again (a group that could not be scored, rerun under other
+        options). Returns how many records were removed; unknown keys are ignored.
+        """
+        fd = self._require_open()
+        drop = set(keys) & self._keys
+        if not drop:
+            return 0
+        kept = [r for r in self._records if r.key not in drop]
+        os.ftruncate(fd, 0)
+        self._write(fd, b"".join(encode(r) + b"\n" for r in kept))
+        if self.fsync:
+            os.fsync(fd)
+        self._records = kept
+        self._keys -= drop
+        return len(drop)
 
     def append(self, record: ScoreRecord) -> None:
         """Write ``record`` as one line, then fsync when configured.

@@ -34,7 +34,12 @@ from pathlib import Path
 from rmserve.client.score_file import ScoreFileWriter
 from rmserve.client.score_store import ScoreStore
 from rmserve.errors import DataError, FingerprintMismatch
-from rmserve.schema import Group, GroupKey, ModelInfo, ScoreRecord
+from rmserve.schema import Group, GroupKey, ModelInfo, ScoreRecord, Truncation
+
+
+def _truncation_text(truncation: Truncation | None) -> str:
+    """``left to 512 tokens``, or ``none``."""
+    return "none" if truncation is None else f"{truncation.side} to {truncation.max_tokens} tokens"
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,14 @@ class ScoreLog:
         """Sentences about what opening and resuming found or did, in order."""
         return tuple(self._notes)
 
-    def resume(self, model: ModelInfo, groups: Sequence[Group], *, overwrite: bool = False) -> Resumed:
+    def resume(
+        self,
+        model: ModelInfo,
+        groups: Sequence[Group],
+        *,
+        overwrite: bool = False,
+        truncation: Truncation | None = None,
+    ) -> Resumed:
         """Check the score file against ``model`` and bring file and store in step for ``groups``.
 
         Args:
@@ -118,6 +130,9 @@ class ScoreLog:
             groups: the benchmark data, in data order; :meth:`missing`, :meth:`records` and
                 :meth:`finish` refer to it.
             overwrite: discard the file's records of another model instead of refusing.
+            truncation: the truncation this run asks for. A group that could not be scored
+                (a response with an error) under other options is removed from the file and
+                scored again; under the same options it stays done (the reason has not changed).
 
         Returns:
             The counts of :class:`Resumed`.
@@ -136,8 +151,17 @@ class ScoreLog:
         n_before = len(self._file.records)
         if self._file.check_model(model=model.name, fingerprint=model.fingerprint, overwrite=overwrite):
             self._notes.append(f"--overwrite: discarded {n_before} stored groups of another model")
-        n_resumed = len(self._file.scored_keys() & self._order.keys())
+        resumed = self._file.scored_keys() & self._order.keys()
         n_from_store = self._sync_with_store(model.fingerprint) if self.store is not None else 0
+        stale = {r.key for r in self._file.records if not r.scored and r.truncation != truncation}
+        if stale:
+            self._file.discard(stale)
+            self._notes.append(
+                f"scoring again {len(stale)} groups that could not be scored under other options "
+                f"(truncation now: {_truncation_text(truncation)})"
+            )
+            n_from_store -= len(stale & self._order.keys() - resumed)
+        n_resumed = len(resumed - stale)
         n_extra = sum(1 for key in self._file.scored_keys() if key not in self._order)
         return Resumed(model=model, n_resumed=n_resumed, n_from_store=n_from_store, n_extra=n_extra)
 

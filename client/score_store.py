@@ -166,6 +166,14 @@ def checkpoint_signature(path: str | Path, dtype: str | None = None) -> str:
     return model_fingerprint(folder, chat_template=None, dtype=dtype)
 
 
+_DELETE = "DELETE FROM scores WHERE fingerprint = ? AND benchmark = ? AND domain = ? AND group_id = ?"
+
+
+def _unscored(rewards_json: bytes) -> bool:
+    """Whether stored rewards hold a null (a response that could not be scored)."""
+    return None in msgspec.json.decode(rewards_json)
+
+
 def _rewards_json(record: ScoreRecord) -> bytes:
     # NaN/inf encode as null, exactly as in the stored record, so equal answers compare equal.
     return _json.encode(record.rewards)
@@ -314,7 +322,8 @@ class ScoreStore:
 
         Buffered; the buffer is committed in one transaction once ``batch_size`` records wait
         or ``flush_interval_s`` has passed since the last commit. A key already stored (or
-        buffered) with equal rewards is ignored (the first record stays).
+        buffered) with equal rewards is ignored (the first record stays). A stored group that
+        could not be scored (a null reward) is replaced by a new answer for it.
 
         Raises:
             ValueError: ``record.fingerprint`` is empty (field ``fingerprint``).
@@ -333,6 +342,12 @@ class ScoreStore:
                 self._check_same(record.fingerprint, record.key, buffered[1], rewards)
                 return
             row = conn.execute(_SELECT_REWARDS, (record.fingerprint, record.benchmark, record.domain, record.id)).fetchone()
+            if row is not None and row[0].encode() != rewards and _unscored(row[0].encode()):
+                # The stored answer is a group that could not be scored (a null reward); the
+                # group was scored again (other options): the new answer replaces it.
+                conn.execute(_DELETE, (record.fingerprint, record.benchmark, record.domain, record.id))
+                conn.commit()
+                row = None
             if row is not None:
                 self._check_same(record.fingerprint, record.key, row[0].encode(), rewards)
                 return

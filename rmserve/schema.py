@@ -129,12 +129,33 @@ class ScoreRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
     truncation: Truncation | None = None
 
 
+RESPONSE_ERROR_TYPES: tuple[str, ...] = ("sequence_too_long", "non_finite_reward")
+"""Why one response of a group could not be scored (``ResponseError.type``):
+``sequence_too_long`` — its sequence is longer than the model's max length and no truncation
+was asked; ``non_finite_reward`` — the model gave NaN or ±inf for it."""
+
+
+class ResponseError(msgspec.Struct, frozen=True):
+    """Why one response of a group has no reward (its ``rewards`` entry is null).
+
+    ``type`` is one of :data:`RESPONSE_ERROR_TYPES` (readers accept others, from newer
+    servers); ``message`` says what was found and the limit, e.g. ``"2,613 tokens (chat
+    template included), over max_model_len=512"``.
+    """
+
+    type: str
+    message: str
+
+
 class GroupResult(msgspec.Struct, frozen=True, omit_defaults=True):
     """Scores of one group, response order kept.
 
-    ``rewards`` are raw reward-head logits (no sigmoid); ``num_tokens`` the scored sequence
-    lengths in tokens (template included); ``num_cached_tokens`` the tokens served from the
-    prefix cache; ``truncated_tokens`` tokens cut per response when truncation was asked.
+    ``rewards`` are raw reward-head logits (no sigmoid), ``null`` for a response that could
+    not be scored; ``errors`` then says why, per response (``null`` where scored; the field is
+    absent when every response was scored). ``num_tokens`` the sequence lengths in tokens
+    (template included; for an over-length response, its length); ``num_cached_tokens`` the
+    tokens served from the prefix cache; ``truncated_tokens`` tokens cut per response when
+    truncation was asked.
 
     ``extras`` holds what only some kinds of reward model produce, per response: name → one
     value per response, response order (for example summed log-probabilities of a policy and
@@ -143,11 +164,12 @@ class GroupResult(msgspec.Struct, frozen=True, omit_defaults=True):
     """
 
     id: str
-    rewards: tuple[float, ...]
+    rewards: tuple[float | None, ...]
     num_tokens: tuple[int, ...]
     num_cached_tokens: tuple[int, ...]
     truncated_tokens: tuple[int, ...] | None = None
     extras: dict[str, tuple[float | int | str | None, ...]] | None = None
+    errors: tuple[ResponseError | None, ...] | None = None
 
 
 class ScoreResponse(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -255,7 +277,11 @@ class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
         model: the model name the server reported.
         fingerprint: the model fingerprint the server reported.
         styles: RM-Bench response styles, copied from the group.
-        errors: per-response error message, ``None`` where scored; absent when all scored.
+        errors: per response, why it has no reward (a :class:`ResponseError`), ``None``
+            where scored; absent when every response was scored.
+        truncation: the truncation the group was scored under (None: none was asked). A
+            rerun with other options scores a group that failed again; one with the same
+            options does not.
     """
 
     benchmark: str
@@ -269,11 +295,17 @@ class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     fingerprint: str = ""
     truncated_tokens: tuple[int, ...] | None = None
     styles: tuple[str, ...] | None = None
-    errors: tuple[str | None, ...] | None = None
+    errors: tuple[ResponseError | None, ...] | None = None
+    truncation: Truncation | None = None
 
     @property
     def key(self) -> GroupKey:
         return GroupKey(self.benchmark, self.domain, self.id)
+
+    @property
+    def scored(self) -> bool:
+        """Whether every response has a reward (no ``errors``)."""
+        return not self.errors or all(e is None for e in self.errors)
 
     def rewards_as_float(self) -> list[float]:
         """Rewards with ``None`` mapped to NaN."""

@@ -38,11 +38,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rmserve.errors import InvalidRequest, SequenceTooLong, ServerFault
-from rmserve.schema import Message, RequestGroup, ScoreRequest, Truncation
+from rmserve.schema import Message, RequestGroup, ResponseError, ScoreRequest, Truncation
 from rmserve.server.wire import check_request_group, check_truncation
+
+TooLong = Literal["raise", "mark"]
+"""What rendering does with a sequence over ``max_model_len`` when no truncation was asked."""
 
 _Item = tuple[int, str, tuple[Message, ...], tuple[str, ...]]
 """A group as the renderer works on it: (index in the request, id, messages, responses)."""
@@ -60,12 +63,24 @@ class RenderedGroup:
             the prefix cache can share).
         truncated_tokens: tokens cut per response when truncation was requested (0 where
             nothing was cut), else None.
+        errors: per response, why it must not go to the engine (a
+            :class:`~rmserve.schema.ResponseError`; None where it may), when the group was
+            rendered with ``too_long="mark"`` and a sequence is over ``max_model_len``; else None.
+            Such a sequence keeps its full token ids (its length is reported).
     """
 
     id: str
     token_ids: tuple[list[int], ...]
     prompt_tokens: int
     truncated_tokens: tuple[int, ...] | None = None
+    errors: tuple[ResponseError | None, ...] | None = None
+
+    @property
+    def scorable(self) -> tuple[int, ...]:
+        """Indices of the responses to send to the engine (all, unless ``errors`` marks some)."""
+        if self.errors is None:
+            return tuple(range(len(self.token_ids)))
+        return tuple(j for j, error in enumerate(self.errors) if error is None)
 
     @property
     def num_tokens(self) -> tuple[int, ...]:
@@ -122,15 +137,22 @@ class Renderer:
 
     # --- public API ---------------------------------------------------------------------
 
-    def render_request(self, request: ScoreRequest) -> list[RenderedGroup]:
+    def render_request(self, request: ScoreRequest, *, too_long: TooLong = "raise") -> list[RenderedGroup]:
         """Render every group of a validated score request, with its truncation.
 
         ``request`` must have passed :func:`rmserve.server.wire.validate_score_request` (as
         every decoded request body has) with this renderer's ``max_model_len``; its rules are
         not checked again here. Returns and raises as :meth:`render_groups`, less the
         request-rule errors.
+
+        Args:
+            too_long: ``"raise"`` — a sequence over ``max_model_len`` (no truncation asked)
+                raises :class:`~rmserve.errors.SequenceTooLong`; ``"mark"`` — it is marked in
+                its group's :attr:`RenderedGroup.errors` (type ``sequence_too_long``) and the
+                other responses and groups are rendered as usual (the server's way: one
+                over-length response never costs the rest of the request).
         """
-        return self._render(_items(request.groups), request.truncation)
+        return self._render(_items(request.groups), request.truncation, too_long=too_long)
 
     def render_group(
         self,
@@ -184,7 +206,9 @@ class Renderer:
 
     # --- internals ----------------------------------------------------------------------
 
-    def _render(self, items: Sequence[_Item], truncation: Truncation | None) -> list[RenderedGroup]:
+    def _render(
+        self, items: Sequence[_Item], truncation: Truncation | None, *, too_long: TooLong = "raise"
+    ) -> list[RenderedGroup]:
         """Render checked groups (see :meth:`render_groups`; the request rules hold)."""
         conversations: list[list[dict[str, str]]] = []
         for _, _, messages, responses in items:
@@ -215,16 +239,27 @@ class Renderer:
             sequences = [head_ids + encoded[t] for t in tails]
             self._check_bos(sequences[0], index, group_id)
             cuts: tuple[int, ...] | None = None
+            errors: tuple[ResponseError | None, ...] | None = None
             shared = len(head_ids) if truncation is None or truncation.side == "right" else 0
             if truncation is None:
-                for j, ids in enumerate(sequences):
-                    if len(ids) > self.max_model_len:
-                        raise SequenceTooLong(
-                            f"groups[{index}].responses[{j}] of group {group_id!r} is {len(ids)} tokens "
-                            f"(chat template included), over the model limit max_model_len={self.max_model_len}; "
-                            "shorten it or request truncation",
-                            field=f"groups[{index}].responses[{j}]", value=len(ids), limit=self.max_model_len,
+                over = [j for j, ids in enumerate(sequences) if len(ids) > self.max_model_len]
+                if over and too_long == "raise":
+                    j = over[0]
+                    raise SequenceTooLong(
+                        f"groups[{index}].responses[{j}] of group {group_id!r} is {len(sequences[j])} tokens "
+                        f"(chat template included), over the model limit max_model_len={self.max_model_len}; "
+                        "shorten it or request truncation",
+                        field=f"groups[{index}].responses[{j}]", value=len(sequences[j]), limit=self.max_model_len,
+                    )
+                if over:
+                    errors = tuple(
+                        ResponseError(
+                            "sequence_too_long",
+                            f"{len(ids):,} tokens (chat template included), over max_model_len={self.max_model_len:,}",
                         )
+                        if j in over else None
+                        for j, ids in enumerate(sequences)
+                    )
             else:
                 sequences, cuts = self._truncate(sequences, truncation)
             results.append(
@@ -233,6 +268,7 @@ class Renderer:
                     token_ids=tuple(sequences),
                     prompt_tokens=_common_prefix_len(sequences, known=shared),
                     truncated_tokens=cuts,
+                    errors=errors,
                 )
             )
         return results

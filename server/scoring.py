@@ -13,6 +13,7 @@ aborts those requests.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import uuid
 from collections.abc import Sequence
@@ -31,25 +32,22 @@ from rmserve.server.state import (
 )
 
 from rmserve.errors import EngineError, InvalidRequest, Overloaded, RMServeError
-from rmserve.schema import GroupResult, ModelInfo, RequestGroup, ScoreRequest, ScoreResponse
+from rmserve.schema import GroupResult, ModelInfo, RequestGroup, ResponseError, ScoreRequest, ScoreResponse
 
 
 def check_scores(scores: Sequence[SequenceScore], expected: int, gi: int, group_id: str) -> None:
-    """Check the engine's answer for ``groups[gi]``: one finite reward per response.
+    """Check the engine's answer for ``groups[gi]``: one score per sequence sent.
+
+    Non-finite rewards are not an engine failure: :func:`group_result` answers them per
+    response (null reward, ``non_finite_reward`` error).
 
     Raises:
-        EngineError: not ``expected`` scores, or a NaN/infinite reward (naming the response).
+        EngineError: not ``expected`` scores.
     """
     if len(scores) != expected:
         raise EngineError(
-            f"the engine returned {len(scores)} scores for groups[{gi}] (id {group_id!r}) with {expected} responses"
+            f"the engine returned {len(scores)} scores for groups[{gi}] (id {group_id!r}) with {expected} sequences sent"
         )
-    for ri, score in enumerate(scores):
-        if not math.isfinite(score.reward):
-            raise EngineError(
-                f"the engine returned a non-finite reward ({score.reward}) for groups[{gi}] "
-                f"(id {group_id!r}) response {ri}"
-            )
 
 
 def group_extras(
@@ -77,15 +75,44 @@ def group_extras(
 
 
 def group_result(group: RequestGroup, rendered: RenderedGroup, scores: Sequence[SequenceScore], gi: int) -> GroupResult:
-    """The reply's record for ``groups[gi]`` after :func:`check_scores` and :func:`group_extras`."""
-    check_scores(scores, len(group.responses), gi, group.id)
+    """The reply's record for ``groups[gi]``.
+
+    ``scores`` answer the sequences :attr:`RenderedGroup.scorable` sent to the engine, in that
+    order. A response that was not sent (over-length) or whose reward is NaN/±inf gets a null
+    reward and a :class:`~rmserve.schema.ResponseError` in ``errors``; the group's other
+    responses keep their rewards. ``errors`` is absent when every response was scored.
+
+    Raises:
+        EngineError: a score count other than the sequences sent, or extras whose names
+            differ between responses (:func:`group_extras`).
+    """
+    scorable = rendered.scorable
+    check_scores(scores, len(scorable), gi, group.id)
+    n = len(group.responses)
+    rewards: list[float | None] = [None] * n
+    cached = [0] * n
+    errors: list[ResponseError | None] = list(rendered.errors) if rendered.errors is not None else [None] * n
+    by_response: dict[int, SequenceScore] = {}
+    for j, score in zip(scorable, scores, strict=True):
+        by_response[j] = score
+        cached[j] = int(score.num_cached_tokens)
+        reward = float(score.reward)
+        if math.isfinite(reward):
+            rewards[j] = reward
+        else:
+            errors[j] = ResponseError("non_finite_reward", f"the model gave a non-finite reward ({reward}) for it")
+    extras = group_extras([by_response[j] for j in scorable], gi, group.id) if scorable else None
+    if extras is not None and len(scorable) < n:
+        extras = {name: tuple(values[scorable.index(j)] if j in by_response else None for j in range(n))
+                  for name, values in extras.items()}
     return GroupResult(
         id=group.id,
-        rewards=tuple(float(s.reward) for s in scores),
+        rewards=tuple(rewards),
         num_tokens=rendered.num_tokens,
-        num_cached_tokens=tuple(int(s.num_cached_tokens) for s in scores),
+        num_cached_tokens=tuple(cached),
         truncated_tokens=rendered.truncated_tokens,
-        extras=group_extras(scores, gi, group.id),
+        extras=extras,
+        errors=tuple(errors) if any(e is not None for e in errors) else None,
     )
 
 
@@ -110,20 +137,24 @@ def first_error(group: BaseExceptionGroup) -> BaseException:
 async def score_groups(
     engine: RewardEngine, rendered: list[RenderedGroup], request_id: str, cache: ResultCache, fingerprint: str
 ) -> tuple[list[list[SequenceScore]], list[bool]]:
-    """Score all groups concurrently; the first failure cancels the other groups.
+    """Score all groups concurrently; the first engine failure cancels the other groups.
 
-    Groups found in ``cache`` (same fingerprint, same token ids) are answered from it.
+    Only a group's :attr:`~RenderedGroup.scorable` sequences go to the engine (a group with
+    none makes no engine call). Groups found in ``cache`` (same fingerprint, same token ids
+    sent) are answered from it.
 
     Returns:
-        (scores per group, whether each group came from the cache).
+        (scores per group, one per scorable sequence; whether each group came from the cache
+        — a group with nothing to send counts as cached: no engine work).
     """
-    keys = [group_key(fingerprint, group.token_ids) for group in rendered]
-    cached = [cache.get(key) for key in keys]
+    sent = [[group.token_ids[j] for j in group.scorable] for group in rendered]
+    keys = [group_key(fingerprint, ids) for ids in sent]
+    cached: list[list[SequenceScore] | None] = [[] if not ids else cache.get(key) for ids, key in zip(sent, keys)]
     try:
         async with asyncio.TaskGroup() as tg:
             tasks = {
-                gi: tg.create_task(engine.score_group(group.token_ids, f"{request_id}-{gi}"))
-                for gi, group in enumerate(rendered)
+                gi: tg.create_task(engine.score_group(ids, f"{request_id}-{gi}"))
+                for gi, ids in enumerate(sent)
                 if cached[gi] is None
             }
     except BaseExceptionGroup as eg:
@@ -172,7 +203,8 @@ async def score_request(
 
     Raises:
         InvalidRequest / Overloaded: admission (see ``max_inflight_groups``).
-        InvalidRequest / SequenceTooLong: from rendering.
+        InvalidRequest: from rendering (a conversation the chat template rejects). A sequence
+            over max_model_len is not an error of the request: it is answered per response.
         EngineNotReady / EngineError: from the engine, or an answer that fails
             :func:`check_scores` / :func:`group_extras`.
     """
@@ -185,7 +217,9 @@ async def score_request(
     metrics.inflight_groups.inc(num_groups)
     try:
         loop = asyncio.get_running_loop()
-        rendered: list[RenderedGroup] = await loop.run_in_executor(executor, renderer.render_request, request)
+        rendered: list[RenderedGroup] = await loop.run_in_executor(
+            executor, functools.partial(renderer.render_request, request, too_long="mark")
+        )
         scores, from_cache = await score_groups(
             app[ENGINE_KEY], rendered, uuid.uuid4().hex, app[RESULT_CACHE_KEY], info.fingerprint
         )
@@ -197,9 +231,14 @@ async def score_request(
         group_result(group, group_rendered, group_scores, gi)
         for gi, (group, group_rendered, group_scores) in enumerate(zip(request.groups, rendered, scores))
     ]
-    for result, hit in zip(results, from_cache, strict=True):
+    for result, group_rendered, hit in zip(results, rendered, from_cache, strict=True):
+        scorable = group_rendered.scorable
+        if not scorable:
+            continue
         if hit:
             metrics.result_cache_hits.inc()
         else:
-            metrics.observe_group(result.num_tokens, result.num_cached_tokens)
+            metrics.observe_group(
+                tuple(result.num_tokens[j] for j in scorable), tuple(result.num_cached_tokens[j] for j in scorable)
+            )
     return ScoreResponse(model=info.name, fingerprint=info.fingerprint, results=tuple(results))

@@ -19,7 +19,7 @@ from rmserve.server.app import STATE_KEY, ServerConfig, create_app
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer
 
 from rmserve import __version__, errors
-from rmserve.schema import ErrorBody, ErrorDetail, GroupResult, HealthReply, Truncation, decode
+from rmserve.schema import ErrorBody, ErrorDetail, GroupResult, HealthReply, ResponseError, Truncation, decode
 
 
 async def _collect(client, groups, **kwargs):
@@ -363,11 +363,14 @@ async def test_real_app_errors_decode_to_the_classes_the_client_raises(real_app,
         assert (info.value.status, info.value.field) == (400, "truncation.max_tokens")
         assert info.value.message == "truncation.max_tokens is 65; it must be between 2 and the model's max length 64"
 
+        # An over-length response is not an error of the request: it is answered per response.
         long_group = make_groups(7)[6:]  # responses of 61..66 characters: 76..81 tokens, over 64
-        with pytest.raises(errors.SequenceTooLong) as info:
-            await client.score(long_group)
-        assert (info.value.status, info.value.field) == (413, "groups[0].responses[0]")
-        assert info.value.retry_after_s is None
+        reply = await client.score(long_group)
+        assert reply.results[0].rewards == (None,) * 6
+        assert reply.results[0].errors == tuple(
+            ResponseError("sequence_too_long", f"{n} tokens (chat template included), over max_model_len=64")
+            for n in range(76, 82)
+        )
 
 
 async def test_stub_replies_equal_the_real_app_replies(real_app, stub, stub_http, stub_state):

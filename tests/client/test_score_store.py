@@ -28,7 +28,7 @@ from rmserve.client.score_file import read_scores
 from testkit.records import fake_checkpoint, score_record
 
 from rmserve import errors
-from rmserve.schema import GroupKey, ModelInfo
+from rmserve.schema import GroupKey, ModelInfo, ResponseError
 
 
 
@@ -47,7 +47,7 @@ def test_records_round_trip_with_missing_rewards_and_optional_fields(tmp_path):
         rewards=(1.25, None, -0.5),
         truncated_tokens=(0, 4, 0),
         styles=("concise", "detailed_plain", "detailed_markdown"),
-        errors=(None, "sequence_too_long", None),
+        errors=(None, ResponseError("sequence_too_long", "5,000 tokens (chat template included), over max_model_len=4,096"), None),
     )
     plain = score_record(1, domain="code")
     other_model = score_record(1, fingerprint="fp-b")

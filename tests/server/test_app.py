@@ -17,16 +17,17 @@ import logging
 import math
 import threading
 
+import msgspec
 import orjson
 import pytest
-from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer
+from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, fake_ids, fake_reward
 from prometheus_client.parser import text_string_to_metric_families
 from rmserve.server.app import ENGINE_KEY, STATE_KEY, ServerConfig, create_app
 from rmserve.server.protocol import SequenceScore
 
 from rmserve import __version__
 from rmserve.errors import EngineError
-from rmserve.schema import GroupResult, ModelList, ScoreResponse, decode
+from rmserve.schema import GroupResult, ModelList, ResponseError, ScoreResponse, decode
 
 VALID = {"groups": [{"id": "g0", "prompt": "hi", "responses": ["yo", "ya"]}]}
 VALID_RESULT = GroupResult(id="g0", rewards=(4.55, 4.41), num_tokens=(9, 9), num_cached_tokens=(0, 4))
@@ -184,16 +185,23 @@ async def test_empty_response_string_is_scored(make_client):
     await assert_serves(client)
 
 
-async def test_sequence_too_long_names_group_response_and_numbers(make_client):
+async def test_an_over_length_response_is_answered_per_response_and_the_rest_is_scored(make_client, engine):
     client = await make_client()
     # "x" * 60 as the assistant turn: 1 + (1 + 2 + 2) + (1 + 60 + 1) = 67 tokens > 64
     payload = {"groups": [{"id": "ok", "prompt": "hi", "responses": ["yo"]},
                           {"id": "long", "prompt": "hi", "responses": ["yo", "x" * 60]}]}
     status, body = await post_score(client, payload)
-    assert status == 413
-    err = error_of(body)
-    assert (err["type"], err["field"]) == ("sequence_too_long", "groups[1].responses[1]")
-    assert "'long'" in err["message"] and "67 tokens" in err["message"] and "64" in err["message"]
+    assert status == 200
+    yo = fake_reward(fake_ids([("user", "hi")], "yo"))
+    assert msgspec.convert(body, ScoreResponse).results == (
+        GroupResult(id="ok", rewards=(yo,), num_tokens=(9,), num_cached_tokens=(0,)),
+        GroupResult(
+            id="long", rewards=(yo, None), num_tokens=(9, 67), num_cached_tokens=(0, 0),
+            errors=(None, ResponseError("sequence_too_long", "67 tokens (chat template included), over max_model_len=64")),
+        ),
+    )
+    # The over-length sequence never reached the engine; the group's other response did.
+    assert sorted(len(group) for _, group in engine.calls) == [1, 1]
     await assert_serves(client)
 
 
@@ -352,13 +360,17 @@ class NaNEngine(FakeEngine):
         return [SequenceScore(math.nan if i % 2 else s.reward, s.num_cached_tokens) for i, s in enumerate(scores)]
 
 
-async def test_non_finite_reward_is_an_engine_error(make_client):
+async def test_a_non_finite_reward_is_null_with_a_per_response_error_in_a_200_reply(make_client):
     client = await make_client(engine_=NaNEngine())
     status, body = await post_score(client, VALID)
-    assert status == 500
-    err = error_of(body)
-    assert err["type"] == "engine_error"
-    assert "non-finite reward" in err["message"] and "'g0'" in err["message"] and "response 1" in err["message"]
+    assert status == 200
+    assert body["results"][0]["rewards"] == [4.55, None]  # post_score parses with orjson: strict JSON, no NaN
+    assert msgspec.convert(body, ScoreResponse).results == (
+        GroupResult(
+            id="g0", rewards=(4.55, None), num_tokens=(9, 9), num_cached_tokens=(0, 4),
+            errors=(None, ResponseError("non_finite_reward", "the model gave a non-finite reward (nan) for it")),
+        ),
+    )
 
 
 # --- lifecycle ----------------------------------------------------------------------------

@@ -202,12 +202,12 @@ class FakeRenderer(Renderer):
         self.render_entered = threading.Event()
         self.thread_ids: list[int] = []
 
-    def render_request(self, request):
+    def render_request(self, request, **options):
         self.thread_ids.append(threading.get_ident())
         self.render_entered.set()
         if self.gate is not None and not self.gate.wait(self.gate_timeout_s):
             self.gate_timed_out = True
-        return super().render_request(request)
+        return super().render_request(request, **options)
 
 
 def fake_ids(messages: Sequence[tuple[str, str]], response: str) -> list[int]:
