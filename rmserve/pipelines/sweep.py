@@ -451,7 +451,16 @@ class _Sweep:
     # -- scoring -------------------------------------------------------------------------
 
     async def _score(self, checkpoint: Checkpoint, fingerprint: str, groups: list[Group]) -> dict[str, int]:
-        """Score ``groups`` over the servers serving ``fingerprint``, least outstanding first."""
+        """Score ``groups`` over the servers serving ``fingerprint``, least outstanding first.
+
+        Returns server URL → groups it scored. A retryable failure puts the group back in the
+        queue and the server into recovery (:meth:`_start_recovery`).
+
+        Raises:
+            rmserve.errors.ConnectionFailed: no server is left (every group scored is stored).
+            The first error that ends the sweep (a refused request, a refused load, every
+            server refused), once every task finished in the same wait has been handled.
+        """
         queue: deque[Group] = deque(groups)
         in_flight: dict[asyncio.Task[ScoreRecord], tuple[_Server, Group]] = {}
         per_server = {s.url: 0 for s in self.servers}
@@ -474,17 +483,22 @@ class _Sweep:
                     server.outstanding += 1
                     task = asyncio.create_task(self._score_one(server, group, fingerprint))
                     in_flight[task] = (server, group)
-                # Every recovery whose outcome is not handled yet, finished or not: one that
-                # finished between two waits is handled in the next one, never lost.
+                # Every recovery whose outcome is not handled yet, finished or not.
                 waiters: set[asyncio.Future[Any]] = {*in_flight, *self.recoveries}
                 if not waiters:
                     raise errors.ConnectionFailed(
                         f"no server is left to score checkpoint {checkpoint.name} "
                         f"({len(queue)} groups not scored; everything scored is in {self.config.store})"
                     )
+                # Every task of one wait is handled before an error that ends the sweep is
+                # raised, so what is stored does not depend on the order they come in.
+                fatal: BaseException | None = None
                 for task in await _wait_first(waiters):
                     if task not in in_flight:
-                        self._recovery_done(task)
+                        try:
+                            self._recovery_done(task)
+                        except errors.RMServeError as error:
+                            fatal = fatal or error
                         continue
                     server, group = in_flight.pop(task)
                     server.outstanding -= 1
@@ -504,7 +518,9 @@ class _Sweep:
                             logger.warning("%s: %s; taking it out of the rotation", server.url, exc)
                         self._start_recovery(server, checkpoint, fingerprint)
                         continue
-                    raise exc
+                    fatal = fatal or exc
+                if fatal is not None:
+                    raise fatal
         finally:
             bar.close()
             for task in in_flight:

@@ -7,6 +7,7 @@ so every stored reward and every figure can be worked out without the server.
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import logging
@@ -281,13 +282,11 @@ class ScriptedServer:
 
     ``script`` says what each scoring request does, in the order they arrive (the last entry
     repeats): ``"ok"`` answers with ``REWARDS`` under ``FP``; ``"fail"`` raises a retryable 503
-    at once; ``"fail-after-poll"`` raises it once a recovery has polled this server, so that the
+    at once; ``"invalid"`` raises a 400 (not retryable) at once; ``"fail-after-poll"`` raises it once a recovery has polled this server, so that the
     failure and that recovery finish in the same wait. ``comes_back``: whether a poll succeeds.
     """
 
     def __init__(self, script: list[str], *, comes_back: bool = True):
-        import asyncio
-
         self.script = script
         self.comes_back = comes_back
         self.polled = asyncio.Event()
@@ -317,6 +316,8 @@ class ScriptedServer:
         (group,) = groups
         step = self.script[min(len(self.requests), len(self.script) - 1)]
         self.requests.append(group.id)
+        if step == "invalid":
+            raise errors.InvalidRequest("refused (scripted)", field="messages")
         if step == "fail-after-poll":
             await self.polled.wait()
         if step != "ok":
@@ -325,15 +326,14 @@ class ScriptedServer:
         return ScoreResponse(model="step-3", fingerprint=FP, results=(result,))
 
 
-def ordered_wait(state, recovery_first: bool, handed: list[list[str]]):
-    """A wait for the sweep's scheduler: while a recovery is among the waiters it waits for all
-    of them and returns them in one batch, scoring requests first or the recovery first; each
-    such batch is written to ``handed`` ("failed", "scored", "recovery")."""
-    import asyncio
-
+def ordered_wait(state, recovery_first: bool, handed: list[list[str]], *, always: bool = False):
+    """A wait for the sweep's scheduler: while a recovery is among the waiters (or ``always``)
+    it waits for all of them and returns them in one batch, recovery last or first, failed
+    requests before scored ones; each such batch is written to ``handed`` ("failed", "scored",
+    "recovery")."""
     async def wait(waiters):
         recovering = {s.recovery for s in state.servers if s.recovery is not None}
-        if not recovering & set(waiters):
+        if not always and not recovering & set(waiters):
             done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             return done
         await asyncio.wait(waiters)  # all of them; every scripted step finishes without a timer
@@ -346,8 +346,9 @@ def ordered_wait(state, recovery_first: bool, handed: list[list[str]]):
     return wait
 
 
-async def run_scripted(tmp_path, monkeypatch, clients, *, recovery_first, n_chat):
-    """Score ``n_chat`` RM-Bench groups of checkpoint step-3 over ``clients`` (all serving FP)."""
+async def run_scripted(tmp_path, monkeypatch, clients, *, recovery_first, n_chat, always=False, raises=None):
+    """Score ``n_chat`` RM-Bench groups of checkpoint step-3 over ``clients`` (all serving FP)
+    with :func:`ordered_wait`; ``raises``: the error the scoring must end with."""
     from rmserve.datasets import load_benchmark
     from rmserve.pipelines import sweep as sweep_module
 
@@ -362,9 +363,15 @@ async def run_scripted(tmp_path, monkeypatch, clients, *, recovery_first, n_chat
         for server, client in zip(state.servers, clients, strict=True):
             server.client = client
             server.serving = FP
-        monkeypatch.setattr(sweep_module, "_wait_first", ordered_wait(state, recovery_first, handed))
+        monkeypatch.setattr(sweep_module, "_wait_first", ordered_wait(state, recovery_first, handed, always=always))
         async with state:
-            per_server = await state._score(sweep_module.Checkpoint(3, folder), FP, list(dataset.groups))
+            score = state._score(sweep_module.Checkpoint(3, folder), FP, list(dataset.groups))
+            if raises is None:
+                per_server = await score
+            else:
+                with pytest.raises(raises):
+                    await score
+                per_server = None
             leftover = [s.recovery for s in state.servers]
         stored = {r.key: r.rewards for r in db.records(FP, benchmark="rm-bench")}
     return state, per_server, leftover, handed, stored, {g.key for g in dataset.groups}
@@ -403,3 +410,17 @@ async def test_server_that_never_comes_back_is_refused_once_in_any_order(tmp_pat
     assert len(state.refused) == 1 and state.refused[0].startswith("http://127.0.0.1:9 did not come back within 30 s")
     assert leftover == [None, None]
     assert set(stored) == keys and all(rewards == REWARDS for rewards in stored.values())
+
+
+async def test_a_fatal_error_is_raised_after_the_records_of_the_same_wait_are_stored(tmp_path, monkeypatch):
+    # Group 0's request is refused (400, ends the sweep) and group 1's is answered; both finish
+    # in one wait and the refusal is handled first. Group 1's record is stored all the same, as
+    # it is when the answer is handled first.
+    server = ScriptedServer(["invalid", "ok"])
+    state, _, leftover, handed, stored, keys = await run_scripted(
+        tmp_path, monkeypatch, [server], recovery_first=False, n_chat=2, always=True, raises=errors.InvalidRequest)
+    assert handed == [["failed", "scored"]]
+    assert server.requests == ["0", "1"]
+    assert [str(k) for k in stored] == ["rm-bench/chat/1"]
+    assert list(stored.values()) == [REWARDS]
+    assert leftover == [None] and state.refused == []
