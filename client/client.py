@@ -690,7 +690,9 @@ class RewardClient:
                 if failure is not None:
                     raise failure
         finally:
-            for task in pending:
+            # ``order`` also holds tasks finished in the last wait but not handled when the
+            # caller stopped iterating; gathering them collects their errors too.
+            for task in order:
                 task.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
+            if order:
+                await asyncio.gather(*order, return_exceptions=True)

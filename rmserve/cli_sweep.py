@@ -143,6 +143,8 @@ def sweep_command(
         raise typer.Exit(130) from None
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)
+    for message in result.refused:
+        typer.echo(f"refused: {message}", err=True)
     if not quiet:
         for run in result.runs:
             where = ", ".join(f"{url} {n}" for url, n in run.per_server.items() if n)

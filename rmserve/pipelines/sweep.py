@@ -27,12 +27,12 @@ import re
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
+from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts, record_from_result
 from rmserve.client.score_store import ScoreStore, checkpoint_signature
 
 from rmserve import errors
@@ -221,6 +221,7 @@ class _Server:
     """Fingerprint verified for the current checkpoint; None = out of the rotation."""
     refused: bool = False
     recovery: asyncio.Task[None] | None = None
+    """The server's current recovery (see :meth:`_Sweep._start_recovery`); None = none."""
     scored: int = 0
 
 
@@ -274,6 +275,9 @@ class _Sweep:
         self.notes: list[str] = []
         self.refused: list[str] = []
         self.dtype: str | None = None
+        self.recoveries: dict[asyncio.Task[None], _Server] = {}
+        """Recovery tasks whose outcome is not handled yet → the server each was started for.
+        A server's ``recovery`` may already be a newer task than one listed here."""
 
     async def __aenter__(self) -> _Sweep:
         for server in self.servers:
@@ -281,11 +285,8 @@ class _Sweep:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        await self._drop_recoveries()
         for server in self.servers:
-            if server.recovery is not None:
-                server.recovery.cancel()
-                with contextlib.suppress(BaseException):
-                    await server.recovery
             await server.client.__aexit__(None, None, None)
 
     def _active(self) -> list[_Server]:
@@ -352,11 +353,7 @@ class _Sweep:
         servers = self._active()
         for server in servers:
             server.serving = None
-            if server.recovery is not None:
-                server.recovery.cancel()
-                with contextlib.suppress(BaseException):
-                    await server.recovery
-                server.recovery = None
+        await self._drop_recoveries()
         deadline = time.monotonic() + self.config.server_wait_s
         while True:
             outcomes = await asyncio.gather(*(_load(s, checkpoint, self.config) for s in servers), return_exceptions=True)
@@ -396,23 +393,50 @@ class _Sweep:
         return reference[0], reference[1]
 
     def _refuse(self, server: _Server, refusal: _Refused) -> None:
+        """Take ``server`` out of the sweep for good; the message goes to the log and to
+        :attr:`SweepResult.refused` (the CLI prints it).
+
+        Raises:
+            _Refused: ``refusal`` itself, when no server is left.
+        """
         server.refused = True
         server.serving = None
         message = str(refusal)
         self.refused.append(message)
-        logger.error("%s", message)
-        print(f"rmserve sweep: refused: {message}", file=sys.stderr)
+        logger.error("refused: %s", message)
         if not self._active():
             raise refusal
 
     # -- recovery --------------------------------------------------------------------------
 
     def _start_recovery(self, server: _Server, checkpoint: Checkpoint, fingerprint: str | None) -> None:
-        """Poll ``server`` until it answers, load ``checkpoint`` on it, check ``fingerprint``."""
+        """Take ``server`` out of the rotation and recover it in the background: poll it
+        until it answers, load ``checkpoint`` on it, check ``fingerprint``.
+
+        At most one recovery runs per server, and none for a refused server. A recovery that
+        has finished but whose outcome is not handled yet (it completed in the same wait as
+        the failure that calls this) does not count as running: the server failed again
+        after it was started, so a new one is started, and :meth:`_recovery_done` treats the
+        finished one as stale.
+        """
         server.serving = None
-        if server.recovery is not None and not server.recovery.done():
+        if server.refused or (server.recovery is not None and not server.recovery.done()):
             return
-        server.recovery = asyncio.create_task(self._recover(server, checkpoint, fingerprint))
+        task = asyncio.create_task(self._recover(server, checkpoint, fingerprint))
+        server.recovery = task
+        self.recoveries[task] = server
+
+    async def _drop_recoveries(self) -> None:
+        """Cancel every recovery and forget their outcomes (a new checkpoint loads anew)."""
+        tasks = list(self.recoveries)
+        self.recoveries.clear()
+        for server in self.servers:
+            server.recovery = None
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
 
     async def _recover(self, server: _Server, checkpoint: Checkpoint, fingerprint: str | None) -> None:
         logger.warning("%s stopped answering; waiting up to %g s for it", server.url, self.config.server_wait_s)
@@ -427,7 +451,16 @@ class _Sweep:
     # -- scoring -------------------------------------------------------------------------
 
     async def _score(self, checkpoint: Checkpoint, fingerprint: str, groups: list[Group]) -> dict[str, int]:
-        """Score ``groups`` over the servers serving ``fingerprint``, least outstanding first."""
+        """Score ``groups`` over the servers serving ``fingerprint``, least outstanding first.
+
+        Returns server URL → groups it scored. A retryable failure puts the group back in the
+        queue and the server into recovery (:meth:`_start_recovery`).
+
+        Raises:
+            rmserve.errors.ConnectionFailed: no server is left (every group scored is stored).
+            The first error that ends the sweep (a refused request, a refused load, every
+            server refused), once every task finished in the same wait has been handled.
+        """
         queue: deque[Group] = deque(groups)
         in_flight: dict[asyncio.Task[ScoreRecord], tuple[_Server, Group]] = {}
         per_server = {s.url: 0 for s in self.servers}
@@ -450,21 +483,22 @@ class _Sweep:
                     server.outstanding += 1
                     task = asyncio.create_task(self._score_one(server, group, fingerprint))
                     in_flight[task] = (server, group)
-                waiters: set[asyncio.Future[Any]] = set(in_flight)
+                # Every recovery whose outcome is not handled yet, finished or not.
+                waiters: set[asyncio.Future[Any]] = {*in_flight, *self.recoveries}
                 if not waiters:
-                    recoveries = [s.recovery for s in self._active() if s.recovery is not None and not s.recovery.done()]
-                    if not recoveries:
-                        raise errors.ConnectionFailed(
-                            f"no server is left to score checkpoint {checkpoint.name} "
-                            f"({len(queue)} groups not scored; everything scored is in {self.config.store})"
-                        )
-                    waiters.update(recoveries)
-                else:
-                    waiters.update(s.recovery for s in self._active() if s.recovery is not None and not s.recovery.done())
-                done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
+                    raise errors.ConnectionFailed(
+                        f"no server is left to score checkpoint {checkpoint.name} "
+                        f"({len(queue)} groups not scored; everything scored is in {self.config.store})"
+                    )
+                # Every task of one wait is handled before an error that ends the sweep is
+                # raised, so what is stored does not depend on the order they come in.
+                fatal: BaseException | None = None
+                for task in await _wait_first(waiters):
                     if task not in in_flight:
-                        self._recovery_done(task)
+                        try:
+                            self._recovery_done(task)
+                        except errors.RMServeError as error:
+                            fatal = fatal or error
                         continue
                     server, group = in_flight.pop(task)
                     server.outstanding -= 1
@@ -484,7 +518,9 @@ class _Sweep:
                             logger.warning("%s: %s; taking it out of the rotation", server.url, exc)
                         self._start_recovery(server, checkpoint, fingerprint)
                         continue
-                    raise exc
+                    fatal = fatal or exc
+                if fatal is not None:
+                    raise fatal
         finally:
             bar.close()
             for task in in_flight:
@@ -495,19 +531,41 @@ class _Sweep:
         return per_server
 
     def _recovery_done(self, task: asyncio.Future[Any]) -> None:
-        server = next(s for s in self.servers if s.recovery is task)
-        server.recovery = None
+        """Handle the outcome of a finished recovery ``task``.
+
+        The server is the one the task was started for (kept in :attr:`recoveries`), not
+        whichever server holds it now: a failure handled in the same wait may already have
+        replaced the server's recovery with a newer one. A stale success is ignored (the
+        newer recovery decides when the server rejoins); a failure counts either way, so
+        the outcome does not depend on the order in which one wait's tasks are handled.
+
+        Raises:
+            _Refused: the server was refused and no server is left.
+            rmserve.errors.ClientFault: the load was refused (token, checkpoint root, …).
+        """
+        server = self.recoveries.pop(task)
+        current = server.recovery is task
+        if current:
+            server.recovery = None
+        if task.cancelled():
+            return
         exc = task.exception()
         if exc is None:
+            if not current:
+                logger.debug("%s: a recovery finished after a newer failure; the newer recovery decides", server.url)
             return
+        if isinstance(exc, errors.ClientFault):
+            raise exc
+        if not current and server.recovery is not None:
+            server.recovery.cancel()  # the server is out for good; its outcome is handled as cancelled
+            server.recovery = None
         if isinstance(exc, _Refused):
             if not self._active():
                 raise exc
             return
         message = f"{server.url} did not come back within {self.config.server_wait_s:g} s ({type(exc).__name__}: {exc})"
-        if isinstance(exc, errors.ClientFault):
-            raise exc
         server.refused = True
+        server.serving = None
         self.refused.append(message)
         logger.error("%s", message)
 
@@ -518,10 +576,18 @@ class _Sweep:
                 f"{server.url} answered with fingerprint {reply.fingerprint} ({reply.model}), expected {fingerprint}",
                 field="fingerprint",
             )
-        from rmserve.client.client import record_from_result
-
         (result,) = reply.results
         return record_from_result(group, result, model=reply.model, fingerprint=reply.fingerprint)
+
+
+async def _wait_first(waiters: Collection[asyncio.Future[Any]]) -> Collection[asyncio.Future[Any]]:
+    """The ``waiters`` that are done once at least one is (``asyncio.wait``, FIRST_COMPLETED).
+
+    The sweep handles them in the order returned, which ``asyncio.wait`` leaves unspecified;
+    its handling must not depend on that order (tests replace this function to choose it).
+    """
+    done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    return done
 
 
 async def _first_ready(servers: Sequence[_Server], timeout_s: float) -> None:

@@ -7,8 +7,10 @@ so every stored reward and every figure can be worked out without the server.
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -162,17 +164,20 @@ async def test_two_servers_share_the_groups_and_rerun_scores_nothing(checkpoints
         assert (out / "checkpoints" / name / "rm-bench.scores.jsonl").read_text().count("\n") == 20
 
 
-async def test_server_with_another_fingerprint_is_refused(checkpoints, tmp_path, capsys):
+async def test_server_with_another_fingerprint_is_refused(checkpoints, tmp_path, capsys, caplog):
     root, start, folders = checkpoints
     data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=4, n_code=2)
     good, skewed = engine_on(start), engine_on(start, skew_fingerprint=True)
-    with start_server(root, good) as one, start_server(root, skewed) as two:
-        result = await sweep_async(config([one.url, two.url], folders[:1], tmp_path, data))
+    with caplog.at_level(logging.ERROR, logger="rmserve.sweep"):
+        with start_server(root, good) as one, start_server(root, skewed) as two:
+            result = await sweep_async(config([one.url, two.url], folders[:1], tmp_path, data))
     assert len(result.refused) == 1
     message = result.refused[0]
     assert two.url in message and "skewed-" in message and "not accepted" in message
     assert skewed.n_score_calls == 0 and good.n_score_calls == 6
-    assert "refused" in capsys.readouterr().err
+    # The refusal is logged once; the library prints nothing (the CLI prints result.refused).
+    assert [r.getMessage() for r in caplog.records if r.name == "rmserve.sweep"] == [f"refused: {message}"]
+    assert "refused" not in capsys.readouterr().err
     check_store(tmp_path, data, result.runs)
 
 
@@ -221,6 +226,28 @@ def test_cli_sweep_expands_globs_and_prints_the_summary(checkpoints, tmp_path):
     assert len(engine.reloads) == 3
 
 
+def test_cli_sweep_prints_a_refused_server_on_stderr(checkpoints, tmp_path):
+    root, start, _ = checkpoints
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=2, n_code=1)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    good, skewed = engine_on(start), engine_on(start, skew_fingerprint=True)
+    with start_server(root, good) as one, start_server(root, skewed) as two:
+        result = CliRunner().invoke(cli_app, [
+            "sweep", "--server", one.url, "--server", two.url, "--checkpoints", str(root / "step-3"),
+            "--bench", "rm-bench", "--data", str(data), "--out", str(tmp_path / "out"),
+            "--store", str(tmp_path / "s.sqlite"), "--admin-token-file", str(token_file), "--resamples", "20",
+            "--quiet",
+        ])
+    assert result.exit_code == 0, result.output
+    refused = [line for line in result.stderr.splitlines() if line.startswith("refused: ")]
+    assert len(refused) == 1, result.stderr
+    assert f"server {two.url} reports fingerprint skewed-" in refused[0] and "not accepted" in refused[0]
+    assert "## Refused servers" in result.stdout  # the summary lists it too
+    assert not any(line.startswith("refused: ") for line in result.stdout.splitlines())
+    assert skewed.n_score_calls == 0 and good.n_score_calls == 3
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [
@@ -237,3 +264,163 @@ def test_cli_sweep_bad_options_exit_2(checkpoints, tmp_path, args, words):
     ])
     assert result.exit_code == 2
     assert words in result.output
+
+
+# --- the order in which one wait's tasks are handled ------------------------------------------
+#
+# A recovery task and a failed scoring request can finish in the same wait, and asyncio.wait
+# returns them as a set, in no defined order. The tests below drive the sweep's scheduler with
+# scripted servers (no HTTP, no timing) and a wait that returns both together in a chosen order;
+# the outcome must not depend on it.
+
+FP = "fp-step-3"
+REWARDS = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
+
+
+class ScriptedServer:
+    """Stands in for the RewardClient of one server.
+
+    ``script`` says what each scoring request does, in the order they arrive (the last entry
+    repeats): ``"ok"`` answers with ``REWARDS`` under ``FP``; ``"fail"`` raises a retryable 503
+    at once; ``"invalid"`` raises a 400 (not retryable) at once; ``"fail-after-poll"`` raises it once a recovery has polled this server, so that the
+    failure and that recovery finish in the same wait. ``comes_back``: whether a poll succeeds.
+    """
+
+    def __init__(self, script: list[str], *, comes_back: bool = True):
+        self.script = script
+        self.comes_back = comes_back
+        self.polled = asyncio.Event()
+        self.polls = 0
+        self.loads: list[str] = []
+        self.requests: list[str] = []
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc_info):
+        return None
+
+    async def wait_until_ready(self, timeout_s, poll_interval_s=1.0):
+        self.polls += 1
+        self.polled.set()
+        if not self.comes_back:
+            raise errors.ConnectionFailed("not ready (scripted)")
+
+    async def load_checkpoint(self, name, path, *, admin_token, timeout_s):
+        self.loads.append(name)
+        return ModelInfo(name=name, max_model_len=BIG, dtype="float32", fingerprint=FP, engine="scripted")
+
+    async def score(self, groups):
+        from rmserve.schema import GroupResult, ScoreResponse
+
+        (group,) = groups
+        step = self.script[min(len(self.requests), len(self.script) - 1)]
+        self.requests.append(group.id)
+        if step == "invalid":
+            raise errors.InvalidRequest("refused (scripted)", field="messages")
+        if step == "fail-after-poll":
+            await self.polled.wait()
+        if step != "ok":
+            raise errors.EngineNotReady("the engine is restarting (scripted)")
+        result = GroupResult(id=group.id, rewards=REWARDS, num_tokens=(7,) * 6, num_cached_tokens=(0,) * 6)
+        return ScoreResponse(model="step-3", fingerprint=FP, results=(result,))
+
+
+def ordered_wait(state, recovery_first: bool, handed: list[list[str]], *, always: bool = False):
+    """A wait for the sweep's scheduler: while a recovery is among the waiters (or ``always``)
+    it waits for all of them and returns them in one batch, recovery last or first, failed
+    requests before scored ones; each such batch is written to ``handed`` ("failed", "scored",
+    "recovery")."""
+    async def wait(waiters):
+        recovering = {s.recovery for s in state.servers if s.recovery is not None}
+        if not always and not recovering & set(waiters):
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            return done
+        await asyncio.wait(waiters)  # all of them; every scripted step finishes without a timer
+        requests = sorted((t for t in waiters if t not in recovering), key=lambda t: t.exception() is None)
+        recoveries = [t for t in waiters if t in recovering]
+        batch = recoveries + requests if recovery_first else requests + recoveries
+        handed.append(["recovery" if t in recovering else "failed" if t.exception() else "scored" for t in batch])
+        return batch
+
+    return wait
+
+
+async def run_scripted(tmp_path, monkeypatch, clients, *, recovery_first, n_chat, always=False, raises=None):
+    """Score ``n_chat`` RM-Bench groups of checkpoint step-3 over ``clients`` (all serving FP)
+    with :func:`ordered_wait`; ``raises``: the error the scoring must end with."""
+    from rmserve.datasets import load_benchmark
+    from rmserve.pipelines import sweep as sweep_module
+
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=n_chat, n_code=0)
+    dataset = load_benchmark("rm-bench", str(data))
+    urls = [f"http://127.0.0.1:{9 + i}" for i in range(len(clients))]
+    folder = tmp_path / "step-3"
+    cfg = config(urls, [folder], tmp_path, data, max_in_flight=2)
+    handed: list[list[str]] = []
+    with ScoreStore(tmp_path / "store.sqlite") as db:
+        state = sweep_module._Sweep(cfg, db, {"rm-bench": dataset})
+        for server, client in zip(state.servers, clients, strict=True):
+            server.client = client
+            server.serving = FP
+        monkeypatch.setattr(sweep_module, "_wait_first", ordered_wait(state, recovery_first, handed, always=always))
+        async with state:
+            score = state._score(sweep_module.Checkpoint(3, folder), FP, list(dataset.groups))
+            if raises is None:
+                per_server = await score
+            else:
+                with pytest.raises(raises):
+                    await score
+                per_server = None
+            leftover = [s.recovery for s in state.servers]
+        stored = {r.key: r.rewards for r in db.records(FP, benchmark="rm-bench")}
+    return state, per_server, leftover, handed, stored, {g.key for g in dataset.groups}
+
+
+@pytest.mark.parametrize("recovery_first", [False, True], ids=["failure-handled-first", "recovery-handled-first"])
+async def test_recovery_and_failure_in_one_wait_any_order(tmp_path, monkeypatch, recovery_first):
+    # Group 0's request fails at once (recovery 1 starts); group 1's request fails only once
+    # recovery 1 has polled the server, so both finish in the same wait. That late failure
+    # means the server failed again: a second recovery loads the checkpoint again, whichever
+    # of the two is handled first, and then both groups are scored.
+    server = ScriptedServer(["fail", "fail-after-poll", "ok"])
+    state, per_server, leftover, handed, stored, keys = await run_scripted(
+        tmp_path, monkeypatch, [server], recovery_first=recovery_first, n_chat=2)
+    assert handed[0] == (["recovery", "failed"] if recovery_first else ["failed", "recovery"])
+    assert server.loads == ["step-3", "step-3"]
+    assert server.polls == 2
+    assert sorted(server.requests) == ["0", "0", "1", "1"]
+    assert per_server == {"http://127.0.0.1:9": 2}
+    assert leftover == [None] and state.refused == []
+    assert set(stored) == keys and all(rewards == REWARDS for rewards in stored.values())
+
+
+@pytest.mark.parametrize("recovery_first", [False, True], ids=["failure-handled-first", "recovery-handled-first"])
+async def test_server_that_never_comes_back_is_refused_once_in_any_order(tmp_path, monkeypatch, recovery_first):
+    # Two servers, two groups each. Server A's first request fails at once (recovery 1 starts and
+    # finds A down); its second fails in the same wait. A is refused, never polled again and
+    # never loaded; B scores all four groups.
+    down = ScriptedServer(["fail", "fail-after-poll", "fail"], comes_back=False)
+    up = ScriptedServer(["ok"])
+    state, per_server, leftover, handed, stored, keys = await run_scripted(
+        tmp_path, monkeypatch, [down, up], recovery_first=recovery_first, n_chat=4)
+    assert handed[0][0 if recovery_first else -1] == "recovery" and "failed" in handed[0]
+    assert down.polls == 1 and down.loads == [] and len(down.requests) == 2
+    assert per_server == {"http://127.0.0.1:9": 0, "http://127.0.0.1:10": 4}
+    assert len(state.refused) == 1 and state.refused[0].startswith("http://127.0.0.1:9 did not come back within 30 s")
+    assert leftover == [None, None]
+    assert set(stored) == keys and all(rewards == REWARDS for rewards in stored.values())
+
+
+async def test_a_fatal_error_is_raised_after_the_records_of_the_same_wait_are_stored(tmp_path, monkeypatch):
+    # Group 0's request is refused (400, ends the sweep) and group 1's is answered; both finish
+    # in one wait and the refusal is handled first. Group 1's record is stored all the same, as
+    # it is when the answer is handled first.
+    server = ScriptedServer(["invalid", "ok"])
+    state, _, leftover, handed, stored, keys = await run_scripted(
+        tmp_path, monkeypatch, [server], recovery_first=False, n_chat=2, always=True, raises=errors.InvalidRequest)
+    assert handed == [["failed", "scored"]]
+    assert server.requests == ["0", "1"]
+    assert [str(k) for k in stored] == ["rm-bench/chat/1"]
+    assert list(stored.values()) == [REWARDS]
+    assert leftover == [None] and state.refused == []
