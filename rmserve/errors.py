@@ -181,6 +181,15 @@ class FingerprintMismatch(RMServeError):
 # --- offline data faults ----------------------------------------------------------------
 
 
+class GroupNotScored(RMServeError):
+    """A group the server answered with a response it could not score, under ``--strict``
+    (client-side: the run stops after recording the group). Without ``--strict`` such a group
+    is counted as the official code counts it and the run goes on."""
+
+    type = "group_not_scored"
+    status = 422
+
+
 class DataError(RMServeError):
     """A dataset or score file is invalid. The message names file, line or record index, id and field.
 

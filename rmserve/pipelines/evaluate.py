@@ -41,7 +41,8 @@ from rmserve.client.score_log import Resumed, ScoreLog
 from rmserve.client.score_store import ScoreStore
 
 from rmserve import errors
-from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreRecord
+from rmserve.pipelines.outcome import TruncationSummary, Unscored, truncation_summary, unscored
+from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreRecord, Truncation
 
 if TYPE_CHECKING:  # the metrics stage (numpy) is imported when a run reports, not before
     from rmserve.metrics.report import Evaluation
@@ -103,6 +104,16 @@ class EvalConfig:
     seed: int = 0
     """Bootstrap seed. Default 0."""
 
+    truncation: Truncation | None = None
+    """Cut sequences over ``truncation.max_tokens`` from ``truncation.side`` instead of leaving
+    them unscored (sent with every request; the cut is recorded per response and summarised).
+    Default None: no truncation — a sequence over the model's max length is not scored, and its
+    group is named at the end."""
+
+    strict: bool = False
+    """Stop at the first group that cannot be scored (after recording it) instead of finishing
+    the run. Default False."""
+
     store: Path | None = None
     """Score store file (SQLite, :mod:`rmserve.client.score_store`) shared across runs: groups it
     holds under the server's fingerprint are not sent again, new ones are added. Default None:
@@ -157,9 +168,13 @@ class EvalResult:
         n_resumed: groups found already scored in the score file (before any copied from
             the score store).
         missing: canonical domains/subsets absent from the data (e.g. RM-Bench ``math``).
-        notes: sentences about the run (resume, repaired file, ignored records, missing parts).
+        notes: sentences about the run (resume, repaired file, ignored records, missing parts,
+            unscored groups, truncation).
         n_from_store: groups answered from the score store (SQLite, ``EvalConfig.store``)
             instead of the server.
+        unscored: the data groups with a response the server could not score (counted as
+            losses by the metrics, as the official code counts them).
+        truncation: what the requested truncation cut (None without truncation).
     """
 
     evaluation: Evaluation
@@ -174,6 +189,8 @@ class EvalResult:
     missing: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
     n_from_store: int = 0
+    unscored: Unscored | None = None
+    truncation: TruncationSummary | None = None
 
 
 def pick_model(models: Sequence[ModelInfo], name: str | None) -> ModelInfo:
@@ -229,10 +246,20 @@ async def _score_pending(
     tokens = 0
     started = time.monotonic()
     try:
-        stream = client.score_stream(pending, model=config.model, expect_fingerprint=info.fingerprint)
+        stream = client.score_stream(
+            pending, truncation=config.truncation, model=config.model, expect_fingerprint=info.fingerprint
+        )
         async with contextlib.aclosing(stream):
             async for record in stream:
                 log.append(record, server_version=server_version)
+                if config.strict and not record.scored:
+                    first = next(e for e in record.errors or () if e is not None)
+                    raise errors.GroupNotScored(
+                        f"group {str(record.key)!r} could not be scored ({first.type}: {first.message}); "
+                        f"--strict stops here (recorded in {log.path}; without --strict the run goes on "
+                        "and counts it as the official code does)",
+                        field="groups",
+                    )
                 tokens += sum(record.num_tokens)
                 elapsed_s = max(time.monotonic() - started, 1e-9)
                 bar.set_postfix_str(f"{tokens / elapsed_s:,.0f} tok/s", refresh=False)
@@ -260,6 +287,10 @@ async def _report(
         write_outputs,
     )
 
+    unscored_groups = unscored(records)
+    cut = truncation_summary(records)
+    sentence = unscored_groups.sentence(str(scores_path))
+    notes = [*notes, *([sentence] if sentence else []), *([cut.sentence()] if cut else [])]
     for note in notes:
         logger.info("%s", note)
     metrics_config = MetricsConfig(resamples=config.resamples, seed=config.seed, benchmark=config.bench)
@@ -278,6 +309,8 @@ async def _report(
         missing=dataset.missing,
         notes=tuple(notes),
         n_from_store=resumed.n_from_store,
+        unscored=unscored_groups,
+        truncation=cut,
     )
 
 
@@ -311,7 +344,7 @@ async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession |
             ) as client:
                 health = await client.wait_until_ready(config.ready_timeout_s)
                 info = pick_model(await client.models(), config.model)
-                resumed = log.resume(info, dataset.groups, overwrite=config.overwrite)
+                resumed = log.resume(info, dataset.groups, overwrite=config.overwrite, truncation=config.truncation)
                 notes += log.notes
                 pending = log.missing()
                 if resumed.n_resumed:
@@ -340,7 +373,9 @@ async def evaluate_from_store_async(config: EvalConfig, info: ModelInfo) -> Eval
         if not {g.key for g in dataset.groups} <= store.stored_keys(info.fingerprint, config.bench):
             return None
         with ScoreLog(scores_path, store=store, fsync=config.fsync) as log:
-            resumed = log.resume(info, dataset.groups, overwrite=config.overwrite)
+            resumed = log.resume(info, dataset.groups, overwrite=config.overwrite, truncation=config.truncation)
+            if log.missing():  # a stored group that failed under other options is scored again
+                return None
             notes += log.notes
             records = log.records()
             log.finish()

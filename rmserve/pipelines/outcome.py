@@ -1,0 +1,129 @@
+"""What a run's records say about groups that could not be scored and about truncation.
+
+Pure functions over :class:`~rmserve.schema.ScoreRecord` sequences (data order), used by the
+``eval``/``run``/``sweep`` pipelines to name at the end of a run what did not go as asked:
+groups with a response the server could not score (counted by the metrics as the official
+code counts them: a NaN comparison is lost in RM-Bench, a NaN reward never wins in
+RewardBench 2) and, when truncation was asked, how much was cut.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rmserve.schema import ScoreRecord
+
+REASONS: dict[str, str] = {
+    "sequence_too_long": "over the length limit",
+    "non_finite_reward": "non-finite reward",
+}
+"""How a summary names each :class:`~rmserve.schema.ResponseError` type."""
+
+
+@dataclass(frozen=True)
+class Unscored:
+    """Groups with at least one response that has no reward.
+
+    Attributes:
+        n_groups: all groups of the run.
+        keys: ``benchmark/domain/id`` of each unscored group, data order.
+        by_reason: unscored groups per reason (a group counts under the type of its first
+            response error).
+    """
+
+    n_groups: int
+    keys: tuple[str, ...]
+    by_reason: dict[str, int]
+
+    @property
+    def count(self) -> int:
+        """How many groups were not fully scored."""
+        return len(self.keys)
+
+    def sentence(self, scores_path: str) -> str | None:
+        """``"3 of 798 groups not scored (2 over the length limit, 1 non-finite reward):
+        counted as losses; see scores.jsonl"``, or None when every group was scored."""
+        if not self.keys:
+            return None
+        reasons = ", ".join(f"{n} {REASONS.get(reason, reason)}" for reason, n in self.by_reason.items())
+        return (
+            f"{self.count} of {self.n_groups} groups not scored ({reasons}): counted as losses, as the official "
+            f"code counts them; see {scores_path}"
+        )
+
+
+def unscored(records: Sequence[ScoreRecord]) -> Unscored:
+    """The groups of ``records`` that hold a response without a reward (see :class:`Unscored`)."""
+    keys: list[str] = []
+    reasons: Counter[str] = Counter()
+    for record in records:
+        if record.scored:
+            continue
+        keys.append(str(record.key))
+        first = next(e for e in record.errors or () if e is not None)
+        reasons[first.type] += 1
+    return Unscored(n_groups=len(records), keys=tuple(keys), by_reason=dict(reasons.most_common()))
+
+
+@dataclass(frozen=True)
+class TruncationSummary:
+    """How much a requested truncation cut.
+
+    Attributes:
+        n_groups: groups scored under truncation.
+        n_groups_cut: groups with at least one response cut.
+        n_tokens_cut: tokens cut over all responses.
+        identical_after_cut: ``benchmark/domain/id`` of groups where a chosen and a rejected
+            response came out identical (same length after the cut, same reward): the cut
+            removed everything that told them apart, so their comparison is a tie.
+    """
+
+    n_groups: int
+    n_groups_cut: int
+    n_tokens_cut: int
+    identical_after_cut: tuple[str, ...]
+
+    def sentence(self) -> str:
+        """E.g. ``"truncation: 12 of 798 groups cut, 3,456 tokens in all"``, plus the identical groups."""
+        text = f"truncation: {self.n_groups_cut} of {self.n_groups} groups cut, {self.n_tokens_cut:,} tokens in all"
+        if self.identical_after_cut:
+            shown = ", ".join(self.identical_after_cut[:5])
+            more = f" and {len(self.identical_after_cut) - 5} more" if len(self.identical_after_cut) > 5 else ""
+            text += (
+                f"; {len(self.identical_after_cut)} groups have a chosen and a rejected response cut away entirely "
+                f"(identical after the cut: {shown}{more})"
+            )
+        return text
+
+
+def truncation_summary(records: Sequence[ScoreRecord]) -> TruncationSummary | None:
+    """Summary of the cuts in ``records`` scored under truncation; None when none was."""
+    cut_records = [r for r in records if r.truncation is not None and r.truncated_tokens is not None]
+    if not cut_records:
+        return None
+    identical: list[str] = []
+    for record in cut_records:
+        chosen = range(record.num_chosen)
+        rejected = range(record.num_chosen, len(record.rewards))
+        if any(_identical_after_cut(record, i, j) for i in chosen for j in rejected):
+            identical.append(str(record.key))
+    return TruncationSummary(
+        n_groups=len(cut_records),
+        n_groups_cut=sum(1 for r in cut_records if any(r.truncated_tokens)),
+        n_tokens_cut=sum(sum(r.truncated_tokens) for r in cut_records),
+        identical_after_cut=tuple(identical),
+    )
+
+
+def _identical_after_cut(record: ScoreRecord, i: int, j: int) -> bool:
+    cut = record.truncated_tokens
+    assert cut is not None
+    return (
+        cut[i] > 0
+        and cut[j] > 0
+        and record.num_tokens[i] == record.num_tokens[j]
+        and record.rewards[i] is not None
+        and record.rewards[i] == record.rewards[j]
+    )

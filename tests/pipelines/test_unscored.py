@@ -1,0 +1,148 @@
+"""A run finishes when some groups cannot be scored: each is recorded, counted as the official
+code counts it (a NaN comparison loses), named at the end; ``strict`` stops at the first one;
+a rerun re-sends them only when the options changed.
+
+The server is the real app over :class:`testkit.fakes.FakeEngine` and
+:class:`~testkit.fakes.FakeRenderer` (max length 200 tokens), so every reward is
+``fake_reward(fake_ids(...))`` and every figure below is worked out in the test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import msgspec
+import orjson
+import pytest
+from rmserve.client.score_file import read_scores
+from rmserve.pipelines.evaluate import EvalConfig, evaluate_async
+from rmserve.server.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.protocol import SequenceScore
+from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, fake_ids, fake_reward
+
+from rmserve import errors
+from rmserve.schema import ResponseError, Truncation
+
+MAX_LEN = 200
+ROWS = [
+    {"id": 0, "domain": "chat", "prompt": "p0", "chosen": ["c" * 20, "c" * 21, "c" * 22], "rejected": ["r" * 5, "r" * 6, "r" * 7]},
+    # chosen[0] renders to BOS + user turn (1 + 2 + 1) + assistant turn (1 + 300 + 1) = 307 tokens, over 200
+    {"id": 1, "domain": "chat", "prompt": "p1", "chosen": ["c" * 300, "d" * 21, "e" * 9], "rejected": ["r" * 30, "s" * 6, "t" * 7]},
+    # rejected[2] holds a "z": the engine below answers NaN for it
+    {"id": 2, "domain": "chat", "prompt": "p2", "chosen": ["a" * 12, "b" * 13, "c" * 14], "rejected": ["x" * 3, "y" * 40, "z" * 8]},
+]
+
+
+class NaNForZ(FakeEngine):
+    """:class:`FakeEngine` that answers NaN for a sequence holding the letter ``z``."""
+
+    async def score_group(self, token_ids, request_id):
+        scores = await super().score_group(token_ids, request_id)
+        return [
+            SequenceScore(math.nan if ord("z") in ids else s.reward, s.num_cached_tokens)
+            for ids, s in zip(token_ids, scores, strict=True)
+        ]
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = tmp_path / "rmbench.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in ROWS))
+    return path
+
+
+@pytest.fixture
+async def server(aiohttp_client):
+    engine = NaNForZ(model=msgspec.structs.replace(FAKE_MODEL, max_model_len=MAX_LEN))
+    app = create_app(ServerConfig(port=0), engine, FakeRenderer(max_model_len=MAX_LEN))
+    http = await aiohttp_client(app)
+    await app[STATE_KEY].settled.wait()
+    return http, engine
+
+
+def _config(http, data, out, **kwargs) -> EvalConfig:
+    return EvalConfig(bench="rm-bench", data=str(data), out_dir=out, server_url=str(http.make_url("")),
+                      quiet=True, resamples=0, **kwargs)
+
+
+def _expected_rewards(row) -> list[float]:
+    """Each response's reward by hand: NaN for the over-length one and the one with a "z"."""
+    rewards = []
+    for text in [*row["chosen"], *row["rejected"]]:
+        ids = fake_ids([("user", row["prompt"])], text)
+        rewards.append(math.nan if len(ids) > MAX_LEN or "z" in text else fake_reward(ids))
+    return rewards
+
+
+def _official_rmbench(rows) -> dict[str, float]:
+    """THU-KEG/RM-Bench ``compute_accuracy`` on these rows, written out: M[i][j] = mean over groups
+    of (chosen_i > rejected_j), a NaN comparison False; hard = mean of i < j, normal = i == j,
+    easy = i > j; the domain score is the mean of the nine cells."""
+    m = [[0.0] * 3 for _ in range(3)]
+    for row in rows:
+        r = _expected_rewards(row)
+        for i in range(3):
+            for j in range(3):
+                m[i][j] += (r[i] > r[3 + j]) / len(rows)
+    cells = [(i, j) for i in range(3) for j in range(3)]
+    return {
+        "hard": sum(m[i][j] for i, j in cells if i < j) / 3,
+        "normal": sum(m[i][j] for i, j in cells if i == j) / 3,
+        "easy": sum(m[i][j] for i, j in cells if i > j) / 3,
+        "score": sum(m[i][j] for i, j in cells) / 9,
+    }
+
+
+async def test_the_run_finishes_records_each_unscored_group_and_names_them(server, data, tmp_path):
+    http, _ = server
+    out = tmp_path / "out"
+    result = await evaluate_async(_config(http, data, out), session=http.session)
+
+    records = {r.id: r for r in read_scores(out / "scores.jsonl").records}
+    assert records["0"].errors is None
+    assert records["1"].rewards[0] is None and records["1"].rewards[1:] == tuple(_expected_rewards(ROWS[1])[1:])
+    assert records["1"].errors == (
+        ResponseError("sequence_too_long", "307 tokens (chat template included), over max_model_len=200"),
+        None, None, None, None, None,
+    )
+    assert records["2"].rewards[5] is None
+    assert records["2"].errors[5] == ResponseError("non_finite_reward", "the model gave a non-finite reward (nan) for it")
+    assert result.unscored.keys == ("rm-bench/chat/1", "rm-bench/chat/2")
+    assert (
+        f"2 of 3 groups not scored (1 over the length limit, 1 non-finite reward): counted as losses, as the "
+        f"official code counts them; see {out / 'scores.jsonl'}"
+    ) in result.notes
+
+    figures = json.loads((out / "results.json").read_text())["domains"]["chat"]
+    expected = _official_rmbench(ROWS)
+    assert {k: figures[k] for k in expected} == pytest.approx(expected)
+    assert figures["n_nan_groups"] == 2
+
+
+async def test_strict_stops_at_the_first_unscored_group_after_recording_it(server, data, tmp_path):
+    http, _ = server
+    out = tmp_path / "out"
+    with pytest.raises(errors.GroupNotScored, match=r"^group 'rm-bench/chat/1' could not be scored \(sequence_too_long: 307 tokens"):
+        await evaluate_async(_config(http, data, out, strict=True, max_in_flight=1), session=http.session)
+    assert [r.id for r in read_scores(out / "scores.jsonl").records] == ["0", "1"]
+
+
+async def test_a_rerun_resends_failed_groups_only_when_the_options_changed(server, data, tmp_path):
+    http, engine = server
+    out = tmp_path / "out"
+    await evaluate_async(_config(http, data, out), session=http.session)
+    sent = len(engine.calls)
+    again = await evaluate_async(_config(http, data, out), session=http.session)
+    assert len(engine.calls) == sent and again.n_scored == 0  # same options: nothing re-sent
+
+    cut = Truncation(side="left", max_tokens=100)
+    third = await evaluate_async(_config(http, data, out, truncation=cut), session=http.session)
+    assert third.n_scored == 2  # both failed groups, not the scored one
+    assert any(n.startswith("scoring again 2 groups that could not be scored under other options") for n in third.notes)
+    records = {r.id: r for r in read_scores(out / "scores.jsonl").records}
+    # 307 tokens cut from the left to 100: 208 tokens cut from chosen[0] of group 1, which is now scored.
+    assert records["1"].truncated_tokens == (207, 0, 0, 0, 0, 0) and records["1"].errors is None
+    assert records["1"].truncation == cut
+    assert records["2"].errors[5].type == "non_finite_reward"  # the model still gives NaN for it
+    assert third.truncation.n_groups_cut == 1 and third.truncation.n_tokens_cut == 207
