@@ -53,7 +53,7 @@ def watch_parent(pid: int, *, poll_s: float = PARENT_POLL_S, on_gone: Any = None
 
     "Gone": ``pid`` has exited, or it was this process's parent and no longer is (the parent
     died and the process was re-parented). A daemon thread looks every ``poll_s`` seconds;
-    ``on_gone`` (default: SIGTERM to this process) is called once. Returns the thread.
+    ``on_gone`` (default: :func:`_stop_self`) is called once. Returns the thread.
 
     Raises:
         ValueError: ``pid`` is not a positive integer, or names no running process.
@@ -63,24 +63,37 @@ def watch_parent(pid: int, *, poll_s: float = PARENT_POLL_S, on_gone: Any = None
     if not _process_alive(pid):
         raise ValueError(f"--parent-pid: no process {pid} is running")
     was_parent = os.getppid() == pid
+    handled = [False]  # whether SIGTERM has been seen handled by the server (its event loop)
 
     def gone() -> bool:
         return (was_parent and os.getppid() != pid) or not _process_alive(pid)
 
-    def stop() -> None:
-        os.kill(os.getpid(), signal.SIGTERM)
-
     def loop() -> None:
         event = threading.Event()
         while not event.wait(poll_s):
+            handled[0] = handled[0] or signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
             if gone():
                 logging.getLogger("rmserve.server").warning("parent process %d is gone; stopping", pid)
-                (on_gone or stop)()
+                (on_gone or _stop_self)(handled[0])
                 return
 
     thread = threading.Thread(target=loop, name=f"rmserve-watch-parent-{pid}", daemon=True)
     thread.start()
     return thread
+
+
+def _stop_self(server_was_serving: bool) -> None:
+    """SIGTERM to this process, unless it would cut a shutdown short.
+
+    While the server serves, its event loop turns SIGTERM into a clean stop (a second one
+    changes nothing). Before that (the engine is being built) the default action ends the
+    process. After the server has removed its handler it is already shutting down (e.g. a
+    parent-death signal came first): a SIGTERM then would end the engine's shutdown half-way,
+    so none is sent.
+    """
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None) and server_was_serving:
+        return
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 @with_engine_options

@@ -365,3 +365,23 @@ def test_watch_parent_refuses_a_pid_that_is_not_running():
         watch_parent(proc.pid)
     with pytest.raises(ValueError, match="must be a positive process id"):
         watch_parent(0)
+
+
+@pytest.mark.parametrize(
+    ("disposition", "server_was_serving", "signalled"),
+    [
+        (signal.SIG_DFL, False, True),  # engine still being built: the default action ends the process
+        ("loop handler", True, True),  # serving: the event loop turns it into a clean stop
+        (signal.SIG_DFL, True, False),  # already shutting down: a signal would cut the shutdown short
+    ],
+)
+def test_parent_watch_signals_only_when_it_cannot_cut_a_shutdown_short(
+    monkeypatch, disposition, server_was_serving, signalled
+):
+    import rmserve.cli_server as cli_server
+
+    sent = []
+    monkeypatch.setattr(cli_server.signal, "getsignal", lambda sig: disposition)
+    monkeypatch.setattr(cli_server.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    cli_server._stop_self(server_was_serving)
+    assert sent == ([(os.getpid(), signal.SIGTERM)] if signalled else [])
