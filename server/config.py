@@ -1,6 +1,8 @@
 """Engine configuration: one frozen dataclass, validated on construction.
 
-The fields map one-to-one onto ``rmserve serve`` options (attribute docstrings feed the help).
+Every field but ``model`` is an option of ``rmserve serve`` and ``rmserve run`` (``max_num_seqs``
+→ ``--max-num-seqs``; the attribute docstring is its help; see :mod:`rmserve.cli_common`), so
+adding an engine option is adding a field here.
 No torch or vllm import here: the CLI and the HTTP layer build this object without loading
 an engine.
 """
