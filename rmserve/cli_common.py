@@ -86,6 +86,10 @@ def field_help(cls: type, name: str) -> str:
 # --- engine options -------------------------------------------------------------------------
 
 
+ENGINE_PANEL = "Engine options (the same in serve and run)"
+"""Heading of the engine options in ``--help``."""
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineOption:
     """One ``EngineConfig`` field as a command line option."""
@@ -109,7 +113,7 @@ class EngineOption:
         names = f"{self.flag}/--no-{self.flag[2:]}" if self.is_switch else self.flag
         return Annotated[
             typing.Optional[self.value_type],  # noqa: UP007 - typer needs a typing-level optional here
-            typer.Option(names, help=self.help, show_default=False),
+            typer.Option(names, help=self.help, show_default=False, rich_help_panel=ENGINE_PANEL),
         ]
 
     def argv(self, value: object) -> list[str]:
