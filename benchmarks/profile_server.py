@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
 from throughput import machine_info, versions  # noqa: E402 - benchmarks share helpers by path
 
-from rmserve.pipelines.launch import ServerProcess, free_loopback_port  # noqa: E402
+from rmserve.pipelines.launch import ServeOptions, ServerProcess, free_loopback_port  # noqa: E402
 
 RMSERVE = [sys.executable, "-m", "rmserve.cli"]
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -126,8 +126,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rmserve-profile-") as tmp:
         work = Path(tmp)
         port = free_loopback_port()
-        argv = [*RMSERVE, "serve", args.model, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-                "--kv-cache-memory-bytes", str(1 << 30)]
+        options = ServeOptions(model=args.model, engine_options={"dtype": "float32", "kv_cache_memory_bytes": 1 << 30})
+        argv = options.argv("127.0.0.1", port)
         with ServerProcess(argv, url=f"http://127.0.0.1:{port}", log_path=work / "server.log",
                            startup_timeout_s=1800, stop_grace_s=30) as server:
             server.wait_ready()

@@ -136,8 +136,9 @@ class Server:
         for root in self.roots:
             extra += ["--checkpoint-root", str(root)]
         options = ServeOptions(
-            model=str(checkpoint), engine="vllm", dtype="float32", block_size=32,
-            kv_cache_memory_bytes=throughput.KV_CACHE_BYTES, enforce_eager=self.args.enforce_eager,
+            model=str(checkpoint),
+            engine_options={"engine": "vllm", "dtype": "float32", "block_size": 32,
+                            "kv_cache_memory_bytes": throughput.KV_CACHE_BYTES, "enforce_eager": self.args.enforce_eager},
             extra_args=tuple(extra),
         )
         port = free_loopback_port()
@@ -306,7 +307,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--groups", type=int, default=3, help="first N RM-Bench chat groups scored per check (default 3)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="RM-Bench folder (default ../shared/data/rm-bench)")
     parser.add_argument("--atol", type=float, default=1e-5, help="largest reward difference to a fresh server (default 1e-5)")
-    parser.add_argument("--enforce-eager", action="store_true", help="vLLM without graph compilation")
+    parser.add_argument("--enforce-eager", action="store_true", help=throughput.engine_help("enforce_eager", ""))
     parser.add_argument("--work-dir", type=Path, default=None, help="checkpoints and server log (default: a temp folder, removed)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results", help="results folder")
     parser.add_argument("--machine", default=f"cpu{len(os.sched_getaffinity(0))}", help="machine name in the file name")

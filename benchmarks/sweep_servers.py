@@ -34,11 +34,13 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
 from throughput import machine_info, versions  # noqa: E402 - benchmarks share helpers by path
 
+from rmserve.cli_common import engine_argv  # noqa: E402
 from rmserve.pipelines.launch import ServerProcess, free_loopback_port  # noqa: E402
 from rmserve.schema import ScoreRecord  # noqa: E402
 
 RMSERVE = [sys.executable, "-m", "rmserve.cli"]
-SERVE_OPTIONS = ["--dtype", "float32", "--block-size", "32", "--kv-cache-memory-bytes", str(1 << 30)]
+SERVE_ENGINE_OPTIONS = {"dtype": "float32", "block_size": 32, "kv_cache_memory_bytes": 1 << 30}
+"""Engine options of every server (``rmserve serve`` flags via :func:`rmserve.cli_common.engine_argv`)."""
 TOKEN = "benchmark-token"
 
 
@@ -71,7 +73,7 @@ def run_sweep(n_servers: int, args: argparse.Namespace, folders: list[Path], wor
     for cpu in range(n_servers):
         port = free_loopback_port()
         argv = ["taskset", "-c", str(cpu), *RMSERVE, "serve", str(folders[0]), "--host", "127.0.0.1",
-                "--port", str(port), *SERVE_OPTIONS, "--cpu-threads-bind", str(cpu),
+                "--port", str(port), *engine_argv({**SERVE_ENGINE_OPTIONS, "cpu_threads_bind": str(cpu)}),
                 "--admin-token-file", str(token_file), "--checkpoint-root", str(root)]
         servers.append(ServerProcess(argv, url=f"http://127.0.0.1:{port}", log_path=work / f"server-{n_servers}-{cpu}.log",
                                      startup_timeout_s=1800, stop_grace_s=30))

@@ -325,21 +325,27 @@ def run_reference(spec: dict[str, Any]) -> PathResult:
     return PathResult(rewards, zeros, wall_s, latencies, startup_s)
 
 
+def engine_options(spec: dict[str, Any]) -> dict[str, Any]:
+    """The engine options of a path spec: every spec key that names an ``EngineConfig`` field
+    (``rmserve serve``'s option table), None values left out, on the vLLM engine."""
+    from rmserve.cli_common import engine_options as declared
+
+    names = {option.name for option in declared()}
+    return {"engine": "vllm", **{k: v for k, v in spec.items() if k in names and v is not None}}
+
+
+def engine_help(name: str, note: str) -> str:
+    """``rmserve serve``'s help of engine option ``name``, then what the benchmark does differently."""
+    from rmserve.cli_common import engine_options as declared
+
+    (option,) = [o for o in declared() if o.name == name]
+    return f"{option.help} {note}".replace("%", "%%")
+
+
 def _engine_config(spec: dict[str, Any], *, prefix_caching: bool):
     from rmserve.server.config import EngineConfig
 
-    return EngineConfig(
-        model=spec["model"],
-        engine="vllm",
-        dtype=spec["dtype"],
-        max_model_len=spec["max_model_len"],
-        block_size=spec["block_size"],
-        kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
-        enforce_eager=spec["enforce_eager"],
-        enable_prefix_caching=prefix_caching,
-        max_num_batched_tokens=spec.get("max_num_batched_tokens"),
-        cpu_threads_bind=spec.get("cpu_threads_bind"),
-    )
+    return EngineConfig(model=spec["model"], **{**engine_options(spec), "enable_prefix_caching": prefix_caching})
 
 
 async def _run_engine(spec: dict[str, Any], *, grouped: bool) -> PathResult:
@@ -405,17 +411,7 @@ def run_server_path(spec: dict[str, Any]) -> PathResult:
 
     groups = msgspec.json.decode(spec["groups_json"], type=list[Group])
     warm = msgspec.json.decode(spec["warmup_group_json"], type=Group)
-    options = ServeOptions(
-        model=spec["model"],
-        engine="vllm",
-        dtype=spec["dtype"],
-        max_model_len=spec["max_model_len"],
-        block_size=spec["block_size"],
-        kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
-        enforce_eager=spec["enforce_eager"],
-        max_num_batched_tokens=spec.get("max_num_batched_tokens"),
-        cpu_threads_bind=spec.get("cpu_threads_bind"),
-    )
+    options = ServeOptions(model=spec["model"], engine_options=engine_options(spec))
     port = free_loopback_port()
     url = f"http://127.0.0.1:{port}"
     log_path = Path(spec["work_dir"]) / "server.log"
@@ -642,15 +638,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--limit-groups", type=int, default=None, help="first N groups of each domain (default: all)")
     parser.add_argument("--paths", default="a,b,c,d", help="comma-separated subset of a,b,c,d (run in that order)")
     parser.add_argument("--batch-size", type=int, default=8, help="path a: sequences per padded batch (default 8)")
-    parser.add_argument("--block-size", type=int, default=32, help="vLLM KV-cache block size in tokens (default 32)")
+    parser.add_argument("--block-size", type=int, default=32, help=engine_help("block_size", "Here: default 32."))
     parser.add_argument("--max-groups-in-flight", type=int, default=32, help="paths b–d: groups in flight (default 32)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help=engine_help("dtype", "Here: float32 or bfloat16, default float32."))
     parser.add_argument("--atol", type=float, default=1e-4, help="largest reward difference to path a (default 1e-4)")
-    parser.add_argument("--enforce-eager", action="store_true", help="vLLM without graph compilation")
+    parser.add_argument("--enforce-eager", action="store_true", help=engine_help("enforce_eager", ""))
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="paths b–d: most tokens per vLLM engine step (default: rmserve's default)")
-    parser.add_argument("--cpu-threads-bind", default=None,
-                        help="paths b–d, CPU build: CPU ids for the engine threads (default: rmserve's, all usable CPUs)")
+                        help=engine_help("max_num_batched_tokens", "Paths b–d."))
+    parser.add_argument("--cpu-threads-bind", default=None, help=engine_help("cpu_threads_bind", "Paths b–d."))
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results", help="results folder")
     parser.add_argument("--machine", default=f"cpu{len(os.sched_getaffinity(0))}", help="machine name in the file name")
     parser.add_argument("--tag", default=None, help="suffix of the results file name (e.g. the data selection)")

@@ -303,7 +303,7 @@ def write_sweep(
     notes: Sequence[str] = (),
     refused: Sequence[str] = (),
     extra: Mapping[str, Any] | None = None,
-) -> tuple[list[Path], str]:
+) -> tuple[list[Path], str, dict[str, Any]]:
     """Evaluate the sweep and write ``sweep.csv``, ``sweep.json``, the PNGs and ``summary.md``.
 
     Args:
@@ -315,7 +315,7 @@ def write_sweep(
         extra: more top-level keys for ``sweep.json`` (e.g. per-server group counts).
 
     Returns:
-        (files written, the summary Markdown).
+        (files written, the summary Markdown, the ``sweep.json`` document).
 
     Raises:
         ValueError: no points, or ``resamples`` < 1.
@@ -383,4 +383,4 @@ def write_sweep(
     summary_path = out / "summary.md"
     summary_path.write_text(summary)
     paths.append(summary_path)
-    return paths, summary
+    return paths, summary, document

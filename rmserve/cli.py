@@ -2,6 +2,8 @@
 
 Commands parse options, build a config, call one library function and render its result.
 Heavy imports (vllm, torch, transformers) happen inside the commands that need them.
+Every command follows one exit-code rule (:mod:`rmserve.cli_common`): 0 success, 1 an error
+other than bad input, 2 bad user input (option values, data files), 130 interrupted.
 """
 
 from __future__ import annotations

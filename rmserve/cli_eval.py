@@ -2,8 +2,10 @@
 
 Each command parses its options into a config (:class:`~rmserve.pipelines.evaluate.EvalConfig`,
 :class:`~rmserve.pipelines.launch.RunConfig`), makes one library call and prints the metrics
-stage's table (or, with ``--json``, its results dict). Bad options exit 2 with one line;
-a run that fails exits 1 with one line naming the error type.
+stage's table (or, with ``--json``, its results dict). Exit codes follow
+:mod:`rmserve.cli_common`: bad options or bad ``--data`` 2, a run that fails 1 (one line
+naming the error type), Ctrl-C 130. ``run`` takes every engine option of ``serve``, declared
+once (:func:`rmserve.cli_common.with_engine_options`).
 
 The score store (``--store PATH``, :mod:`rmserve.client.score_store`) is used when ``--store`` is
 given or ``$RMSERVE_STORE`` is set, and never with ``--no-store``.
@@ -13,9 +15,11 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Any, Optional
 
 import typer
+
+from rmserve.cli_common import bad_parameter, guarded, with_engine_options
 
 
 class Bench(str, enum.Enum):
@@ -23,13 +27,6 @@ class Bench(str, enum.Enum):
 
     rm_bench = "rm-bench"
     rewardbench2 = "rewardbench2"
-
-
-class Engine(str, enum.Enum):
-    """Engine backends of ``rmserve serve``."""
-
-    vllm = "vllm"
-    hf = "hf"
 
 
 def _eval_config(
@@ -53,8 +50,7 @@ def _eval_config(
 ):
     from rmserve.pipelines.evaluate import EvalConfig
 
-    try:
-        return EvalConfig(
+    return bad_parameter(lambda: EvalConfig(
             bench=bench.value,
             data=data,
             out_dir=out,
@@ -72,8 +68,7 @@ def _eval_config(
             seed=seed,
             store=store,
         )
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    )
 
 
 def _store_path(store: Path | None, no_store: bool) -> Path | None:
@@ -90,23 +85,12 @@ def _store_path(store: Path | None, no_store: bool) -> Path | None:
 
 
 def _call(fn, config, *, scores_path: Path, store_path: Path | None = None):
-    """Run ``fn(config)``; turn failures into one line (bad --data: exit 2, else exit 1)."""
-    from rmserve.errors import DataError, RMServeError
-
-    try:
-        return fn(config)
-    except DataError as exc:
-        if exc.path is not None and Path(exc.path) not in (scores_path, store_path):
-            raise typer.BadParameter(str(exc), param_hint="'--data'") from None
-        typer.echo(f"error: {exc.type}: {exc}", err=True)
-        raise typer.Exit(1) from None
-    except RMServeError as exc:
-        field = f" (field {exc.field})" if exc.field else ""
-        typer.echo(f"error: {exc.type}: {exc}{field}", err=True)
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        typer.echo(f"interrupted; scored groups are kept in {scores_path}; run again to resume", err=True)
-        raise typer.Exit(130) from None
+    """Run ``fn(config)`` under the one exit-code rule (:func:`rmserve.cli_common.guarded`):
+    bad ``--data`` exits 2; a corrupt score file or store of the run's own, or any other
+    rmserve error, exits 1; Ctrl-C exits 130."""
+    return guarded(
+        lambda: fn(config), own_files=(scores_path, store_path), input_option="--data", kept=str(scores_path)
+    )
 
 
 def _render(result, *, as_json: bool, quiet: bool) -> None:
@@ -125,48 +109,71 @@ def _render(result, *, as_json: bool, quiet: bool) -> None:
     typer.echo(to_json(result.results) if as_json else result.table_md.rstrip("\n"))
 
 
-_BENCH = typer.Option(..., "--bench", help="Benchmark to score.")
-_DATA = typer.Option(..., "--data", help="Benchmark data: file or folder path, or hub dataset id.")
-_OUT = typer.Option(..., "--out", help="Output folder (scores.jsonl resumes; results.json, table.md, heatmaps).")
-_MAX_IN_FLIGHT = typer.Option(32, "--max-in-flight", help="Most groups sent and not yet answered (1–4096).")
-_GROUPS_PER_REQUEST = typer.Option(1, "--groups-per-request", help="Groups per POST /v1/score.")
-_TIMEOUT = typer.Option(900.0, "--timeout-s", help="Limit of one scoring request, seconds.")
-_ONLY = typer.Option(None, "--only", help="Score only this domain/subset (repeatable).")
-_MODEL = typer.Option(None, "--model", help="Model name to request (default: the server's only model).")
-_OVERWRITE = typer.Option(False, "--overwrite", help="Discard stored scores of a different model.")
-_FSYNC = typer.Option(False, "--fsync", help="fsync the score file after every group.")
-_QUIET = typer.Option(False, "--quiet", "-q", help="No progress bar or summary line.")
-_JSON = typer.Option(False, "--json", help="Print results.json instead of the table.")
-_RESAMPLES = typer.Option(1000, "--resamples", help="Bootstrap resamples for the intervals (0 = none).")
-_SEED = typer.Option(0, "--seed", help="Bootstrap seed.")
-_STORE = typer.Option(
-    None,
-    "--store",
-    help="Score store (SQLite) shared across runs: groups stored for the server's model fingerprint are not sent "
-    "again, new ones are added. Default: $RMSERVE_STORE when set, else no store.",
-)
-_NO_STORE = typer.Option(False, "--no-store", help="Use no score store, even when $RMSERVE_STORE is set.")
+BenchOpt = Annotated[Bench, typer.Option("--bench", help="Benchmark to score.", show_default=False)]
+DataOpt = Annotated[
+    str, typer.Option("--data", help="Benchmark data: file or folder path, or hub dataset id.", show_default=False)
+]
+OutOpt = Annotated[
+    Path,
+    typer.Option(
+        "--out", help="Output folder (scores.jsonl resumes; results.json, table.md, heatmaps).", show_default=False
+    ),
+]
+MaxInFlightOpt = Annotated[int, typer.Option("--max-in-flight", help="Most groups sent and not yet answered (1–4096).")]
+GroupsPerRequestOpt = Annotated[int, typer.Option("--groups-per-request", help="Groups per POST /v1/score.")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout-s", help="Limit of one scoring request, seconds.")]
+OnlyOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--only", help="Score only this domain/subset (repeatable).", show_default=False),
+]
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option("--model", help="Model name to request (default: the server's only model).", show_default=False),
+]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Discard stored scores of a different model.")]
+FsyncOpt = Annotated[bool, typer.Option("--fsync", help="fsync the score file after every group.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary line.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print results.json instead of the table.")]
+ResamplesOpt = Annotated[int, typer.Option("--resamples", help="Bootstrap resamples for the intervals (0 = none).")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Bootstrap seed.")]
+StoreOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--store",
+        help="Score store (SQLite) shared across runs: groups stored for the server's model fingerprint are not "
+        "sent again, new ones are added. Default: $RMSERVE_STORE when set, else no store.",
+        show_default=False,
+    ),
+]
+NoStoreOpt = Annotated[bool, typer.Option("--no-store", help="Use no score store, even when $RMSERVE_STORE is set.")]
 
 
 def eval_command(
-    server: str = typer.Option(..., "--server", help="Scoring server base URL, e.g. http://127.0.0.1:8000."),
-    bench: Bench = _BENCH,
-    data: str = _DATA,
-    out: Path = _OUT,
-    max_in_flight: int = _MAX_IN_FLIGHT,
-    groups_per_request: int = _GROUPS_PER_REQUEST,
-    timeout_s: float = _TIMEOUT,
-    ready_timeout_s: float = typer.Option(600.0, "--ready-timeout-s", help="How long to wait for /health, seconds."),
-    only: Optional[list[str]] = _ONLY,
-    model: Optional[str] = _MODEL,
-    overwrite: bool = _OVERWRITE,
-    fsync: bool = _FSYNC,
-    quiet: bool = _QUIET,
-    as_json: bool = _JSON,
-    resamples: int = _RESAMPLES,
-    seed: int = _SEED,
-    store: Optional[Path] = _STORE,
-    no_store: bool = _NO_STORE,
+    server: Annotated[
+        str,
+        typer.Option(
+            "--server", help="Scoring server base URL, e.g. http://127.0.0.1:8000.", show_default=False
+        ),
+    ],
+    bench: BenchOpt,
+    data: DataOpt,
+    out: OutOpt,
+    max_in_flight: MaxInFlightOpt = 32,
+    groups_per_request: GroupsPerRequestOpt = 1,
+    timeout_s: TimeoutOpt = 900.0,
+    ready_timeout_s: Annotated[
+        float, typer.Option("--ready-timeout-s", help="How long to wait for /health, seconds.")
+    ] = 600.0,
+    only: OnlyOpt = None,
+    model: ModelOpt = None,
+    overwrite: OverwriteOpt = False,
+    fsync: FsyncOpt = False,
+    quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
+    resamples: ResamplesOpt = 1000,
+    seed: SeedOpt = 0,
+    store: StoreOpt = None,
+    no_store: NoStoreOpt = False,
 ) -> None:
     """Score a benchmark on a running server, then print its table.
 
@@ -185,42 +192,30 @@ def eval_command(
     _render(result, as_json=as_json, quiet=quiet)
 
 
+@with_engine_options
 def run_command(
-    model_path: str = typer.Argument(..., metavar="MODEL", help="Reward model: local path or hub id."),
-    bench: Bench = _BENCH,
-    data: str = _DATA,
-    out: Path = _OUT,
-    engine: Optional[Engine] = typer.Option(None, "--engine", help="Engine backend (rmserve serve default: vllm)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="auto, bfloat16, float16 or float32."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Longest sequence, tokens."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", help="Prefix-cache block size, tokens."),
-    gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization", help="GPU memory fraction."),
-    kv_cache_memory_bytes: Optional[int] = typer.Option(
-        None, "--kv-cache-memory-bytes", help="KV-cache size in bytes (CPU build default: 4 GiB)."
-    ),
-    tensor_parallel_size: Optional[int] = typer.Option(None, "--tensor-parallel-size", help="GPUs to shard over."),
-    chat_template: Optional[Path] = typer.Option(None, "--chat-template", help="Jinja chat template file."),
-    enforce_eager: bool = typer.Option(False, "--enforce-eager", help="No CUDA graphs / compilation."),
-    max_num_batched_tokens: Optional[int] = typer.Option(
-        None, "--max-num-batched-tokens", help="Most tokens per engine step (vLLM)."
-    ),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="Most sequences per engine step (vLLM)."),
-    cpu_threads_bind: Optional[str] = typer.Option(
-        None, "--cpu-threads-bind", help="CPU build: CPU ids for the engine threads, e.g. 0-1 (default: all usable)."
-    ),
-    startup_timeout_s: float = typer.Option(1800.0, "--startup-timeout-s", help="How long the model may take to load, s."),
-    max_in_flight: int = _MAX_IN_FLIGHT,
-    groups_per_request: int = _GROUPS_PER_REQUEST,
-    timeout_s: float = _TIMEOUT,
-    only: Optional[list[str]] = _ONLY,
-    overwrite: bool = _OVERWRITE,
-    fsync: bool = _FSYNC,
-    quiet: bool = _QUIET,
-    as_json: bool = _JSON,
-    resamples: int = _RESAMPLES,
-    seed: int = _SEED,
-    store: Optional[Path] = _STORE,
-    no_store: bool = _NO_STORE,
+    model_path: Annotated[
+        str, typer.Argument(metavar="MODEL", help="Reward model: local path or hub id.", show_default=False)
+    ],
+    bench: BenchOpt,
+    data: DataOpt,
+    out: OutOpt,
+    engine_options: dict[str, Any],
+    startup_timeout_s: Annotated[
+        float, typer.Option("--startup-timeout-s", help="How long the model may take to load, s.")
+    ] = 1800.0,
+    max_in_flight: MaxInFlightOpt = 32,
+    groups_per_request: GroupsPerRequestOpt = 1,
+    timeout_s: TimeoutOpt = 900.0,
+    only: OnlyOpt = None,
+    overwrite: OverwriteOpt = False,
+    fsync: FsyncOpt = False,
+    quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
+    resamples: ResamplesOpt = 1000,
+    seed: SeedOpt = 0,
+    store: StoreOpt = None,
+    no_store: NoStoreOpt = False,
 ) -> None:
     """Start a server for MODEL, score a benchmark on it, stop it, print the table.
 
@@ -235,26 +230,12 @@ def run_command(
         only=only, model=None, overwrite=overwrite, fsync=fsync, quiet=quiet, resamples=resamples, seed=seed,
         store=_store_path(store, no_store),
     )
-    try:
-        serve = ServeOptions(
-            model=model_path,
-            engine=engine.value if engine is not None else None,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            block_size=block_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            tensor_parallel_size=tensor_parallel_size,
-            chat_template=chat_template,
-            enforce_eager=enforce_eager,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            cpu_threads_bind=cpu_threads_bind,
-            startup_timeout_s=startup_timeout_s,
+    config = bad_parameter(
+        lambda: RunConfig(
+            serve=ServeOptions(model=model_path, engine_options=engine_options, startup_timeout_s=startup_timeout_s),
+            evaluation=evaluation,
         )
-        config = RunConfig(serve=serve, evaluation=evaluation)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    )
     result = _call(run, config, scores_path=evaluation.out_dir / "scores.jsonl", store_path=evaluation.store)
     _render(result, as_json=as_json, quiet=quiet)
 

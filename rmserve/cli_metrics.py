@@ -2,8 +2,8 @@
 
 Each command parses its options into a :class:`rmserve.metrics.report.MetricsConfig`, calls
 one library function and renders the result (Markdown on stdout, or JSON with ``--json``).
-Any :class:`rmserve.errors.DataError` ends the command with exit code 2 and one line on
-stderr naming file, line and field.
+Exit codes follow :mod:`rmserve.cli_common`: a :class:`rmserve.errors.DataError` in the score
+files ends the command with exit code 2 and one line on stderr naming file, line and field.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from rmserve.errors import DataError
+from rmserve.cli_common import bad_parameter, guarded
 
 metrics_app = typer.Typer(help="Compute benchmark figures from score files.", no_args_is_help=True)
 
@@ -55,19 +55,13 @@ BenchOpt = Annotated[
 def _config(**kwargs):
     from rmserve.metrics.report import MetricsConfig
 
-    try:
-        return MetricsConfig(**kwargs)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    return bad_parameter(lambda: MetricsConfig(**kwargs))
 
 
 def _guard(call: Callable[[], T]) -> T:
-    """Run ``call``; a DataError becomes one stderr line and exit code 2."""
-    try:
-        return call()
-    except DataError as exc:
-        typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
-        raise typer.Exit(2) from None
+    """Run ``call`` under the one exit-code rule: bad data in the score files is one stderr
+    line and exit code 2 (the files are the user's input); Ctrl-C is 130."""
+    return guarded(call, with_type=False)
 
 
 def _emit(evaluation, as_json: bool, out: Path | None) -> None:

@@ -2,18 +2,20 @@
 
 Parses the options into a :class:`~rmserve.pipelines.sweep.SweepConfig`, makes one library
 call (:func:`rmserve.pipelines.sweep.sweep`) and prints ``summary.md`` (or, with ``--json``,
-``sweep.json``). Bad options exit 2 with one line; a sweep that fails exits 1 with one line
-naming the error type, and everything scored so far stays in the store.
+the ``sweep.json`` document). Exit codes follow :mod:`rmserve.cli_common`: bad options or data
+2, a failed sweep 1 (one line naming the error type; everything scored so far stays in the
+store), Ctrl-C 130.
 """
 
 from __future__ import annotations
 
 import glob
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
+from rmserve.cli_common import bad_parameter, guarded, read_admin_token
 from rmserve.schema import BENCHMARKS
 
 
@@ -65,45 +67,83 @@ def parse_data(benches: list[str], data: list[str]) -> tuple[tuple[str, str], ..
 
 
 def sweep_command(
-    checkpoint_args: Optional[list[str]] = typer.Argument(
-        None, metavar="[CHECKPOINT]...", help="More checkpoint folders (what a shell makes of --checkpoints DIR/step-*)."
-    ),
-    server: list[str] = typer.Option(..., "--server", help="Scoring server URL (repeatable; groups go to the least busy)."),
-    checkpoints: Optional[list[str]] = typer.Option(
-        None, "--checkpoints", help="Checkpoint folder or glob such as 'runs/x/step-*' (repeatable); sorted by step."
-    ),
-    bench: str = typer.Option(..., "--bench", help="Benchmarks, comma-separated: rm-bench,rewardbench2."),
-    data: list[str] = typer.Option(
-        ..., "--data", help="Benchmark data: PATH for one benchmark, else BENCH=PATH per benchmark (repeatable)."
-    ),
-    out: Path = typer.Option(..., "--out", help="Output folder: sweep.csv, sweep.json, summary.md, plots."),
-    store: Optional[Path] = typer.Option(
-        None, "--store", help="SQLite score store (default: $RMSERVE_STORE, else ~/.local/share/rmserve/scores.sqlite)."
-    ),
-    admin_token_file: Optional[Path] = typer.Option(
-        None, "--admin-token-file", help="File holding the servers' admin token (else env RMSERVE_ADMIN_TOKEN)."
-    ),
-    max_in_flight: int = typer.Option(32, "--max-in-flight", help="Most groups outstanding per server (1–4096)."),
-    timeout_s: float = typer.Option(900.0, "--timeout-s", help="Limit of one scoring request, seconds."),
-    load_timeout_s: float = typer.Option(1800.0, "--load-timeout-s", help="Limit of one checkpoint load, seconds."),
-    server_wait_s: float = typer.Option(
-        600.0, "--server-wait-s", help="How long to wait for a server that stopped answering, seconds."
-    ),
-    only: Optional[list[str]] = typer.Option(None, "--only", help="Only this domain/subset (repeatable)."),
-    resamples: int = typer.Option(1000, "--resamples", help="Bootstrap resamples (≥ 1)."),
-    seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or run summary on stderr."),
-    as_json: bool = typer.Option(False, "--json", help="Print sweep.json instead of summary.md."),
+    server: Annotated[
+        list[str],
+        typer.Option("--server", help="Scoring server URL (repeatable; groups go to the least busy).", show_default=False),
+    ],
+    bench: Annotated[
+        str, typer.Option("--bench", help="Benchmarks, comma-separated: rm-bench,rewardbench2.", show_default=False)
+    ],
+    data: Annotated[
+        list[str],
+        typer.Option(
+            "--data", help="Benchmark data: PATH for one benchmark, else BENCH=PATH per benchmark (repeatable).",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", help="Output folder: sweep.csv, sweep.json, summary.md, plots.", show_default=False)
+    ],
+    checkpoint_args: Annotated[
+        Optional[list[str]],
+        typer.Argument(
+            metavar="[CHECKPOINT]...",
+            help="More checkpoint folders (what a shell makes of --checkpoints DIR/step-*).",
+            show_default=False,
+        ),
+    ] = None,
+    checkpoints: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--checkpoints",
+            help="Checkpoint folder or glob such as 'runs/x/step-*' (repeatable); sorted by step.",
+            show_default=False,
+        ),
+    ] = None,
+    store: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--store",
+            help="SQLite score store (default: $RMSERVE_STORE, else ~/.local/share/rmserve/scores.sqlite).",
+            show_default=False,
+        ),
+    ] = None,
+    admin_token_file: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--admin-token-file", help="File holding the servers' admin token (else env RMSERVE_ADMIN_TOKEN).",
+            show_default=False,
+        ),
+    ] = None,
+    max_in_flight: Annotated[
+        int, typer.Option("--max-in-flight", help="Most groups outstanding per server (1–4096).")
+    ] = 32,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="Limit of one scoring request, seconds.")] = 900.0,
+    load_timeout_s: Annotated[
+        float, typer.Option("--load-timeout-s", help="Limit of one checkpoint load, seconds.")
+    ] = 1800.0,
+    server_wait_s: Annotated[
+        float, typer.Option("--server-wait-s", help="How long to wait for a server that stopped answering, seconds.")
+    ] = 600.0,
+    only: Annotated[
+        Optional[list[str]],
+        typer.Option("--only", help="Only this domain/subset (repeatable).", show_default=False),
+    ] = None,
+    resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples (≥ 1).")] = 1000,
+    seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar or run summary on stderr.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print sweep.json instead of summary.md.")] = False,
 ) -> None:
     """Score every checkpoint (in step order) on one or more running servers; report the sweep.
 
     Each server loads each checkpoint in place (POST /v1/models/load; start the servers with --admin-token-file and a --checkpoint-root holding the checkpoints) and must report the same fingerprint. Scores go to the SQLite store as they arrive, so running the same command again resumes; checkpoints already stored are not loaded again.
     """  # noqa: E501 - typer keeps docstring line breaks in --help
-    from rmserve.cli_server import _admin_token
     from rmserve.client.score_store import default_store_path
+    from rmserve.errors import FingerprintMismatch
+    from rmserve.metrics.report import to_json
     from rmserve.pipelines.sweep import SweepConfig, order_checkpoints, sweep
-    from rmserve.errors import DataError, FingerprintMismatch, RMServeError
-    try:
+
+    def build() -> SweepConfig:
         benches = [b.strip() for b in bench.split(",") if b.strip()]
         if not benches:
             raise ValueError("--bench names no benchmark")
@@ -114,7 +154,7 @@ def sweep_command(
             data=parse_data(benches, data),
             out_dir=out,
             store=store or default_store_path(),
-            admin_token=_admin_token(admin_token_file),
+            admin_token=read_admin_token(admin_token_file),
             max_in_flight=max_in_flight,
             timeout_s=timeout_s,
             load_timeout_s=load_timeout_s,
@@ -125,22 +165,15 @@ def sweep_command(
             quiet=quiet,
         )
         order_checkpoints(config.checkpoints)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    try:
-        result = sweep(config)
-    except DataError as exc:
-        typer.echo(f"error: {exc.type}: {exc}", err=True)
-        raise typer.Exit(2 if exc.path is not None else 1) from None
-    except RMServeError as exc:
-        field = f" (field {exc.field})" if exc.field else ""
-        typer.echo(f"error: {exc.type}: {exc}{field}", err=True)
-        if exc.retryable or isinstance(exc, FingerprintMismatch):
-            typer.echo(f"scored groups are kept in {config.store}; run the same command again to resume", err=True)
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        typer.echo(f"interrupted; scored groups are kept in {config.store}; run again to resume", err=True)
-        raise typer.Exit(130) from None
+        return config
+
+    config = bad_parameter(build)
+    result = guarded(
+        lambda: sweep(config),
+        own_files=(config.store,),
+        kept=str(config.store),
+        resume_hint=lambda exc: exc.retryable or isinstance(exc, FingerprintMismatch),
+    )
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)
     for message in result.refused:
@@ -155,7 +188,8 @@ def sweep_command(
             )
         typer.echo(f"wrote {', '.join(p.name for p in result.paths)} in {config.out_dir}", err=True)
     if as_json:
-        typer.echo((config.out_dir / "sweep.json").read_text().rstrip("\n"))
+        assert result.document is not None  # sweep() always sets it
+        typer.echo(to_json(result.document).rstrip("\n"))
     else:
         typer.echo(result.summary_md.rstrip("\n"))
 

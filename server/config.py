@@ -1,6 +1,8 @@
 """Engine configuration: one frozen dataclass, validated on construction.
 
-The fields map one-to-one onto ``rmserve serve`` options (attribute docstrings feed the help).
+Every field but ``model`` is an option of ``rmserve serve`` and ``rmserve run`` (``max_num_seqs``
+→ ``--max-num-seqs``; the attribute docstring is its help; see :mod:`rmserve.cli_common`), so
+adding an engine option is adding a field here.
 No torch or vllm import here: the CLI and the HTTP layer build this object without loading
 an engine.
 """
@@ -17,6 +19,27 @@ DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 """Accepted ``dtype`` values. ``auto`` = bfloat16 on a CUDA device, float32 otherwise."""
 
 EngineKind = Literal["vllm", "hf"]
+
+
+def resolve_dtype(dtype: str, cuda_available: bool | None = None) -> str:
+    """The dtype a server computes in: ``dtype`` itself, or for ``auto`` bfloat16 when CUDA is
+    available and float32 otherwise.
+
+    ``cuda_available`` None asks torch (imported here, and only when ``dtype`` is ``auto``).
+
+    Raises:
+        ValueError: ``dtype`` is not one of :data:`DTYPES`.
+        ImportError: ``dtype`` is ``auto``, ``cuda_available`` is None and torch is not installed.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    if dtype != "auto":
+        return dtype
+    if cuda_available is None:
+        import torch
+
+        cuda_available = bool(torch.cuda.is_available())
+    return "bfloat16" if cuda_available else "float32"
 
 
 @dataclass(frozen=True)
@@ -128,15 +151,8 @@ class EngineConfig:
         return path.name if path.exists() else self.model
 
     def resolved_dtype(self) -> str:
-        """``dtype`` with ``auto`` resolved: bfloat16 when CUDA is available, else float32.
-
-        Imports torch (only call from an engine module).
-        """
-        if self.dtype != "auto":
-            return self.dtype
-        import torch
-
-        return "bfloat16" if torch.cuda.is_available() else "float32"
+        """``dtype`` with ``auto`` resolved (:func:`resolve_dtype`; imports torch for ``auto``)."""
+        return resolve_dtype(self.dtype)
 
 
 def _is_int(value: object) -> bool:

@@ -24,6 +24,35 @@ from rmserve.errors import ServerFault
 
 logger = logging.getLogger("rmserve.server")
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+"""Server log lines on stderr: local time with milliseconds, level, logger name, message."""
+
+
+class _StderrHandler(logging.StreamHandler):
+    """The handler :func:`configure_logging` installs (a class of its own, so a second call replaces it)."""
+
+
+def configure_logging(level: str = "info") -> None:
+    """Send log records to stderr as ``2026-11-30 12:00:00,123 INFO rmserve.server.swap: message``.
+
+    rmserve's own loggers (``rmserve.*``) write at ``level`` and above; other libraries'
+    loggers at WARNING and above. Calling it again replaces the handler and levels.
+
+    Raises:
+        ValueError: ``level`` is not debug, info, warning or error (any case).
+    """
+    number = logging.getLevelName(level.upper())
+    if level.lower() not in ("debug", "info", "warning", "error") or not isinstance(number, int):
+        raise ValueError(f"log level: {level!r} is not one of debug, info, warning, error")
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
+        root.removeHandler(handler)
+    handler = _StderrHandler()  # sys.stderr as it is now
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.getLogger("rmserve").setLevel(number)
+
 
 def engine_renderer(loaded: LoadedModel) -> Renderer:
     """Renderer factory that takes the renderer the engine built with its model.

@@ -158,3 +158,27 @@ def test_swap_vs_restart_runs_with_smallest_settings(tmp_path: Path, rmbench_dir
     assert summary["restart_over_swap"] == pytest.approx(events[3]["wall_s"] / (sum(swaps) / 2))
     assert summary["target_holds"] == (summary["restart_over_swap"] >= 3.0)
     assert (result_file.with_suffix(".md")).read_text().startswith("# Checkpoint swap vs restart")
+
+
+def test_benchmark_engine_options_come_from_the_serve_declaration():
+    import os
+
+    from rmserve.pipelines.launch import ServeOptions
+
+    throughput = _load("throughput")
+    spec = {
+        "model": "/m", "dtype": "float32", "max_model_len": 512, "block_size": 32, "kv_cache_memory_bytes": None,
+        "enforce_eager": True, "max_num_batched_tokens": 256, "batch_size": 8, "max_groups_in_flight": 32,
+        "token_ids": [], "work_dir": "/tmp/w",
+    }
+    # EngineConfig fields only (batch_size is path a's, not the engine's); None = the server default.
+    assert throughput.engine_options(spec) == {
+        "engine": "vllm", "dtype": "float32", "max_model_len": 512, "block_size": 32, "enforce_eager": True,
+        "max_num_batched_tokens": 256,
+    }
+    argv = ServeOptions(model="/m", engine_options=throughput.engine_options(spec)).argv("127.0.0.1", 7)
+    assert argv[4:] == [
+        "/m", "--host", "127.0.0.1", "--port", "7", "--engine", "vllm", "--dtype", "float32", "--max-model-len", "512",
+        "--block-size", "32", "--enforce-eager", "--max-num-batched-tokens", "256", "--parent-pid", str(os.getpid()),
+    ]
+    assert throughput._engine_config(spec, prefix_caching=False).enable_prefix_caching is False

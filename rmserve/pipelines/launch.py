@@ -5,7 +5,9 @@ loopback port, in its own process group (so the engine's worker processes stop w
 stdout and stderr appended to ``OUT/server.log``. :class:`ServerProcess` waits until its
 ``/health`` answers 200 — failing early, with the log's last lines, if the child exits — and
 always stops it: SIGTERM to the group, then SIGKILL after a grace period, on success, error,
-Ctrl-C or SIGTERM alike.
+Ctrl-C or SIGTERM alike. If the launcher itself dies without cleaning up (SIGKILL), the child
+still stops: on Linux it gets SIGTERM from the kernel (a parent-death signal), and the server
+watches the launcher's pid itself (``rmserve serve --parent-pid``).
 
 With a score store (``EvalConfig.store``) and a local checkpoint folder, :func:`run` first
 hashes the folder (:func:`~rmserve.client.score_store.checkpoint_signature`); when the store
@@ -24,9 +26,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 
 from rmserve.client.client import RewardClient, Timeouts
 from rmserve.pipelines.evaluate import (
@@ -66,48 +69,60 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
+PR_SET_PDEATHSIG = 1
+"""``prctl`` option: the signal a process receives when the thread that created it exits (Linux)."""
+
+
+def parent_death_signal(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child receive ``sig`` when this process dies, or None.
+
+    Linux only (``prctl(PR_SET_PDEATHSIG)`` through ctypes), and only from the main thread:
+    the kernel sends the signal when the *thread* that forked the child exits, so a child
+    forked by a worker thread would be stopped when that thread ends. Elsewhere None (no
+    ``preexec_fn``); a server started with ``--parent-pid`` still watches its parent itself.
+    If this process is already gone by the time the child is set up, the child stops itself.
+    """
+    import threading
+
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: no imports after fork
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
 @dataclass(frozen=True)
 class ServeOptions:
-    """How ``rmserve run`` starts its server. None leaves the ``rmserve serve`` default."""
+    """How ``rmserve run`` starts its server.
+
+    The engine options are one mapping of :class:`~rmserve.server.config.EngineConfig` field
+    names to values (a field left out keeps the ``rmserve serve`` default); the command line
+    is derived from the same declaration as ``rmserve serve``'s options
+    (:func:`rmserve.cli_common.engine_argv`).
+
+    Raises:
+        ValueError: from ``__post_init__``: an empty model, an unknown engine option or a bad
+            value (the ``EngineConfig`` message, naming the field and the limit), a
+            non-positive ``startup_timeout_s``, a negative ``stop_grace_s``, an empty
+            ``serve_command``.
+    """
 
     model: str
     """Model path or hub id, passed to ``rmserve serve``."""
 
-    engine: str | None = None
-    """Engine backend: ``vllm`` or ``hf``."""
-
-    dtype: str | None = None
-    """Weights/activations dtype (``auto``, ``bfloat16``, ``float16``, ``float32``)."""
-
-    max_model_len: int | None = None
-    """Longest sequence in tokens."""
-
-    block_size: int | None = None
-    """Prefix-cache block size in tokens."""
-
-    gpu_memory_utilization: float | None = None
-    """Fraction of GPU memory the engine may use."""
-
-    kv_cache_memory_bytes: int | None = None
-    """KV-cache size in bytes (vLLM); None = the server's default."""
-
-    tensor_parallel_size: int | None = None
-    """GPUs to shard the model over."""
-
-    chat_template: Path | None = None
-    """A Jinja chat template file replacing the model's."""
-
-    enforce_eager: bool = False
-    """Disable CUDA graphs / compilation (faster start, slower scoring)."""
-
-    max_num_batched_tokens: int | None = None
-    """Most tokens per engine step (vLLM); None = the server's default."""
-
-    max_num_seqs: int | None = None
-    """Most sequences per engine step (vLLM); None = the server's default."""
-
-    cpu_threads_bind: str | None = None
-    """CPU build: CPU ids for the engine's threads (``0-1``); None = the server's default (all usable CPUs)."""
+    engine_options: Mapping[str, object] = field(default_factory=dict)
+    """``EngineConfig`` field → value, e.g. ``{"dtype": "float32", "max_model_len": 4096}``."""
 
     extra_args: tuple[str, ...] = ()
     """More ``rmserve serve`` arguments, passed as given."""
@@ -118,12 +133,21 @@ class ServeOptions:
     stop_grace_s: float = 30.0
     """Seconds between SIGTERM and SIGKILL when stopping the server. Default 30; ≥ 0."""
 
+    watch_parent: bool = True
+    """Pass ``--parent-pid`` (this process) so the server shuts itself down if this process dies."""
+
     serve_command: tuple[str, ...] = field(default_factory=lambda: (sys.executable, "-m", "rmserve.cli", "serve"))
     """The command that starts a server; the model and options are appended."""
 
     def __post_init__(self) -> None:
+        from rmserve.cli_common import engine_argv
+        from rmserve.server.config import EngineConfig
+
         if not self.model:
             raise ValueError("model must be a path or hub id, got an empty string")
+        engine_argv(self.engine_options)  # unknown names, non-boolean switches
+        EngineConfig(model=self.model, **self.engine_options)  # every value within its limits
+        object.__setattr__(self, "engine_options", MappingProxyType(dict(self.engine_options)))
         if not self.startup_timeout_s > 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s!r}")
         if not self.stop_grace_s >= 0:
@@ -132,26 +156,14 @@ class ServeOptions:
             raise ValueError("serve_command must name a program")
 
     def argv(self, host: str, port: int) -> list[str]:
-        """The child's command line for a server on ``host:port``."""
-        argv = [*self.serve_command, self.model, "--host", host, "--port", str(port)]
-        options = {
-            "--engine": self.engine,
-            "--dtype": self.dtype,
-            "--max-model-len": self.max_model_len,
-            "--block-size": self.block_size,
-            "--gpu-memory-utilization": self.gpu_memory_utilization,
-            "--kv-cache-memory-bytes": self.kv_cache_memory_bytes,
-            "--tensor-parallel-size": self.tensor_parallel_size,
-            "--chat-template": self.chat_template,
-            "--max-num-batched-tokens": self.max_num_batched_tokens,
-            "--max-num-seqs": self.max_num_seqs,
-            "--cpu-threads-bind": self.cpu_threads_bind,
-        }
-        for flag, value in options.items():
-            if value is not None:
-                argv += [flag, str(value)]
-        if self.enforce_eager:
-            argv.append("--enforce-eager")
+        """The child's command line for a server on ``host:port``: the serve command, the model,
+        ``--host``/``--port``, the engine options (declaration order), ``--parent-pid`` (when
+        ``watch_parent``), then ``extra_args``."""
+        from rmserve.cli_common import engine_argv
+
+        argv = [*self.serve_command, self.model, "--host", host, "--port", str(port), *engine_argv(self.engine_options)]
+        if self.watch_parent:
+            argv += ["--parent-pid", str(os.getpid())]
         return argv + list(self.extra_args)
 
 
@@ -208,7 +220,11 @@ class ServerProcess:
         self.stop()
 
     def start(self) -> None:
-        """Spawn the child in a new process group, output appended to the log file."""
+        """Spawn the child in a new process group, output appended to the log file.
+
+        On Linux, when called from the main thread, the child gets SIGTERM if this process
+        dies, even by SIGKILL (:func:`parent_death_signal`).
+        """
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log_path, "ab") as log:
@@ -221,6 +237,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                preexec_fn=parent_death_signal(),
             )
 
     @property
@@ -315,19 +332,18 @@ def store_signature(config: RunConfig) -> str | None:
     does not), or the folder cannot be hashed (the server will report why). The signature
     covers the dtype the server will compute in (``--dtype``, else its ``auto`` rule).
     """
+    from rmserve.server.config import resolve_dtype
+
     serve = config.serve
-    if config.evaluation.store is None or serve.chat_template is not None or "--chat-template" in serve.extra_args:
+    options = serve.engine_options
+    if config.evaluation.store is None or options.get("chat_template") is not None or "--chat-template" in serve.extra_args:
         return None
     if not Path(serve.model).is_dir():
         return None
-    dtype = serve.dtype
-    if dtype in (None, "auto"):
-        # The server's rule (EngineConfig.resolved_dtype): bfloat16 on CUDA, else float32.
-        try:
-            import torch
-        except ImportError:
-            return None
-        dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+    try:
+        dtype = resolve_dtype(str(options.get("dtype") or "auto"))  # the server's rule
+    except ImportError:
+        return None
     try:
         return checkpoint_signature(serve.model, dtype)
     except (errors.RMServeError, OSError, ValueError):

@@ -27,7 +27,7 @@ import re
 import sys
 import time
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,6 +205,8 @@ class SweepResult:
     summary_md: str
     refused: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    document: Mapping[str, Any] | None = None
+    """The ``sweep.json`` document as written."""
 
 
 # --- servers ----------------------------------------------------------------------------
@@ -678,11 +680,13 @@ async def sweep_async(config: SweepConfig) -> SweepResult:
         "groups_scored": sum(run.n_scored for run in runs),
         "groups_from_store": sum(run.n_stored for run in runs),
     }
-    paths, summary = await asyncio.to_thread(
+    paths, summary, document = await asyncio.to_thread(
         write_sweep, points, list(datasets), config.out_dir, resamples=config.resamples, seed=config.seed,
         notes=notes, refused=refused, extra=extra,
     )
-    return SweepResult(runs=tuple(runs), paths=tuple(paths), summary_md=summary, refused=refused, notes=tuple(notes))
+    return SweepResult(
+        runs=tuple(runs), paths=tuple(paths), summary_md=summary, refused=refused, notes=tuple(notes), document=document
+    )
 
 
 def sweep(config: SweepConfig) -> SweepResult:

@@ -28,7 +28,7 @@ def test_rows_best_checkpoint_and_paired_margin(tmp_path):
     wins = {10: set(range(6)), 20: set(range(8)), 30: set(range(7))}
     points = [SweepPoint(step=s, name=f"step-{s}", path=f"/ckpt/step-{s}", fingerprint=f"fp{s}", model="m",
                          records={"rm-bench": chat_records(10, w)}) for s, w in wins.items()]
-    paths, summary = write_sweep(points, ["rm-bench"], tmp_path, resamples=200, seed=1)
+    paths, summary, _ = write_sweep(points, ["rm-bench"], tmp_path, resamples=200, seed=1)
     rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
     assert [float(r["rm-bench:chat.score"]) for r in rows] == pytest.approx([0.6, 0.8, 0.7])
     assert [float(r["rm-bench:chat.hard"]) for r in rows] == pytest.approx([0.6, 0.8, 0.7])
@@ -47,7 +47,7 @@ def test_rows_best_checkpoint_and_paired_margin(tmp_path):
 def test_single_checkpoint_has_no_runner_up(tmp_path):
     point = SweepPoint(step=1, name="step-1", path="/c", fingerprint="f", model="m",
                        records={"rm-bench": chat_records(4, {0, 1})})
-    _, summary = write_sweep([point], ["rm-bench"], tmp_path, resamples=10)
+    _, summary, _ = write_sweep([point], ["rm-bench"], tmp_path, resamples=10)
     assert "no other checkpoint to compare" in summary
     with pytest.raises(ValueError, match="resamples"):
         write_sweep([point], ["rm-bench"], tmp_path, resamples=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -37,15 +38,45 @@ def _refuses_connections(port: int) -> bool:
 
 def test_serve_options_build_the_serve_command_line():
     options = ServeOptions(
-        model="org/rm", engine="hf", dtype="float32", max_model_len=4096, block_size=16, enforce_eager=True,
+        model="org/rm",
+        engine_options={"enforce_eager": True, "block_size": 16, "engine": "hf", "dtype": "float32",
+                        "max_model_len": 4096, "enable_prefix_caching": False},
         extra_args=("--max-inflight-groups", "64"),
     )
+    # Declaration order (EngineConfig's field order), not the mapping's; False → --no-…
     assert options.argv("127.0.0.1", 5123) == [
         sys.executable, "-m", "rmserve.cli", "serve", "org/rm", "--host", "127.0.0.1", "--port", "5123",
         "--engine", "hf", "--dtype", "float32", "--max-model-len", "4096", "--block-size", "16",
-        "--enforce-eager", "--max-inflight-groups", "64",
+        "--enforce-eager", "--no-enable-prefix-caching", "--parent-pid", str(os.getpid()),
+        "--max-inflight-groups", "64",
     ]
-    assert ServeOptions(model="m").argv("127.0.0.1", 1)[4:] == ["m", "--host", "127.0.0.1", "--port", "1"]
+    assert ServeOptions(model="m", watch_parent=False).argv("127.0.0.1", 1)[4:] == [
+        "m", "--host", "127.0.0.1", "--port", "1",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("engine_options", "words"),
+    [
+        ({"max_num_seq": 4}, "'max_num_seq' not among"),
+        ({"block_size": 24}, "block_size: 24 must be a power of 2 between 8 and 256"),
+        ({"enforce_eager": "yes"}, "enforce_eager: 'yes' must be true or false"),
+        ({"dtype": "fp8"}, "dtype: 'fp8' is not one of auto, float32, bfloat16, float16"),
+    ],
+)
+def test_serve_options_refuse_bad_engine_options(engine_options, words):
+    with pytest.raises(ValueError) as info:
+        ServeOptions(model="m", engine_options=engine_options)
+    assert words in str(info.value)
+
+
+def test_serve_options_engine_options_cannot_change_afterwards():
+    source = {"dtype": "float32"}
+    options = ServeOptions(model="m", engine_options=source)
+    source["dtype"] = "bfloat16"
+    assert options.engine_options == {"dtype": "float32"}
+    with pytest.raises(TypeError):
+        options.engine_options["dtype"] = "bfloat16"  # type: ignore[index]
 
 
 def test_run_config_refuses_a_server_url(tmp_path):
@@ -96,13 +127,68 @@ def test_log_tail_keeps_the_last_lines(tmp_path):
 
 def test_run_starts_evaluates_and_stops_the_server(small_rmbench, tmp_path):
     out = tmp_path / "out"
-    serve = ServeOptions(model="stub-model", dtype="float32", serve_command=(sys.executable, STUB_SCRIPT), stop_grace_s=5)
+    serve = ServeOptions(
+        model="stub-model", engine_options={"dtype": "float32"}, serve_command=(sys.executable, STUB_SCRIPT), stop_grace_s=5
+    )
     evaluation = EvalConfig(bench="rm-bench", data=str(small_rmbench), out_dir=out, resamples=0, quiet=True)
     result = run(RunConfig(serve=serve, evaluation=evaluation))
     assert (result.n_scored, result.model.name) == (10, "stub-rm")
     assert json.loads((out / "results.json").read_text())["domains"]["chat"]["score"] == 1.0
     log = (out / "server.log").read_text()
     # The engine options reached the child; it served on the port the launcher picked.
-    assert "stub server argv extras: ['stub-model', '--dtype', 'float32']" in log
+    assert f"stub server argv extras: ['stub-model', '--dtype', 'float32', '--parent-pid', '{os.getpid()}']" in log
     port = int(re.search(r"stub: serving on 127\.0\.0\.1:(\d+)", log).group(1))
     assert _refuses_connections(port)  # stopped after the evaluation
+
+
+_LAUNCHING_PARENT = """
+import sys, time
+from pathlib import Path
+from rmserve.pipelines.launch import ServerProcess, free_loopback_port
+
+stub, log = sys.argv[1], Path(sys.argv[2])
+port = free_loopback_port()
+server = ServerProcess([sys.executable, stub, "--port", str(port)], url=f"http://127.0.0.1:{port}",
+                       log_path=log, startup_timeout_s=60, stop_grace_s=5)
+server.start()
+server.wait_ready()
+print(server.process.pid, port, flush=True)
+time.sleep(120)
+"""
+
+
+def _exited(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie waiting for its new parent counts as exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal and /proc are Linux")
+def test_child_server_stops_when_its_launcher_is_sigkilled(tmp_path):
+    import subprocess
+    import time
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _LAUNCHING_PARENT, STUB_SCRIPT, str(tmp_path / "server.log")],
+        stdout=subprocess.PIPE, text=True,
+    )
+    child_pid = None
+    try:
+        child_pid, port = map(int, parent.stdout.readline().split())
+        assert not _exited(child_pid)
+        parent.kill()  # SIGKILL: no cleanup runs in the launcher
+        assert parent.wait(timeout=30) == -signal.SIGKILL
+        deadline = time.monotonic() + 30.0
+        while not _exited(child_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _exited(child_pid), f"the server {child_pid} still runs 30 s after its launcher was killed"
+        assert _refuses_connections(port)
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+        if child_pid is not None and not _exited(child_pid):
+            os.kill(child_pid, signal.SIGKILL)

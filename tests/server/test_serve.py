@@ -168,7 +168,7 @@ def test_cli_serve_defaults(captured):
     ("args", "fragment"),
     [
         (["--port", "70000"], "port"),
-        (["--engine", "tgi"], "hf, vllm"),
+        (["--engine", "tgi"], "'tgi' is not one of 'vllm', 'hf'"),
         (["--block-size", "24"], "block_size"),
         (["--max-body-bytes", "10"], "max_body_bytes"),
     ],

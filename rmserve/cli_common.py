@@ -1,0 +1,312 @@
+"""Plumbing shared by every ``rmserve`` command.
+
+* **Engine options, declared once.** Each field of
+  :class:`~rmserve.server.config.EngineConfig` (except ``model``, the argument) is one command
+  line option: its flag is the field name with dashes (``max_num_seqs`` → ``--max-num-seqs``),
+  its type the field's type, its help the field's attribute docstring. :func:`engine_options`
+  builds that table; :func:`with_engine_options` adds it to a command (``serve``, ``run``) and
+  :func:`engine_argv` writes a mapping of option values back as ``rmserve serve`` arguments
+  (what ``rmserve run`` starts). Adding an engine option is adding one ``EngineConfig`` field.
+* **The admin token** (``--admin-token-file``, else ``$RMSERVE_ADMIN_TOKEN``).
+* **One exit-code rule** for every command (:func:`exit_code`, :func:`guarded`):
+
+  ===== ====================================================================================
+  code  meaning
+  ===== ====================================================================================
+  0     success
+  1     an rmserve error other than bad input: server unreachable or failed, fingerprint
+        mismatch, a corrupt file the command itself keeps (``OUT/scores.jsonl``, the store)
+  2     bad user input: an invalid option value, or bad data in a file the user named
+        (benchmark data, score files given to ``metrics``)
+  130   interrupted (Ctrl-C); what was scored so far is kept
+  ===== ====================================================================================
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import os
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from rmserve.errors import DataError, RMServeError
+
+T = TypeVar("T")
+
+EXIT_OK = 0
+"""Exit status of a command that did what it was asked."""
+EXIT_ERROR = 1
+"""Exit status of a command that failed for a reason other than its input."""
+EXIT_BAD_INPUT = 2
+"""Exit status of a command given an invalid option value or bad input data (also click's usage errors)."""
+EXIT_INTERRUPTED = 130
+"""Exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
+
+
+# --- attribute docstrings → help ------------------------------------------------------------
+
+
+@functools.cache
+def attribute_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a dataclass: field name → the string literal after the field, one line."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for field, doc in zip(body, body[1:]):
+        if (
+            isinstance(field, ast.AnnAssign)
+            and isinstance(field.target, ast.Name)
+            and isinstance(doc, ast.Expr)
+            and isinstance(doc.value, ast.Constant)
+            and isinstance(doc.value.value, str)
+        ):
+            docs[field.target.id] = " ".join(doc.value.value.split())
+    return docs
+
+
+def field_help(cls: type, name: str) -> str:
+    """Help text of a dataclass field: its attribute docstring, plus ``Default: X.`` when the
+    field has a default other than None and the docstring does not already speak of one."""
+    text = attribute_docs(cls).get(name, "")
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    default = defaults.get(name, dataclasses.MISSING)
+    if default is not dataclasses.MISSING and default is not None and "default" not in text.lower():
+        text = f"{text} Default: {default}."
+    return text
+
+
+# --- engine options -------------------------------------------------------------------------
+
+
+ENGINE_PANEL = "Engine options (the same in serve and run)"
+"""Heading of the engine options in ``--help``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOption:
+    """One ``EngineConfig`` field as a command line option."""
+
+    name: str
+    """The ``EngineConfig`` field (a Python identifier, also the command's parameter name)."""
+    flag: str
+    """The option: ``--`` + the name with dashes. Booleans also get ``--no-`` + the same."""
+    value_type: Any
+    """The field's type without ``None`` (``int``, ``float``, ``str``, ``Path``, ``bool`` or a ``Literal``)."""
+    help: str
+    """The field's attribute docstring (with its default)."""
+
+    @property
+    def is_switch(self) -> bool:
+        """True for a boolean field (``--x/--no-x``)."""
+        return self.value_type is bool
+
+    def annotation(self) -> Any:
+        """The typer parameter annotation: optional, default None = "not given" (the config default applies)."""
+        names = f"{self.flag}/--no-{self.flag[2:]}" if self.is_switch else self.flag
+        return Annotated[
+            typing.Optional[self.value_type],  # noqa: UP007 - typer needs a typing-level optional here
+            typer.Option(names, help=self.help, show_default=False, rich_help_panel=ENGINE_PANEL),
+        ]
+
+    def argv(self, value: object) -> list[str]:
+        """This option with ``value`` as ``rmserve serve`` arguments ([] for None)."""
+        if value is None:
+            return []
+        if self.is_switch:
+            if not isinstance(value, bool):
+                raise ValueError(f"{self.name}: {value!r} must be true or false")
+            return [self.flag if value else f"--no-{self.flag[2:]}"]
+        return [self.flag, str(value)]
+
+
+def _without_none(hint: Any) -> Any:
+    """``X | None`` → ``X``; anything else unchanged."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
+
+
+@functools.cache
+def engine_options() -> tuple[EngineOption, ...]:
+    """Every ``EngineConfig`` field but ``model``, in declaration order, as an option.
+
+    Raises:
+        TypeError: a field whose type the command line cannot carry (a declaration bug, found
+            at import of the CLI and by the tests).
+    """
+    from rmserve.server.config import EngineConfig
+
+    hints = typing.get_type_hints(EngineConfig)
+    options = []
+    for field in dataclasses.fields(EngineConfig):
+        if field.name == "model":
+            continue
+        value_type = _without_none(hints[field.name])
+        if not (value_type in (int, float, str, bool, Path) or typing.get_origin(value_type) is typing.Literal):
+            raise TypeError(f"EngineConfig.{field.name}: type {value_type!r} has no command line form")
+        options.append(
+            EngineOption(
+                name=field.name,
+                flag="--" + field.name.replace("_", "-"),
+                value_type=value_type,
+                help=field_help(EngineConfig, field.name),
+            )
+        )
+    return tuple(options)
+
+
+def engine_argv(values: Mapping[str, object]) -> list[str]:
+    """``rmserve serve`` arguments for the engine option ``values`` (field name → value; None = not given).
+
+    Options come in declaration order, so equal mappings give equal command lines.
+
+    Raises:
+        ValueError: a name that is no engine option, or a non-boolean value of a switch.
+    """
+    by_name = {option.name: option for option in engine_options()}
+    unknown = sorted(set(values) - set(by_name))
+    if unknown:
+        raise ValueError(f"engine options: {', '.join(map(repr, unknown))} not among {', '.join(by_name)}")
+    return [arg for option in engine_options() if option.name in values for arg in option.argv(values[option.name])]
+
+
+def with_engine_options(command: Callable[..., T]) -> Callable[..., T]:
+    """Give a typer command every engine option.
+
+    ``command`` declares a parameter ``engine_options``; it receives a dict of the engine
+    options the user gave (field name → value; options not given are left out, so
+    ``EngineConfig`` defaults apply). The options appear in ``--help`` after the command's
+    own parameters, with the same help text in every command that uses this.
+    """
+    signature = inspect.signature(command, eval_str=True)
+    if "engine_options" not in signature.parameters:
+        raise TypeError(f"{command.__name__} has no engine_options parameter")
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in signature.parameters.values() if p.name != "engine_options"]
+    added = [
+        inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=option.annotation())
+        for option in engine_options()
+    ]
+    clash = {p.name for p in own} & {p.name for p in added}
+    if clash:
+        raise TypeError(f"{command.__name__}: parameters {sorted(clash)} clash with engine options")
+    names = [option.name for option in engine_options()]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> T:
+        given = {name: kwargs.pop(name) for name in names}
+        return command(**kwargs, engine_options={k: v for k, v in given.items() if v is not None})
+
+    del wrapper.__wrapped__  # typer must see the signature below, not the command's
+    wrapper.__signature__ = signature.replace(parameters=[*own, *added])  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
+    return wrapper
+
+
+# --- admin token ----------------------------------------------------------------------------
+
+ADMIN_TOKEN_ENV = "RMSERVE_ADMIN_TOKEN"
+"""Environment variable holding the admin token when ``--admin-token-file`` is not given."""
+
+
+def read_admin_token(token_file: Path | None) -> str | None:
+    """The admin token: the file's stripped text, else ``$RMSERVE_ADMIN_TOKEN``, else None.
+
+    Raises:
+        ValueError: the file cannot be read or is empty.
+    """
+    if token_file is None:
+        return os.environ.get(ADMIN_TOKEN_ENV) or None
+    try:
+        token = token_file.read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"--admin-token-file {str(token_file)!r} cannot be read: {exc.strerror}") from None
+    if not token:
+        raise ValueError(f"--admin-token-file {str(token_file)!r} is empty")
+    return token
+
+
+# --- exit codes -----------------------------------------------------------------------------
+
+
+def exit_code(exc: BaseException, *, own_files: Iterable[Path | str | None] = ()) -> int:
+    """The exit status of a command that raised ``exc`` (the table in this module's docstring).
+
+    ``own_files`` are the files the command itself writes and reads back (its score file, the
+    score store): bad data there is not the user's input, so it is 1, not 2.
+    """
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, (ValueError, typer.BadParameter)):
+        return EXIT_BAD_INPUT
+    if isinstance(exc, DataError):
+        own = {Path(p).resolve() for p in own_files if p is not None}
+        if exc.path is not None and Path(exc.path).resolve() in own:
+            return EXIT_ERROR
+        return EXIT_BAD_INPUT
+    return EXIT_ERROR
+
+
+def error_line(exc: RMServeError, *, with_type: bool = True) -> str:
+    """One line for stderr: ``error: TYPE: MESSAGE (field F)`` (whitespace folded)."""
+    message = " ".join(str(exc).split())
+    field = f" (field {exc.field})" if exc.field and not isinstance(exc, DataError) else ""
+    return f"error: {exc.type}: {message}{field}" if with_type else f"error: {message}"
+
+
+def guarded(
+    call: Callable[[], T],
+    *,
+    own_files: Iterable[Path | str | None] = (),
+    input_option: str | None = None,
+    kept: str | None = None,
+    resume_hint: Callable[[RMServeError], bool] = lambda exc: False,
+    with_type: bool = True,
+) -> T:
+    """Run ``call``; an rmserve error or Ctrl-C ends the command with :func:`exit_code`'s status.
+
+    Args:
+        own_files: see :func:`exit_code`.
+        input_option: the option naming the input data (``--data``); bad data there is
+            reported as click reports a bad option value (usage line, then the message).
+            None: one ``error:`` line, as for any other error.
+        kept: where scored work is kept (``OUT/scores.jsonl``, the store), named when the
+            command is interrupted and when ``resume_hint(exc)`` holds.
+        resume_hint: which errors get the "run the same command again to resume" line.
+        with_type: whether the ``error:`` line names the error type.
+
+    Raises:
+        typer.Exit: with the status; typer.BadParameter: bad data under ``input_option``.
+    """
+    own = list(own_files)
+    try:
+        return call()
+    except KeyboardInterrupt:
+        where = f"; scored groups are kept in {kept}; run again to resume" if kept else ""
+        typer.echo(f"interrupted{where}", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except RMServeError as exc:
+        code = exit_code(exc, own_files=own)
+        if code == EXIT_BAD_INPUT and input_option is not None and isinstance(exc, DataError) and exc.path is not None:
+            raise typer.BadParameter(str(exc), param_hint=f"'{input_option}'") from None
+        typer.echo(error_line(exc, with_type=with_type), err=True)
+        if kept and resume_hint(exc):
+            typer.echo(f"scored groups are kept in {kept}; run the same command again to resume", err=True)
+        raise typer.Exit(code) from None
+
+
+def bad_parameter(call: Callable[[], T]) -> T:
+    """Run ``call`` (building a config); a ``ValueError`` becomes click's bad-parameter exit (2)."""
+    try:
+        return call()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None

@@ -1,0 +1,387 @@
+"""The command line's shared plumbing: engine options declared once, one exit-code rule,
+serve's logging and its parent watch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from rmserve import cli_common
+from rmserve.cli import app
+from rmserve.errors import DataError, EngineNotReady, FingerprintMismatch, ServerFault
+from rmserve.server.config import EngineConfig, resolve_dtype
+
+runner = CliRunner()
+
+ENGINE_FIELDS = [f.name for f in dataclasses.fields(EngineConfig) if f.name != "model"]
+
+
+def _click_options(command: str) -> dict[str, object]:
+    """Parameter name → click parameter of an ``rmserve`` command."""
+    group = typer.main.get_command(app)
+    return {param.name: param for param in group.commands[command].params}  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """``rmserve serve`` with the real parsing but no server: records (EngineConfig, ServerConfig, parent pid)."""
+    import rmserve.cli_server as cli_server
+    import rmserve.server.serve as serve_module
+
+    calls = []
+    watched = []
+    monkeypatch.setattr(serve_module, "serve", lambda e, s, *, announce=print: calls.append((e, s)) or 0)
+    monkeypatch.setattr(serve_module, "configure_logging", lambda level: None)
+    monkeypatch.setattr(cli_server, "watch_parent", lambda pid: watched.append(pid))
+    return calls, watched
+
+
+def test_serve_and_run_declare_every_engine_field_with_the_same_option_and_help():
+    serve, run = _click_options("serve"), _click_options("run")
+    for name in ENGINE_FIELDS:
+        flag = "--" + name.replace("_", "-")
+        assert serve[name].opts == run[name].opts == [flag], name
+        assert serve[name].help == run[name].help, name
+        assert serve[name].help, f"{name} has no attribute docstring"
+        assert serve[name].default is None and run[name].default is None, name  # not given = EngineConfig default
+    # Help comes from the attribute docstring, plus the default when the docstring names none.
+    assert serve["max_num_seqs"].help == "Most sequences in one engine step (vLLM, ≥ 1); None = vLLM's default."
+    assert serve["gpu_memory_utilization"].help == (
+        "Fraction of accelerator memory vLLM may use, in (0, 1]. Default: 0.9."
+    )
+    # Switches can be given either way.
+    assert serve["enable_prefix_caching"].secondary_opts == ["--no-enable-prefix-caching"]
+    assert serve["enforce_eager"].secondary_opts == ["--no-enforce-eager"]
+    # The help records click renders are the same too.
+    group = typer.main.get_command(app)
+    serve_ctx = group.make_context("rmserve", ["serve", "--help"], resilient_parsing=True)  # type: ignore[attr-defined]
+    assert serve["max_num_seqs"].get_help_record(serve_ctx) == run["max_num_seqs"].get_help_record(serve_ctx)
+
+
+def test_serve_options_argv_round_trips_through_the_serve_parser(captured, tmp_path):
+    from rmserve.pipelines.launch import ServeOptions
+    from rmserve.server.app import ServerConfig
+
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ bos_token }}")
+    values = {
+        "engine": "hf",
+        "dtype": "bfloat16",
+        "max_model_len": 512,
+        "block_size": 64,
+        "gpu_memory_utilization": 0.5,
+        "kv_cache_memory_bytes": 2 * 1024 * 1024,
+        "tensor_parallel_size": 2,
+        "chat_template": template,
+        "enforce_eager": True,
+        "served_model_name": "rm",
+        "hf_batch_size": 3,
+        "enable_prefix_caching": False,
+        "max_num_batched_tokens": 256,
+        "max_num_seqs": 7,
+        "cpu_threads_bind": "0-1",
+    }
+    assert sorted(values) == sorted(ENGINE_FIELDS), "give the new EngineConfig field a non-default value here"
+    defaults = EngineConfig(model="m")
+    assert all(getattr(defaults, name) != value for name, value in values.items())  # each one is really carried
+    options = ServeOptions(model="org/rm", engine_options=values)
+    argv = options.argv("127.0.0.1", 5123)
+    assert argv[:4] == [sys.executable, "-m", "rmserve.cli", "serve"]
+    result = runner.invoke(app, argv[3:])
+    assert result.exit_code == 0, result.output
+    calls, watched = captured
+    assert calls == [(EngineConfig(model="org/rm", **values), ServerConfig(host="127.0.0.1", port=5123, served_model_name="rm"))]
+    assert watched == [os.getpid()]
+
+
+def test_engine_options_not_given_keep_the_engine_config_defaults(captured):
+    result = runner.invoke(app, ["serve", "m", "--no-enforce-eager", "--max-num-seqs", "4"])
+    assert result.exit_code == 0, result.output
+    (engine_config, _), = captured[0]
+    assert engine_config == EngineConfig(model="m", max_num_seqs=4)
+    assert captured[1] == []  # no --parent-pid, no watch
+
+
+def test_run_refuses_a_bad_engine_value_before_starting_anything(small_rmbench, tmp_path):
+    result = runner.invoke(app, [
+        "run", "some/rm", "--bench", "rm-bench", "--data", str(small_rmbench), "--out", str(tmp_path),
+        "--block-size", "24",
+    ])
+    assert result.exit_code == 2
+    assert "block_size: 24 must be a power of 2 between 8 and 256" in " ".join(result.output.split())
+    assert not (tmp_path / "server.log").exists()
+
+
+def test_with_engine_options_refuses_a_command_that_redeclares_one():
+    def command(dtype: str, engine_options: dict) -> None: ...
+
+    with pytest.raises(TypeError, match=r"\['dtype'\] clash with engine options"):
+        cli_common.with_engine_options(command)
+
+
+def test_engine_argv_refuses_unknown_names():
+    with pytest.raises(ValueError, match="'max_num_seq' not among"):
+        cli_common.engine_argv({"max_num_seq": 3})
+    assert cli_common.engine_argv({"max_num_seqs": 3, "dtype": None}) == ["--max-num-seqs", "3"]
+
+
+# --- exit codes -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (KeyboardInterrupt(), 130),
+        (ValueError("max_in_flight must be ≥ 1"), 2),
+        (DataError("bad record", path="/data/chat.json", line=3), 2),
+        (DataError("groups differ between the two files"), 2),
+        (DataError("not a usable SQLite score store", path="/runs/s.sqlite"), 1),
+        (DataError("line 4: invalid JSON", path="/runs/out/scores.jsonl"), 1),
+        (FingerprintMismatch("stored scores belong to fp-old"), 1),
+        (EngineNotReady("not ready after 0.5 s"), 1),
+        (ServerFault("the server exited with status 3"), 1),
+    ],
+)
+def test_one_exit_code_rule(exc, code):
+    own = (Path("/runs/out/scores.jsonl"), "/runs/s.sqlite", None)
+    assert cli_common.exit_code(exc, own_files=own) == code
+
+
+def test_guarded_interrupt_exits_130_naming_what_is_kept(capsys):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(typer.Exit) as info:
+        cli_common.guarded(interrupted, kept="/runs/out/scores.jsonl")
+    assert info.value.exit_code == 130
+    assert capsys.readouterr().err == "interrupted; scored groups are kept in /runs/out/scores.jsonl; run again to resume\n"
+
+
+def test_eval_interrupted_exits_130(monkeypatch, small_rmbench, tmp_path):
+    import rmserve.pipelines.evaluate as evaluate_module
+
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate_module, "evaluate", interrupted)
+    result = runner.invoke(app, [
+        "eval", "--server", "http://127.0.0.1:9", "--bench", "rm-bench", "--data", str(small_rmbench),
+        "--out", str(tmp_path / "o"), "--quiet",
+    ])
+    assert result.exit_code == 130
+    assert result.stderr == f"interrupted; scored groups are kept in {tmp_path / 'o' / 'scores.jsonl'}; run again to resume\n"
+
+
+def _sweep_args(tmp_path):
+    step = tmp_path / "step-1"
+    step.mkdir(exist_ok=True)
+    return [
+        "sweep", "--server", "http://127.0.0.1:9", "--checkpoints", str(step), "--bench", "rm-bench",
+        "--data", str(tmp_path), "--out", str(tmp_path / "o"), "--store", str(tmp_path / "s.sqlite"),
+    ]
+
+
+def test_sweep_corrupt_store_exits_1_and_bad_data_exits_2(monkeypatch, tmp_path):
+    import rmserve.pipelines.sweep as sweep_module
+
+    errors = iter([
+        DataError("not a usable SQLite score store", path=str(tmp_path / "s.sqlite")),
+        DataError("bad record", path=str(tmp_path / "chat.json"), line=2),
+    ])
+
+    def failing(config):
+        raise next(errors)
+
+    monkeypatch.setattr(sweep_module, "sweep", failing)
+    store_error = runner.invoke(app, _sweep_args(tmp_path))
+    assert store_error.exit_code == 1
+    assert store_error.stderr.startswith(f"error: data_error: {tmp_path / 's.sqlite'}: not a usable SQLite")
+    data_error = runner.invoke(app, _sweep_args(tmp_path))
+    assert data_error.exit_code == 2
+    assert data_error.stderr == f"error: data_error: {tmp_path / 'chat.json'}, line 2: bad record\n"
+
+
+def test_sweep_json_prints_the_returned_document(monkeypatch, tmp_path):
+    import rmserve.pipelines.sweep as sweep_module
+
+    document = {"benchmarks": ["rm-bench"], "checkpoints": [], "notes": ["from the result"]}
+    result = sweep_module.SweepResult(runs=(), paths=(), summary_md="# summary\n", document=document)
+    monkeypatch.setattr(sweep_module, "sweep", lambda config: result)
+    printed = runner.invoke(app, [*_sweep_args(tmp_path), "--json", "--quiet"])
+    assert printed.exit_code == 0, printed.output
+    assert json.loads(printed.stdout) == document
+    assert not (tmp_path / "o" / "sweep.json").exists()  # nothing was read from disk
+
+
+# --- dtype ------------------------------------------------------------------------------
+
+
+def test_resolve_dtype():
+    assert resolve_dtype("float16", None) == "float16"  # no torch needed
+    assert resolve_dtype("auto", True) == "bfloat16"
+    assert resolve_dtype("auto", False) == "float32"
+    with pytest.raises(ValueError, match="dtype: 'fp8' is not one of auto, float32, bfloat16, float16"):
+        resolve_dtype("fp8", False)
+
+
+def test_cli_and_launcher_do_not_import_torch(tmp_path):
+    code = (
+        "import sys\n"
+        "import rmserve.cli, rmserve.pipelines.launch as launch\n"
+        "from rmserve.pipelines.evaluate import EvalConfig\n"
+        f"cfg = launch.RunConfig(launch.ServeOptions(model={str(tmp_path)!r}, engine_options={{'dtype': 'float32'}}),\n"
+        f"    EvalConfig(bench='rm-bench', data='d', out_dir={str(tmp_path / 'o')!r}, store={str(tmp_path / 's')!r}))\n"
+        "assert launch.store_signature(cfg) is not None\n"
+        "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))\n"
+    )
+    (tmp_path / "config.json").write_text("{}")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+# --- serve: logging and the parent watch -------------------------------------------------
+
+_LOGGING_SCRIPT = """
+import logging, sys
+import rmserve.server.serve as serve_module
+
+def fake_serve(engine_config, server_config, *, announce=print):
+    logging.getLogger("rmserve.server.swap").info("in-place swap taken")
+    logging.getLogger("rmserve.server.swap").debug("debug detail")
+    logging.getLogger("other.library").info("library chatter")
+    logging.getLogger("other.library").warning("library warning")
+    return 0
+
+serve_module.serve = fake_serve
+from rmserve.cli import app
+app(["serve", "m", *sys.argv[1:]])
+"""
+
+def _line(level: str, name: str, message: str) -> str:
+    """The regular expression of one log line: ``2026-11-30 12:00:00,123 LEVEL logger.name: message``."""
+    return r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} " + f"{level} {re.escape(name)}: {re.escape(message)}"
+
+
+def _serve_log(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, COLUMNS="400")  # click's error box: one line per message
+    return subprocess.run(
+        [sys.executable, "-c", _LOGGING_SCRIPT, *args], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def test_serve_logs_to_stderr_with_time_level_and_logger_name():
+    proc = _serve_log()
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert [line for line in lines if re.fullmatch(_line("INFO", "rmserve.server.swap", "in-place swap taken"), line)]
+    assert [line for line in lines if re.fullmatch(_line("WARNING", "other.library", "library warning"), line)]
+    assert "debug detail" not in proc.stderr and "library chatter" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_serve_log_level_option():
+    debug = _serve_log("--log-level", "debug")
+    assert debug.returncode == 0, debug.stderr
+    assert re.search(_line("DEBUG", "rmserve.server.swap", "debug detail"), debug.stderr)
+    warning = _serve_log("--log-level", "warning")
+    assert warning.returncode == 0, warning.stderr
+    assert "in-place swap taken" not in warning.stderr and "library warning" in warning.stderr
+    bad = _serve_log("--log-level", "loud")
+    assert bad.returncode == 2
+    assert "'loud' is not one of debug, info, warning, error" in " ".join(bad.stderr.split())
+
+
+def _gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie waiting for its new parent counts as exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def _wait_gone(pid: int, limit_s: float) -> bool:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if _gone(pid):
+            return True
+        time.sleep(0.05)
+    return _gone(pid)
+
+
+_WATCHED_CHILD = """
+import os, sys, time
+from rmserve.cli_server import watch_parent
+watch_parent(os.getppid(), poll_s=0.05)
+print("watching", flush=True)
+time.sleep(120)
+"""
+
+_PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline().strip() == "watching"
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_watch_parent_stops_the_process_when_its_parent_is_sigkilled():
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, _WATCHED_CHILD], stdout=subprocess.PIPE, text=True)
+    child_pid = None
+    try:
+        child_pid = int(parent.stdout.readline())
+        assert not _gone(child_pid)
+        parent.kill()  # SIGKILL: the parent cannot stop its child itself
+        assert parent.wait(timeout=30) == -signal.SIGKILL
+        assert _wait_gone(child_pid, 30.0), f"child {child_pid} still running 30 s after its parent died"
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+        if child_pid is not None and not _gone(child_pid):
+            os.kill(child_pid, signal.SIGKILL)
+
+
+def test_watch_parent_refuses_a_pid_that_is_not_running():
+    from rmserve.cli_server import watch_parent
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    with pytest.raises(ValueError, match=f"--parent-pid: no process {proc.pid} is running"):
+        watch_parent(proc.pid)
+    with pytest.raises(ValueError, match="must be a positive process id"):
+        watch_parent(0)
+
+
+@pytest.mark.parametrize(
+    ("disposition", "server_was_serving", "signalled"),
+    [
+        (signal.SIG_DFL, False, True),  # engine still being built: the default action ends the process
+        ("loop handler", True, True),  # serving: the event loop turns it into a clean stop
+        (signal.SIG_DFL, True, False),  # already shutting down: a signal would cut the shutdown short
+    ],
+)
+def test_parent_watch_signals_only_when_it_cannot_cut_a_shutdown_short(
+    monkeypatch, disposition, server_was_serving, signalled
+):
+    import rmserve.cli_server as cli_server
+
+    sent = []
+    monkeypatch.setattr(cli_server.signal, "getsignal", lambda sig: disposition)
+    monkeypatch.setattr(cli_server.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    cli_server._stop_self(server_was_serving)
+    assert sent == ([(os.getpid(), signal.SIGTERM)] if signalled else [])
