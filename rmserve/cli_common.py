@@ -18,6 +18,9 @@
         mismatch, a corrupt file the command itself keeps (``OUT/scores.jsonl``, the store)
   2     bad user input: an invalid option value, or bad data in a file the user named
         (benchmark data, score files given to ``metrics``)
+  3     the run finished, but some groups could not be scored (recorded in the score file,
+        counted as the official code counts them, named on stderr); ``--strict`` stops at
+        the first such group with 1 instead
   130   interrupted (Ctrl-C); what was scored so far is kept
   ===== ====================================================================================
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
 import functools
 import inspect
 import os
@@ -33,7 +37,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 
@@ -47,6 +51,9 @@ EXIT_ERROR = 1
 """Exit status of a command that failed for a reason other than its input."""
 EXIT_BAD_INPUT = 2
 """Exit status of a command given an invalid option value or bad input data (also click's usage errors)."""
+EXIT_UNSCORED = 3
+"""A run that finished with groups that could not be scored."""
+
 EXIT_INTERRUPTED = 130
 """Exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
 
@@ -310,3 +317,56 @@ def bad_parameter(call: Callable[[], T]) -> T:
         return call()
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+
+
+# --- options shared by eval, run and sweep -----------------------------------------------
+
+
+class Side(str, enum.Enum):
+    """Truncation sides on the command line."""
+
+    left = "left"
+    right = "right"
+
+
+TruncationOpt = Annotated[
+    Optional[Side],
+    typer.Option(
+        "--truncation",
+        help="Cut sequences over --max-tokens from this side (left keeps the end, as RM-Bench's harness; right "
+        "keeps the start, as RewardBench 2's). The cut is recorded per response and summarised. Default: no "
+        "cut; a sequence over the model's max length is not scored and its group is named at the end.",
+        show_default=False,
+    ),
+]
+MaxTokensOpt = Annotated[
+    Optional[int],
+    typer.Option("--max-tokens", help="Length each sequence is cut to, with --truncation (2 … the model's max length).",
+                 show_default=False),
+]
+StrictOpt = Annotated[
+    bool,
+    typer.Option("--strict", help="Stop at the first group that cannot be scored (exit 1) instead of finishing "
+                 "the run (exit 3 when groups were not scored)."),
+]
+
+
+def truncation_option(side: Side | None, max_tokens: int | None):
+    """The :class:`~rmserve.schema.Truncation` of ``--truncation SIDE --max-tokens N`` (None when
+    neither is given).
+
+    Raises:
+        typer.BadParameter: only one of the two is given, or ``max_tokens`` < 2.
+    """
+    from rmserve.schema import Truncation
+
+    if side is None and max_tokens is None:
+        return None
+    if side is None or max_tokens is None:
+        raise typer.BadParameter(
+            "--truncation and --max-tokens go together (e.g. --truncation left --max-tokens 4096)",
+            param_hint="'--truncation'" if side is None else "'--max-tokens'",
+        )
+    if max_tokens < 2:
+        raise typer.BadParameter(f"must be at least 2 tokens, got {max_tokens}", param_hint="'--max-tokens'")
+    return Truncation(side=side.value, max_tokens=max_tokens)

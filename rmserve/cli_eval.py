@@ -4,7 +4,7 @@ Each command parses its options into a config (:class:`~rmserve.pipelines.evalua
 :class:`~rmserve.pipelines.launch.RunConfig`), makes one library call and prints the metrics
 stage's table (or, with ``--json``, its results dict). Exit codes follow
 :mod:`rmserve.cli_common`: bad options or bad ``--data`` 2, a run that fails 1 (one line
-naming the error type), Ctrl-C 130. ``run`` takes every engine option of ``serve``, declared
+naming the error type), a run that finished with groups that could not be scored 3, Ctrl-C 130. ``run`` takes every engine option of ``serve``, declared
 once (:func:`rmserve.cli_common.with_engine_options`).
 
 The score store (``--store PATH``, :mod:`rmserve.client.score_store`) is used when ``--store`` is
@@ -19,7 +19,17 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from rmserve.cli_common import bad_parameter, guarded, with_engine_options
+from rmserve.cli_common import (
+    EXIT_UNSCORED,
+    MaxTokensOpt,
+    Side,
+    StrictOpt,
+    TruncationOpt,
+    bad_parameter,
+    guarded,
+    truncation_option,
+    with_engine_options,
+)
 
 
 class Bench(str, enum.Enum):
@@ -47,6 +57,9 @@ def _eval_config(
     resamples: int,
     seed: int,
     store: Path | None = None,
+    truncation: Side | None = None,
+    max_tokens: int | None = None,
+    strict: bool = False,
 ):
     from rmserve.pipelines.evaluate import EvalConfig
 
@@ -67,6 +80,8 @@ def _eval_config(
             resamples=resamples,
             seed=seed,
             store=store,
+            truncation=truncation_option(truncation, max_tokens),
+            strict=strict,
         )
     )
 
@@ -107,6 +122,8 @@ def _render(result, *, as_json: bool, quiet: bool) -> None:
             err=True,
         )
     typer.echo(to_json(result.results) if as_json else result.table_md.rstrip("\n"))
+    if result.unscored is not None and result.unscored.count:
+        raise typer.Exit(EXIT_UNSCORED)
 
 
 BenchOpt = Annotated[Bench, typer.Option("--bench", help="Benchmark to score.", show_default=False)]
@@ -146,8 +163,6 @@ StoreOpt = Annotated[
     ),
 ]
 NoStoreOpt = Annotated[bool, typer.Option("--no-store", help="Use no score store, even when $RMSERVE_STORE is set.")]
-
-
 def eval_command(
     server: Annotated[
         str,
@@ -174,6 +189,9 @@ def eval_command(
     seed: SeedOpt = 0,
     store: StoreOpt = None,
     no_store: NoStoreOpt = False,
+    truncation: TruncationOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    strict: StrictOpt = False,
 ) -> None:
     """Score a benchmark on a running server, then print its table.
 
@@ -186,7 +204,7 @@ def eval_command(
         server_url=server, bench=bench, data=data, out=out, max_in_flight=max_in_flight,
         groups_per_request=groups_per_request, timeout_s=timeout_s, ready_timeout_s=ready_timeout_s,
         only=only, model=model, overwrite=overwrite, fsync=fsync, quiet=quiet, resamples=resamples, seed=seed,
-        store=_store_path(store, no_store),
+        store=_store_path(store, no_store), truncation=truncation, max_tokens=max_tokens, strict=strict,
     )
     result = _call(evaluate, config, scores_path=config.out_dir / "scores.jsonl", store_path=config.store)
     _render(result, as_json=as_json, quiet=quiet)
@@ -216,6 +234,9 @@ def run_command(
     seed: SeedOpt = 0,
     store: StoreOpt = None,
     no_store: NoStoreOpt = False,
+    truncation: TruncationOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    strict: StrictOpt = False,
 ) -> None:
     """Start a server for MODEL, score a benchmark on it, stop it, print the table.
 
@@ -228,7 +249,7 @@ def run_command(
         server_url=None, bench=bench, data=data, out=out, max_in_flight=max_in_flight,
         groups_per_request=groups_per_request, timeout_s=timeout_s, ready_timeout_s=startup_timeout_s,
         only=only, model=None, overwrite=overwrite, fsync=fsync, quiet=quiet, resamples=resamples, seed=seed,
-        store=_store_path(store, no_store),
+        store=_store_path(store, no_store), truncation=truncation, max_tokens=max_tokens, strict=strict,
     )
     config = bad_parameter(
         lambda: RunConfig(

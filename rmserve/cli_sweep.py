@@ -15,7 +15,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from rmserve.cli_common import bad_parameter, guarded, read_admin_token
+from rmserve.cli_common import (
+    EXIT_UNSCORED,
+    MaxTokensOpt,
+    StrictOpt,
+    TruncationOpt,
+    bad_parameter,
+    guarded,
+    read_admin_token,
+    truncation_option,
+)
 from rmserve.schema import BENCHMARKS
 
 
@@ -133,6 +142,9 @@ def sweep_command(
     seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar or run summary on stderr.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print sweep.json instead of summary.md.")] = False,
+    truncation: TruncationOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    strict: StrictOpt = False,
 ) -> None:
     """Score every checkpoint (in step order) on one or more running servers; report the sweep.
 
@@ -163,6 +175,8 @@ def sweep_command(
             resamples=resamples,
             seed=seed,
             quiet=quiet,
+            truncation=truncation_option(truncation, max_tokens),
+            strict=strict,
         )
         order_checkpoints(config.checkpoints)
         return config
@@ -192,6 +206,8 @@ def sweep_command(
         typer.echo(to_json(result.document).rstrip("\n"))
     else:
         typer.echo(result.summary_md.rstrip("\n"))
+    if any(run.n_unscored for run in result.runs):
+        raise typer.Exit(EXIT_UNSCORED)
 
 
 def register(app: typer.Typer) -> None:

@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts, record_from_result
+from rmserve.pipelines.outcome import unscored
 from rmserve.client.score_store import ScoreStore, checkpoint_signature
 
 from rmserve import errors
-from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreRecord
+from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreRecord, Truncation
 
 logger = logging.getLogger("rmserve.sweep")
 
@@ -138,6 +139,14 @@ class SweepConfig:
     quiet: bool = False
     """No progress bar. Default False."""
 
+    truncation: Truncation | None = None
+    """Cut sequences over ``truncation.max_tokens`` from ``truncation.side`` (sent with every
+    request, recorded per group). Default None: an over-length sequence is not scored."""
+
+    strict: bool = False
+    """Stop at the first group that cannot be scored (after storing it). Default False: the
+    sweep finishes and names such groups per checkpoint."""
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "servers", tuple(self.servers))
         object.__setattr__(self, "checkpoints", tuple(Path(p) for p in self.checkpoints))
@@ -183,6 +192,8 @@ class CheckpointRun:
         n_stored: groups found in the store.
         loaded: whether the servers were asked to load it (False when fully stored).
         per_server: server URL → groups it scored for this checkpoint in this run.
+        n_unscored: groups of the checkpoint with a response that could not be scored (all
+            benchmarks; counted by the figures as the official code counts them).
     """
 
     checkpoint: Checkpoint
@@ -193,6 +204,7 @@ class CheckpointRun:
     n_stored: int
     loaded: bool
     per_server: dict[str, int] = field(default_factory=dict)
+    n_unscored: int = 0
 
 
 @dataclass(frozen=True)
@@ -341,8 +353,14 @@ class _Sweep:
         )
 
     def _missing(self, fingerprint: str) -> list[Group]:
+        """The groups not stored for ``fingerprint``, and those stored as not scored under other
+        options (scored again: the new answer replaces the old one in the store)."""
         stored = self.db.stored_keys(fingerprint)
-        return [g for g in self.groups if g.key not in stored]
+        stale = {
+            r.key for r in self.db.records(fingerprint, keys=[g.key for g in self.groups if g.key in stored])
+            if not r.scored and r.truncation != self.config.truncation
+        }
+        return [g for g in self.groups if g.key not in stored or g.key in stale]
 
     async def _load_everywhere(self, checkpoint: Checkpoint, known: str | None) -> tuple[str, str]:
         """Load ``checkpoint`` on every active server; return (fingerprint, model name).
@@ -511,6 +529,13 @@ class _Sweep:
                         server.scored += 1
                         per_server[server.url] += 1
                         bar.update(1)
+                        if self.config.strict and not record.scored:
+                            first = next(e for e in record.errors or () if e is not None)
+                            fatal = fatal or errors.GroupNotScored(
+                                f"{checkpoint.name}: group {str(record.key)!r} could not be scored "
+                                f"({first.type}: {first.message}); --strict stops here (stored in {self.db.path})",
+                                field="groups",
+                            )
                         continue
                     queue.appendleft(group)
                     if isinstance(exc, errors.FingerprintMismatch) or (
@@ -572,14 +597,16 @@ class _Sweep:
         logger.error("%s", message)
 
     async def _score_one(self, server: _Server, group: Group, fingerprint: str) -> ScoreRecord:
-        reply = await server.client.score([group])
+        reply = await server.client.score([group], truncation=self.config.truncation)
         if reply.fingerprint != fingerprint:
             raise errors.FingerprintMismatch(
                 f"{server.url} answered with fingerprint {reply.fingerprint} ({reply.model}), expected {fingerprint}",
                 field="fingerprint",
             )
         (result,) = reply.results
-        return record_from_result(group, result, model=reply.model, fingerprint=reply.fingerprint)
+        return record_from_result(
+            group, result, model=reply.model, fingerprint=reply.fingerprint, truncation=self.config.truncation
+        )
 
 
 async def _wait_first(waiters: Collection[asyncio.Future[Any]]) -> Collection[asyncio.Future[Any]]:
@@ -653,7 +680,13 @@ async def sweep_async(config: SweepConfig) -> SweepResult:
             for bench, ds in datasets.items():
                 keys = [g.key for g in ds.groups]
                 records[bench] = db.records(run.fingerprint, benchmark=bench, keys=keys)
-                db.export_jsonl(folder / f"{bench}.scores.jsonl", run.fingerprint, benchmark=bench, keys=keys)
+                export = folder / f"{bench}.scores.jsonl"
+                db.export_jsonl(export, run.fingerprint, benchmark=bench, keys=keys)
+                not_scored = unscored(records[bench])
+                run.n_unscored += not_scored.count
+                sentence = not_scored.sentence(str(export))
+                if sentence:
+                    notes.append(f"{run.checkpoint.name} {bench}: {sentence}")
             points.append(
                 SweepPoint(
                     step=run.checkpoint.step,

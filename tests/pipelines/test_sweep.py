@@ -310,7 +310,7 @@ class ScriptedServer:
         self.loads.append(name)
         return ModelInfo(name=name, max_model_len=BIG, dtype="float32", fingerprint=FP, engine="scripted")
 
-    async def score(self, groups):
+    async def score(self, groups, *, truncation=None):
         from rmserve.schema import GroupResult, ScoreResponse
 
         (group,) = groups

@@ -146,3 +146,32 @@ async def test_a_rerun_resends_failed_groups_only_when_the_options_changed(serve
     assert records["1"].truncation == cut
     assert records["2"].errors[5].type == "non_finite_reward"  # the model still gives NaN for it
     assert third.truncation.n_groups_cut == 1 and third.truncation.n_tokens_cut == 207
+
+
+def test_cli_eval_finishes_with_exit_3_and_names_the_unscored_groups(data, tmp_path):
+    from testkit.servers import ThreadedServer
+    from typer.testing import CliRunner
+
+    from rmserve.cli import app as cli_app
+
+    def make_app():
+        engine = NaNForZ(model=msgspec.structs.replace(FAKE_MODEL, max_model_len=MAX_LEN))
+        return create_app(ServerConfig(port=0), engine, FakeRenderer(max_model_len=MAX_LEN))
+
+    out = tmp_path / "out"
+    with ThreadedServer(make_app) as server:
+        argv = ["eval", "--server", server.url, "--bench", "rm-bench", "--data", str(data), "--out", str(out),
+                "--resamples", "0", "--quiet"]
+        result = CliRunner().invoke(cli_app, argv)
+        assert result.exit_code == 3, result.output
+        assert (
+            f"note: 2 of 3 groups not scored (1 over the length limit, 1 non-finite reward): counted as losses, as "
+            f"the official code counts them; see {out / 'scores.jsonl'}"
+        ) in result.stderr
+        strict = CliRunner().invoke(cli_app, [*argv[:-5], "--out", str(tmp_path / "strict"), "--strict",
+                                              "--max-in-flight", "1", "--resamples", "0", "--quiet"])
+        assert strict.exit_code == 1
+        assert "error: group_not_scored: group 'rm-bench/chat/1' could not be scored" in strict.stderr
+        half = CliRunner().invoke(cli_app, [*argv, "--truncation", "left"])
+        assert half.exit_code == 2
+        assert "--truncation and --max-tokens go together" in half.stderr
