@@ -1,7 +1,8 @@
 """Shared test fixtures: the shared-data path, a tiny demo reward model, one real vLLM engine.
 
-- :func:`shared_data_dir` locates ``../shared/data`` next to the repository (read-only
-  benchmark files; never copied into the repo).
+- :func:`~testkit.shared_data.shared_data_dir` locates ``../shared/data``
+  next to the repository (read-only benchmark files; never copied into the repo) and fails,
+  naming the path, when it is missing. ``shared_data`` is its fixture form.
 - ``demo_model_dir`` (session): a random-weight demo reward model built once per session from
   the RM-Bench files (about 15 s; no download).
 - ``vllm_engine`` (session, slow): one started :class:`~rmserve.server.engine.VLLMEngine` over
@@ -17,11 +18,10 @@ import pytest
 import pytest_asyncio
 from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
 from testkit import fakes, wire_stub
+from testkit.shared_data import shared_data_dir
 from testkit.servers import BIG_MAX_MODEL_LEN, SleepRecorder, ThreadedServer, make_groups, write_rmbench_data
 
 from rmserve.schema import ModelInfo
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 DEMO_MAX_MODEL_LEN = 4096
 """Max length of the test engines: the longest RM-Bench sequence (4 shared domains) is 2,507
@@ -32,18 +32,6 @@ VLLM_TEST_BLOCK_SIZE = 32
 
 VLLM_TEST_KV_CACHE_BYTES = 1 << 30
 """KV-cache size of the test engine (1 GiB; the CPU default is 4 GiB)."""
-
-
-def shared_data_dir() -> Path:
-    """``<repo>/../shared/data``: benchmark files shared by tests, benchmarks and CI.
-
-    Fails the calling test (not a skip) when the folder is missing: CI has it, and a
-    silently skipped data test cannot fail.
-    """
-    path = (REPO_ROOT / ".." / "shared" / "data").resolve()
-    if not path.is_dir():
-        pytest.fail(f"shared data folder {path} is missing (expected next to the repository)")
-    return path
 
 
 @pytest.fixture(scope="session")
