@@ -40,7 +40,7 @@ def test_trie_bound_by_hand():
 
 
 def test_length_sorted_batches_by_hand():
-    from rmserve.server.engine_hf import length_sorted_batches
+    from rmserve.server.batching import length_sorted_batches
 
     # Longest first (ties in input order): 1 (10), 3 (10), 2 (5), 0 (3), 4 (1).
     # [1, 3] pads to 2 × 10 = 20 ≤ 20; adding 2 would be 3 × 10 = 30. [2, 0, 4] is 3 × 5 = 15.
