@@ -4,7 +4,9 @@
   next to the repository (read-only benchmark files; never copied into the repo) and fails,
   naming the path, when it is missing. ``shared_data`` is its fixture form.
 - ``demo_model_dir`` (session): a random-weight demo reward model built once per session from
-  the RM-Bench files (about 15 s; no download).
+  the RM-Bench files (about 15 s; no download). Every test that uses it is marked ``model``
+  (it needs torch, transformers and tokenizers), so the fast lane
+  ``-m "not slow and not model"`` runs on the base install plus ``[test]``.
 - ``no_blocking_calls`` (autouse in ``tests/server/``, fast tests only): blockbuster raises
   :class:`blockbuster.BlockingError` when server code blocks the event loop (file, socket,
   sleep, lock or sqlite calls made on the loop thread).
