@@ -25,7 +25,10 @@ is given one here.
 from __future__ import annotations
 
 import ast
+import json
 import re
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -300,3 +303,24 @@ def test_checker_reports_a_bad_import(importer, is_package, source, expected):
 )
 def test_checker_accepts_allowed_imports(importer, source):
     assert layer_violations(list(imports_of(importer, source, "x.py", KNOWN))) == []
+
+
+SERVER_WITHOUT_ENGINES = [
+    "rmserve.server.app",
+    "rmserve.server.handlers",
+    "rmserve.server.serve",
+    "rmserve.server.swap",
+    "rmserve.server.batching",
+    "rmserve.server.backends",
+]
+"""Server modules that the fast lane runs over the fakes: they load no engine library on import."""
+
+
+def test_server_app_imports_no_engine_library():
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {SERVER_WITHOUT_ENGINES!r}: importlib.import_module(name)\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {list(HEAVY)!r})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert json.loads(out.stdout) == []
