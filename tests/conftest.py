@@ -1,9 +1,15 @@
 """Shared test fixtures: the shared-data path, a tiny demo reward model, one real vLLM engine.
 
-- :func:`shared_data_dir` locates ``../shared/data`` next to the repository (read-only
-  benchmark files; never copied into the repo).
+- :func:`~testkit.shared_data.shared_data_dir` locates ``../shared/data``
+  next to the repository (read-only benchmark files; never copied into the repo) and fails,
+  naming the path, when it is missing. ``shared_data`` is its fixture form.
 - ``demo_model_dir`` (session): a random-weight demo reward model built once per session from
-  the RM-Bench files (about 15 s; no download).
+  the RM-Bench files (about 15 s; no download). Every test that uses it is marked ``model``
+  (it needs torch, transformers and tokenizers), so the fast lane
+  ``-m "not slow and not model"`` runs on the base install plus ``[test]``.
+- ``no_blocking_calls`` (autouse in ``tests/server/``, fast tests only): blockbuster raises
+  :class:`blockbuster.BlockingError` when server code blocks the event loop (file, socket,
+  sleep, lock or sqlite calls made on the loop thread).
 - ``vllm_engine`` (session, slow): one started :class:`~rmserve.server.engine.VLLMEngine` over
   the demo model (25–60 s to start on 2 CPU cores). It lives on the session event loop: tests
   that use it must run there, e.g. ``pytestmark = pytest.mark.asyncio(loop_scope="session")``.
@@ -11,17 +17,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
 from testkit import fakes, wire_stub
+from testkit.shared_data import shared_data_dir
 from testkit.servers import BIG_MAX_MODEL_LEN, SleepRecorder, ThreadedServer, make_groups, write_rmbench_data
 
 from rmserve.schema import ModelInfo
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 DEMO_MAX_MODEL_LEN = 4096
 """Max length of the test engines: the longest RM-Bench sequence (4 shared domains) is 2,507
@@ -34,16 +40,16 @@ VLLM_TEST_KV_CACHE_BYTES = 1 << 30
 """KV-cache size of the test engine (1 GiB; the CPU default is 4 GiB)."""
 
 
-def shared_data_dir() -> Path:
-    """``<repo>/../shared/data``: benchmark files shared by tests, benchmarks and CI.
+MODEL_FIXTURES = frozenset({"demo_model_dir"})
+"""Fixtures that need the engine extras (building the demo model takes torch, transformers and
+tokenizers): a test using one, directly or through another fixture, is marked ``model``."""
 
-    Fails the calling test (not a skip) when the folder is missing: CI has it, and a
-    silently skipped data test cannot fail.
-    """
-    path = (REPO_ROOT / ".." / "shared" / "data").resolve()
-    if not path.is_dir():
-        pytest.fail(f"shared data folder {path} is missing (expected next to the repository)")
-    return path
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``model`` every test that uses a fixture of :data:`MODEL_FIXTURES`."""
+    for item in items:
+        if MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
 
 
 @pytest.fixture(scope="session")
@@ -93,6 +99,48 @@ async def vllm_engine(demo_model_dir: Path):
         yield engine
     finally:
         await engine.shutdown()
+
+
+# --- a blocking-call detector on the in-process server tests ---
+
+SERVER_TESTS = Path(__file__).resolve().parent / "server"
+
+
+@pytest.fixture(autouse=True)
+def no_blocking_calls(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a ``tests/server/`` test when the server blocks its event loop.
+
+    Active for the fast server tests, which run the real app in-process over the fakes (the
+    slow ones, over real engines, are not checked). Only calls made with a loop running in the calling thread and with a frame
+    of the server stage (``rmserve.server``) on the stack count: a test body computing an
+    expected fingerprint, or pytest's own file work, is not flagged; the ground called by the
+    server is. An engine coroutine that the server starts as a task of its own (one per group)
+    has no server frame below it, so blocking inside an engine is not seen here.
+    """
+    if request.node.get_closest_marker("slow") or SERVER_TESTS not in request.node.path.parents:
+        yield
+        return
+    from blockbuster import blockbuster_ctx
+
+    with blockbuster_ctx("rmserve.server") as detector:
+        # Config validation checks that checkpoint roots are folders. A server builds its
+        # config once, before the loop starts; tests build it inside async test bodies.
+        for module in ("server/app.py", "server/config.py"):
+            detector.functions["os.stat"].can_block_in(module, "__post_init__")
+        for function in detector.functions.values():
+            # A module's first import (the server imports some lazily, e.g. prometheus_client
+            # in create_app) reads its files once; never again on a request path.
+            function.can_block_in("<frozen importlib._bootstrap>", "_find_and_load")
+            # One stat and resolve of the loaded checkpoint folder when an engine reports what
+            # it loaded (start, reload, restart), before the model serves.
+            function.can_block_in("server/protocol.py", "local_checkpoint")
+            # Checkpoint swaps (admin only, rare) resolve the requested folder and read its
+            # small config and tokenizer files on the loop before draining.
+            function.can_block_in("server/swap.py", {"resolve_checkpoint", "plan_swap"})
+            # The fake engines read a checkpoint's config inline where a real engine loads
+            # weights in a worker thread; that read belongs to the fake, not to the server.
+            function.can_block_in("testkit/fakes.py", {"reload_weights", "restart"})
+        yield
 
 
 # --- clients, stubs and in-thread servers (client, pipeline and end-to-end tests) ---

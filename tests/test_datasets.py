@@ -6,22 +6,22 @@ import json
 from pathlib import Path
 
 import pytest
+from testkit.shared_data import shared_data_dir
 
 from rmserve.datasets import load_benchmark, load_rewardbench2, load_rmbench
 from rmserve.errors import DataError
 from rmserve.schema import RMBENCH_STYLES
 
 REPO = Path(__file__).resolve().parents[1]
-RMBENCH_DIR = REPO.parent / "shared" / "data" / "rm-bench"
 RB2_FIXTURE = REPO / "tests" / "data" / "rewardbench2_fixture.jsonl"
 
 
 def _raw(domain: str) -> list[dict]:
-    return json.loads((RMBENCH_DIR / f"{domain}_filtered.json").read_text())
+    return json.loads((shared_data_dir() / "rm-bench" / f"{domain}_filtered.json").read_text())
 
 
 def test_rmbench_folder_counts_and_missing_math():
-    ds = load_rmbench(RMBENCH_DIR)
+    ds = load_rmbench(shared_data_dir() / "rm-bench")
     counts = {d: sum(g.domain == d for g in ds.groups) for d in ds.domains}
     # Counts from the shared README (independent of the loader).
     assert counts == {"chat": 129, "code": 228, "safety-refuse": 284, "safety-response": 157}
@@ -30,7 +30,7 @@ def test_rmbench_folder_counts_and_missing_math():
 
 
 def test_rmbench_response_order_and_keys():
-    ds = load_rmbench(RMBENCH_DIR)
+    ds = load_rmbench(shared_data_dir() / "rm-bench")
     raw = _raw("code")[5]
     g = next(g for g in ds.groups if g.domain == "code" and g.id == str(raw["id"]))
     assert g.responses == tuple(raw["chosen"]) + tuple(raw["rejected"])

@@ -23,6 +23,7 @@ def chat_corpus(rmbench_dir: Path) -> Path:
     return rmbench_dir / "chat_filtered.json"
 
 
+@pytest.mark.model
 def test_cli_builds_deterministically_and_warns_about_random_weights(tmp_path, chat_corpus):
     runner = CliRunner()
     first = runner.invoke(app, ["demo-model", str(tmp_path / "a"), "--corpus", str(chat_corpus), "--seed", "0"])
@@ -65,6 +66,7 @@ def test_default_model_layout(demo_model_dir: Path):
     assert logits.shape == (1, 1)
 
 
+@pytest.mark.model
 def test_benchmark_shape_from_plain_text(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(
@@ -97,6 +99,7 @@ def test_invalid_shape_names_field_and_limit(kwargs, words):
         assert word in str(info.value)
 
 
+@pytest.mark.model
 def test_corpus_errors_name_the_problem(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         build_demo_model(tmp_path / "x", tmp_path / "missing")
@@ -107,6 +110,7 @@ def test_corpus_errors_name_the_problem(tmp_path):
     assert info.value.field == "prompt" and "records.json" in str(info.value)
 
 
+@pytest.mark.model
 def test_refuses_a_non_empty_output_folder(tmp_path, chat_corpus):
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "keep.txt").write_text("x")

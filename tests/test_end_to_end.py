@@ -24,6 +24,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from rmserve.pipelines.launch import ServerProcess, free_loopback_port
+from testkit.shared_data import shared_data_dir
 
 from rmserve.datasets import load_rmbench
 from rmserve.schema import ScoreRecord, ScoreResponse
@@ -77,7 +78,7 @@ def _eval(url: str, out: Path, *extra: str, check: bool = True) -> subprocess.Co
     return res
 
 
-RMBENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "rm-bench"
+RMBENCH = shared_data_dir() / "rm-bench"
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import venv
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-RB2_REFERENCE = (
-    REPO.parent / "shared" / "data" / "reference-results" / "rewardbench2" / "Skywork__Skywork-Reward-V2-Llama-3.1-8B.jsonl"
-)
+from testkit.metrics_data import RB2_REFERENCE, RB2_REFERENCE_AVERAGE, RB2_REFERENCE_SUBSETS
+from testkit.shared_data import REPO_ROOT as REPO
+from testkit.shared_data import shared_file
 
 
 @pytest.mark.slow
@@ -33,11 +30,11 @@ def test_plain_install_has_metrics_and_client_without_torch(tmp_path):
     out = subprocess.run([str(py), "-c", probe], check=True, cwd=tmp_path, capture_output=True, text=True)
     assert out.stdout.split() == ["True", "True", "False"]
     res = subprocess.run(
-        [str(env_dir / "bin" / "rmserve"), "metrics", "rewardbench2", str(RB2_REFERENCE), "--json"],
+        [str(env_dir / "bin" / "rmserve"), "metrics", "rewardbench2", str(shared_file(RB2_REFERENCE)), "--json"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )
     assert res.returncode == 0, res.stderr
     # Figures from the reference README (computed by the official code from the same scores).
     result = json.loads(res.stdout)
-    assert round(result["subsets"]["Ties"]["score"], 4) == 0.8124
-    assert round(result["average"]["score"], 4) == 0.8402
+    assert {name: round(entry["score"], 4) for name, entry in result["subsets"].items()} == RB2_REFERENCE_SUBSETS
+    assert round(result["average"]["score"], 4) == RB2_REFERENCE_AVERAGE

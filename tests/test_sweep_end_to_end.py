@@ -163,7 +163,7 @@ def _assert_close(got, expected, atol: float) -> None:
 
 
 def _figures(out: Path) -> list[dict[str, str]]:
-    return list(csv.DictReader((out / "sweep.csv").open()))
+    return list(csv.DictReader((out / "sweep.csv").read_text().splitlines()))
 
 
 @pytest.fixture(scope="module")

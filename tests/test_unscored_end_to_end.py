@@ -50,8 +50,13 @@ def _figures(results: dict) -> dict:
 
 
 def test_example_a_two_records_one_over_the_length_limit(demo_model_dir, rmbench_dir, tmp_path):
-    rows = json.loads((rmbench_dir / "chat_filtered.json").read_text())[:2]
-    rows[1]["chosen"][0] = "word " * 2600  # about 2,600 tokens with the demo tokenizer, over 512
+    short = ["A short answer.", "A short answer, in plain words.", "**A short answer.**"]
+    rows = [
+        {"id": 1, "prompt": "What is two plus two?", "chosen": short, "rejected": ["Five.", "It is five.", "**Five.**"],
+         "subset": "chat"},
+        {"id": 2, "prompt": "Say something long.", "chosen": ["word " * 2600, *short[1:]],  # about 2,600 tokens, over 512
+         "rejected": ["No.", "I will not.", "**No.**"], "subset": "chat"},
+    ]
     data = tmp_path / "data"
     data.mkdir()
     (data / "chat_filtered.json").write_text(json.dumps(rows))

@@ -8,19 +8,16 @@ from typing import Any
 
 import pytest
 from testkit.metrics_data import RB2_REFERENCE, write_jsonl
+from testkit.shared_data import shared_file
 
 
 @pytest.fixture
-def rb2_reference(shared_data: Path) -> Path:
+def rb2_reference() -> Path:
     """The per-item RewardBench 2 scores of Skywork-Reward-V2-Llama-3.1-8B.
 
-    ``shared_data`` comes from ``tests/conftest.py``. Fails the test (not a skip) when the file
-    is missing: the tests that pin the official figures must not pass without it.
+    Fails the test, naming the path, when the shared file is missing (never a skip).
     """
-    path = shared_data / RB2_REFERENCE
-    if not path.is_file():
-        pytest.fail(f"shared reference file {path} is missing")
-    return path
+    return shared_file(RB2_REFERENCE)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from rmserve.metrics.inputs import read_score_files
 from rmserve.metrics.report import figure_values
 from rmserve.metrics.rewardbench2 import rewardbench2_scores
 from rmserve.metrics.rmbench import rmbench_accuracy
+from testkit.metrics_data import RB2_REFERENCE_AVERAGE
 
 from rmserve.errors import DataError
 
@@ -137,7 +138,7 @@ def test_paired_rb2_with_itself(rb2_reference):
     paired = paired_rb2(
         s.scores, s.lengths, s.scores, s.lengths, s.num_correct, s.subsets, s.ids, BootstrapConfig(resamples=200)
     )
-    assert paired["average"].a == pytest.approx(0.8402, abs=5e-5)
+    assert paired["average"].a == pytest.approx(RB2_REFERENCE_AVERAGE, abs=5e-5)
     assert all(f.difference == 0.0 and f.interval == Interval(0.0, 0.0) for f in paired.values())
 
 

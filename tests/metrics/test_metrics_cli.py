@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from testkit.metrics_data import random_rmbench_records, rmbench_record
+from testkit.metrics_data import RB2_REFERENCE_AVERAGE, RB2_REFERENCE_SUBSETS, random_rmbench_records, rmbench_record
 from typer.testing import CliRunner
 
 from rmserve.cli import app
@@ -22,15 +22,8 @@ def test_rewardbench2_reference_numbers(rb2_reference):
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     got = {name: round(entry["score"], 4) for name, entry in data["subsets"].items()}
-    assert got == {
-        "Factuality": 0.8463,
-        "Precise IF": 0.6562,
-        "Math": 0.7760,
-        "Safety": 0.9667,
-        "Focus": 0.9838,
-        "Ties": 0.8124,
-    }
-    assert round(data["average"]["score"], 4) == 0.8402
+    assert got == RB2_REFERENCE_SUBSETS
+    assert round(data["average"]["score"], 4) == RB2_REFERENCE_AVERAGE
 
 
 def test_rm_bench_markdown_and_out(jsonl_writer, tmp_path):

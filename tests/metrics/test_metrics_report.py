@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from testkit.metrics_data import random_rmbench_records, rmbench_record
+from testkit.metrics_data import RB2_REFERENCE_AVERAGE, random_rmbench_records, rmbench_record
 from rmserve.metrics.report import (
     MetricsConfig,
     compare_files,
@@ -105,7 +105,7 @@ def test_rb2_table_and_outputs(rb2_reference, tmp_path):
     assert sorted(p.name for p in paths) == ["results.json", "table.md"]
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["subsets"]["Ties"]["components"]["ref_accuracy"] == pytest.approx(50 / 51)
-    assert data["average"]["score"] == pytest.approx(0.8402, abs=5e-5)
+    assert data["average"]["score"] == pytest.approx(RB2_REFERENCE_AVERAGE, abs=5e-5)
 
 
 def test_rb2_partial_average(jsonl_writer):

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from testkit.metrics_data import read_reference_rows
+from testkit.metrics_data import RB2_REFERENCE_AVERAGE, RB2_REFERENCE_SUBSETS, read_reference_rows
 from rmserve.metrics.inputs import read_score_files
 from rmserve.metrics.rewardbench2 import best_of_n_credit, rewardbench2_scores, ties_score
 
@@ -137,17 +137,9 @@ def test_credits_equal_reference_results_per_item(rb2_reference):
 def test_reference_aggregates(rb2_reference):
     s = read_score_files([rb2_reference])
     result = rewardbench2_scores(s.scores, s.lengths, s.num_correct, s.subsets, s.ids)
-    expected = {
-        "Factuality": 0.8463,
-        "Precise IF": 0.6562,
-        "Math": 0.7760,
-        "Safety": 0.9667,
-        "Focus": 0.9838,
-        "Ties": 0.8124,
-    }
-    for name, value in expected.items():
+    for name, value in RB2_REFERENCE_SUBSETS.items():
         assert result.subset(name).score == pytest.approx(value, abs=5e-5), name
-    assert result.average == pytest.approx(0.8402, abs=5e-5)
+    assert result.average == pytest.approx(RB2_REFERENCE_AVERAGE, abs=5e-5)
     assert not result.partial
     assert result.ties.n_prompts_paired == 51
 

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from testkit.metrics_data import RMBENCH_REFERENCE
+from testkit.shared_data import shared_file
 from rmserve.metrics.rmbench import combine_domains, group_contributions, rmbench_accuracy
 
 NAN = float("nan")
@@ -115,10 +116,8 @@ def _rewards_with_wins(total_wins: int, n_groups: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["RM-R1-DeepSeek-Distilled-Qwen-32B", "RM-R1-Qwen2.5-Instruct-32B"])
-def test_aggregation_matches_published_final_result(shared_data, name):
-    path = shared_data / RMBENCH_REFERENCE / f"{name}.RM-Bench.final_result.json"
-    if not path.is_file():
-        pytest.fail(f"shared reference file {path} is missing")
+def test_aggregation_matches_published_final_result(name):
+    path = shared_file(RMBENCH_REFERENCE, f"{name}.RM-Bench.final_result.json")
     published = json.loads(path.read_text())
     # total_avg_acc is both the mean of the four domains and the mean of hard/normal/easy
     assert np.mean([published[d] for d in ("chat", "math", "code", "safety")]) == pytest.approx(

@@ -29,7 +29,7 @@ def test_rows_best_checkpoint_and_paired_margin(tmp_path):
     points = [SweepPoint(step=s, name=f"step-{s}", path=f"/ckpt/step-{s}", fingerprint=f"fp{s}", model="m",
                          records={"rm-bench": chat_records(10, w)}) for s, w in wins.items()]
     paths, summary, _ = write_sweep(points, ["rm-bench"], tmp_path, resamples=200, seed=1)
-    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").read_text().splitlines()))
     assert [float(r["rm-bench:chat.score"]) for r in rows] == pytest.approx([0.6, 0.8, 0.7])
     assert [float(r["rm-bench:chat.hard"]) for r in rows] == pytest.approx([0.6, 0.8, 0.7])
     low, high = float(rows[1]["rm-bench:chat.score:low"]), float(rows[1]["rm-bench:chat.score:high"])

@@ -133,6 +133,7 @@ def _run_config(model: Path, data: Path, out: Path, store: Path | None, *serve_e
     return RunConfig(serve=serve, evaluation=evaluation)
 
 
+@pytest.mark.model
 def test_run_of_a_fully_stored_checkpoint_starts_no_server(small_rmbench, tmp_path):
     store = tmp_path / "scores.sqlite"
     checkpoint = fake_checkpoint(tmp_path / "step-1", b"\x07" * 1024)

@@ -143,7 +143,7 @@ async def test_two_servers_share_the_groups_and_rerun_scores_nothing(checkpoints
         assert all(r.n_stored == 20 and not r.loaded for r in rerun.runs)
 
     out = tmp_path / "out"
-    rows = list(csv.DictReader((out / "sweep.csv").open()))
+    rows = list(csv.DictReader((out / "sweep.csv").read_text().splitlines()))
     assert [r["step"] for r in rows] == ["3", "20", "100"]
     # Chat: chosen longer than rejected by ≥ 88 characters of 'c' (99) vs 'r' (114) … the fake
     # reward is sum(ids) % 1000 / 100, so compute the expected figure from the stored rewards.

@@ -52,6 +52,7 @@ def test_chat_template_path_is_normalised(tmp_path):
     assert EngineConfig(model="m", chat_template=str(template)).chat_template == template
 
 
+@pytest.mark.model
 def test_registry_lists_choices_and_loads_lazily():
     assert set(ENGINES) == {"vllm", "hf"}
     with pytest.raises(ValueError) as info:
@@ -106,6 +107,7 @@ def test_fingerprint_needs_a_config(tmp_path):
         model_fingerprint(tmp_path / "empty", None)
 
 
+@pytest.mark.model
 def test_cpu_build_cache_defaults(monkeypatch):
     """On the CPU build an unset block size is 32 and an unset KV cache is 4 GiB (or the env's)."""
     pytest.importorskip("vllm")

@@ -1,4 +1,4 @@
-"""Helpers shared by the metrics tests (reference-file names and small score-file writers)."""
+"""Helpers shared by the metrics tests (reference files and their official figures, small score-file writers)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,20 @@ from rmserve.schema import RMBENCH_STYLES, ScoreRecord, encode
 
 RB2_REFERENCE = Path("reference-results", "rewardbench2", "Skywork__Skywork-Reward-V2-Llama-3.1-8B.jsonl")
 """Per-item RewardBench 2 scores of one real RM, relative to the shared data folder."""
+
+RB2_REFERENCE_SUBSETS = {
+    "Factuality": 0.8463,
+    "Precise IF": 0.6562,
+    "Math": 0.7760,
+    "Safety": 0.9667,
+    "Focus": 0.9838,
+    "Ties": 0.8124,
+}
+"""RewardBench 2 subset scores (fractions, 4 places) of :data:`RB2_REFERENCE`: the "ours" row of
+``reference-results/rewardbench2/README.md``, recomputed by the upstream code from that very file."""
+
+RB2_REFERENCE_AVERAGE = 0.8402
+"""The unweighted mean of the six subset scores of :data:`RB2_REFERENCE` (same README row)."""
 
 RMBENCH_REFERENCE = Path("reference-results", "rm-bench")
 """Published RM-Bench result files, relative to the shared data folder."""
