@@ -26,8 +26,9 @@ from rmserve.schema import ScoreRequest
 
 async def health(request: web.Request) -> web.Response:
     """``GET /health``: 200 ``{"status": "ready"}``; 503 with ``Retry-After`` otherwise
-    (``loading``, ``failed``, ``stopping``, or ``restarting`` while a checkpoint swap restarts
-    the engine: no model is loaded then, scoring requests wait on the swap gate)."""
+    (``loading``, ``failed``, ``stopping``, ``restarting`` while a checkpoint swap restarts
+    the engine: no model is loaded then, scoring requests wait on the swap gate; or
+    ``restoring`` while the previous weights are reloaded after a failed in-place reload)."""
     state = request.app[STATE_KEY]
     if state.status == "ready" and not state.restarting:
         return json_response(wire.encode_health("ready"), 200)
