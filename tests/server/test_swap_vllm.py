@@ -158,3 +158,45 @@ async def test_checkpoint_with_two_labels_is_refused_before_the_engine_is_touche
         assert served == pytest.approx(_direct_rewards(demo_model_dir, sequences), abs=ATOL)
     finally:
         await client.close()
+
+
+async def test_failed_reload_reloads_the_previous_weights(vllm_engine, demo_model_dir, rmbench_dir, tmp_path):
+    """A checkpoint whose files pass the checks but whose weights are garbage (same config and
+    tokenizer, so a reload in place): vLLM fails to load it, the demo model's weights are
+    reloaded, the reply is a 500 saying so, and the rewards are the demo model's again."""
+    garbled = tmp_path / "root" / "garbled"
+    shutil.copytree(demo_model_dir, garbled)
+    for weights in garbled.glob("*.safetensors"):
+        weights.write_bytes(b"\xff" * weights.stat().st_size)
+
+    groups = [RequestGroup(id=str(g.key), responses=g.responses, messages=g.messages)
+              for g in load_rmbench(rmbench_dir).groups[::300][:2]]
+    payload = encode(ScoreRequest(groups=tuple(groups)))
+    sequences = [ids for group in vllm_engine.renderer.render_groups(groups) for ids in group.token_ids]
+    original_fingerprint = vllm_engine.info().fingerprint
+    config = ServerConfig(port=0, admin_token=TOKEN,
+                          checkpoint_roots=(str(demo_model_dir.parent), str(garbled.parent)))
+    app = create_app(config, _Lent(vllm_engine), vllm_engine.renderer)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        await app[STATE_KEY].settled.wait()
+        async with client.post("/v1/models/load", json={"name": "garbled", "path": str(garbled)}, headers=AUTH) as resp:
+            status, body = resp.status, await resp.json()
+        assert (status, body["error"]["type"]) == (500, "engine_error"), body
+        message = body["error"]["message"]
+        assert message.startswith("reloading the weights of checkpoint 'garbled' failed (")
+        assert message.endswith(f"the previous checkpoint '{demo_model_dir.name}' was reloaded and is served again "
+                                f"(fingerprint {original_fingerprint})")
+        async with client.get("/health") as resp:
+            assert resp.status == 200
+        async with client.post("/v1/score", data=payload, headers={"Content-Type": "application/json"}) as resp:
+            assert resp.status == 200, await resp.text()
+            reply = decode(await resp.read(), ScoreResponse)
+        assert (reply.model, reply.fingerprint) == (app[STATE_KEY].info.name, original_fingerprint)
+        served = [r for result in reply.results for r in result.rewards]
+        assert served == pytest.approx(_direct_rewards(demo_model_dir, sequences), abs=ATOL)
+    finally:
+        if app[STATE_KEY].status != "ready":  # the restore failed: leave the session engine as it was
+            await vllm_engine.reload_weights(str(demo_model_dir))
+        await client.close()
