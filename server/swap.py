@@ -8,11 +8,11 @@ from the two checkpoints' ``config.json`` and tokenizer files and the engine's c
 Checks come first and leave the engine and the scoring gate alone: :func:`check_admin_token`,
 :func:`resolve_checkpoint`, :func:`check_files` (the checkpoint's own files, in a worker
 thread: a folder that cannot be served is refused with 422 in milliseconds) and
-:func:`plan_swap` (a few KiB read on the event loop). Then :func:`run_swap` closes the
-scoring gate (:func:`scoring_slot` is the other side of it), drains in-flight scoring, hands
-the swap to the engine, loads the previous checkpoint again when the swap fails
-(:func:`reload_or_restore`, :func:`restart_or_restore`), and publishes the new model in the
-app's :class:`~rmserve.server.state.EngineState`. No torch, no vllm.
+:func:`plan_swap` (both checkpoints' config and tokenizer bytes compared on the event loop).
+Then :func:`run_swap` closes the scoring gate (:func:`scoring_slot` is the other side of it),
+drains in-flight scoring, hands the swap to the engine, loads the previous checkpoint again
+when the swap fails (:func:`reload_or_restore`, :func:`restart_or_restore`), and publishes
+the new model in the app's :class:`~rmserve.server.state.EngineState`. No torch, no vllm.
 """
 
 from __future__ import annotations
