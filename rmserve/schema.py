@@ -220,7 +220,7 @@ class LoadModelResponse(ModelList, frozen=True):
     swap_kind: str
 
 
-HealthStatus = Literal["ready", "loading", "failed", "stopping", "restarting"]
+HealthStatus = Literal["ready", "loading", "failed", "stopping", "restarting", "restoring"]
 """Server states reported by ``GET /health``; only ``ready`` answers 200."""
 
 
@@ -230,7 +230,8 @@ class HealthReply(msgspec.Struct, frozen=True):
     Attributes:
         status: ``ready`` (scoring); ``loading`` (the engine is starting); ``failed`` (the
             engine did not start, or a restart after a checkpoint swap failed); ``stopping``
-            (shutting down); ``restarting`` (a checkpoint swap restarts the engine).
+            (shutting down); ``restarting`` (a checkpoint swap restarts the engine);
+            ``restoring`` (a failed in-place reload: the previous weights are loaded again).
         version: the server's rmserve version (``rmserve.__version__``), sent in every
             state; ``""`` when decoding the reply of a server that does not send it.
     """

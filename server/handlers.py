@@ -26,8 +26,9 @@ from rmserve.schema import ScoreRequest
 
 async def health(request: web.Request) -> web.Response:
     """``GET /health``: 200 ``{"status": "ready"}``; 503 with ``Retry-After`` otherwise
-    (``loading``, ``failed``, ``stopping``, or ``restarting`` while a checkpoint swap restarts
-    the engine: no model is loaded then, scoring requests wait on the swap gate)."""
+    (``loading``, ``failed``, ``stopping``, ``restarting`` while a checkpoint swap restarts
+    the engine: no model is loaded then, scoring requests wait on the swap gate; or
+    ``restoring`` while the previous weights are reloaded after a failed in-place reload)."""
     state = request.app[STATE_KEY]
     if state.status == "ready" and not state.restarting:
         return json_response(wire.encode_health("ready"), 200)
@@ -91,43 +92,31 @@ async def _score(request: web.Request) -> web.Response:
 
 
 async def load_model(request: web.Request) -> web.Response:
-    """``POST /v1/models/load`` ``{"name", "path"}``: serve another checkpoint.
+    """``POST /v1/models/load`` ``{"name", "path"}``: serve another checkpoint as ``name``.
 
-    Order: admin token → engine ready → body → path under a checkpoint root → the kind of
-    swap (:func:`rmserve.server.swap.plan_swap`) → one swap at a time → drain: new scoring
-    requests wait on the gate (up to ``swap_wait_s``, then 503), in-flight ones finish on
-    the old model, for at most ``swap_drain_timeout_s`` → the swap → the served name
-    becomes ``name``, the fingerprint is the new checkpoint's, ``swap_count`` /
-    ``last_swap_time`` advance, the result cache is cleared → the gate opens
-    (:func:`rmserve.server.swap.start_swap`). The two kinds:
+    Checks, in order, none of which touches the engine or pauses scoring: admin token
+    (403/401), engine ready (503), body (400), path under a checkpoint root (403), the
+    checkpoint's own files (422 ``invalid_checkpoint``: config, label count, tokenizer,
+    weights), the kind of swap (409 when neither applies), one swap at a time (409). Then
+    :func:`rmserve.server.swap.start_swap`: new scoring requests wait (up to ``swap_wait_s``,
+    then 503), in-flight ones finish on the old model (up to ``swap_drain_timeout_s``, else
+    503 and nothing changes), the engine reloads the weights in place (same shape and
+    tokenizer) or restarts on the checkpoint, and the gate reopens. The swap runs to its end
+    even if the caller disconnects.
 
-    - ``reload`` (same architecture/shape and tokenizer): engine ``reload_weights`` then
-      ``reset_prefix_cache`` (cached prompt states of the old weights must not be reused).
-    - ``restart`` (anything else, engines with ``restart``): the engine shuts its model
-      down and starts the new checkpoint with its other settings unchanged; the renderer
-      is rebuilt (``renderer_factory``), so the tokenizer, chat template and
-      ``max_model_len`` are the new checkpoint's; ``/health`` answers 503 ``restarting``
-      meanwhile. If it fails, the engine is restarted on the previous checkpoint: served
-      again on success, else ``/health`` reports ``failed`` and nothing is served.
-
-    Once it holds the swap lock, the swap runs to its end even if the admin client
-    disconnects (a half-done restart would leave no model). Replies ``{"models": [ModelInfo],
-    "swap_kind": "reload" | "restart"}`` (``GET /v1/models``'s reply plus the kind); the
-    kind is also logged and counted in ``rmserve_checkpoint_swaps_total{kind, outcome}``.
-
-    Raises (answered by the error middleware; the served model is unchanged unless the
-    engine itself failed): ``Forbidden`` (403: no admin token configured, path outside the
-    roots), ``Unauthorized`` (401), ``InvalidRequest`` (400), ``Conflict`` (409: another
-    swap in progress — a second load is refused, not queued — or a checkpoint the engine
-    can neither reload nor restart on), ``EngineNotReady`` (503: not ready, or in-flight
-    scoring outlasted ``swap_drain_timeout_s``), ``EngineError`` (500: a reload failed —
-    the weights may be partly replaced — or a restart failed; its message says whether the
-    previous checkpoint was restored).
+    Replies ``{"models": [ModelInfo], "swap_kind": "reload" | "restart"}``: the new name and
+    fingerprint, ``swap_count`` + 1 (after a restart also the new ``max_model_len`` and
+    tokenizer); the result cache is cleared; ``rmserve_checkpoint_swaps_total{kind, outcome}``
+    counts it. If the engine fails, the previous checkpoint is loaded again (``/health``
+    says ``restoring`` after a reload, ``restarting`` after a restart) and the reply is 500
+    ``engine_error`` saying whether it serves again; if not, ``/health`` says ``failed`` and
+    scoring answers 503.
     """
     config = request.app[CONFIG_KEY]
     swap.check_admin_token(request.headers.get("Authorization"), config.admin_token)
     request.app[STATE_KEY].require_ready()
     load = wire.decode_load_request(await request.read())
     folder = swap.resolve_checkpoint(load.path, config.checkpoint_roots)
+    await swap.check_files(folder)
     info, kind = await swap.start_swap(request.app, load, folder)
     return json_response(wire.encode_load_response([info], kind), 200)

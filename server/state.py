@@ -9,9 +9,10 @@ through its named methods, each called from one place:
   (:mod:`rmserve.server.app`);
 - :meth:`EngineState.begin_swap` / :meth:`EngineState.finish_swap`,
   :meth:`EngineState.begin_restart` / :meth:`EngineState.finish_restart`,
-  :meth:`EngineState.use_renderer`, :meth:`EngineState.swapped`,
-  :meth:`EngineState.restored`, and :meth:`EngineState.fail` when neither the new nor the
-  previous checkpoint starts: the checkpoint-swap orchestration (:mod:`rmserve.server.swap`);
+  :meth:`EngineState.begin_restore`, :meth:`EngineState.use_renderer`,
+  :meth:`EngineState.swapped`, :meth:`EngineState.restored`, and :meth:`EngineState.fail`
+  when neither the new nor the previous checkpoint loads: the checkpoint-swap orchestration
+  (:mod:`rmserve.server.swap`);
 - :meth:`EngineState.enter_scoring` / :meth:`EngineState.leave_scoring`: the scoring gate
   (:func:`rmserve.server.swap.scoring_slot`), and :meth:`EngineState.admit_groups` /
   :meth:`EngineState.release_groups`: the scoring path (:mod:`rmserve.server.scoring`).
@@ -53,13 +54,18 @@ class EngineState:
 
     Attributes:
         status: ``loading`` → ``ready`` (or ``failed``) → ``stopping``; also ``ready`` →
-            ``failed`` when a checkpoint swap restarted the engine, the new checkpoint did
-            not start and neither did the previous one (no model is served).
+            ``restoring`` while the previous checkpoint's weights are reloaded after a
+            failed in-place reload (the engine may hold partly replaced weights: nothing is
+            scored), then ``ready`` again; and ``ready``/``restoring`` → ``failed`` when a
+            checkpoint swap failed and the previous checkpoint could not be loaded again
+            (no model is served).
         info: the served model's :class:`ModelInfo` (name overridden by
-            ``served_model_name``, then by each swap's name); None unless ready.
+            ``served_model_name``, then by each swap's name); None unless ready (kept, but
+            not served, while ``restoring``).
         renderer: the chat-template renderer in use (given to the app, or built once the
             engine is ready and again after each engine restart); None unless ready.
-        error: why loading (or that restart) failed, when ``status == "failed"``.
+        error: why loading (or that swap and its restore) failed, when ``status`` is
+            ``failed``; the failed reload, when ``restoring``.
         settled: set once loading finished, successfully or not.
         inflight_groups: groups admitted by ``/v1/score`` and not yet answered.
         scoring_requests: ``/v1/score`` requests past the swap gate and not yet answered.
@@ -92,6 +98,11 @@ class EngineState:
 
     def require_ready(self) -> tuple[ModelInfo, Renderer]:
         """Model info and renderer; raises :class:`EngineNotReady` unless the engine is ready."""
+        if self.status == "restoring":
+            raise EngineNotReady(
+                "the engine is not ready (status: restoring): a checkpoint reload failed and the previous "
+                "checkpoint's weights are being loaded again; retry later"
+            )
         if self.status != "ready" or self.info is None or self.renderer is None:
             raise EngineNotReady(f"the engine is not ready (status: {self.status}); retry later")
         return self.info, self.renderer
@@ -104,7 +115,7 @@ class EngineState:
         self.status = "ready"
 
     def fail(self, error: BaseException) -> None:
-        """No model can be served (start failed, or a restart and its restore both failed)."""
+        """No model can be served (start failed, or a swap and its restore both failed)."""
         self.status, self.error, self.info, self.renderer = "failed", error, None, None
 
     def settle(self) -> None:
@@ -133,6 +144,12 @@ class EngineState:
         """The engine restart is over (successful or not)."""
         self.restarting = False
 
+    def begin_restore(self, failure: BaseException) -> None:
+        """An in-place reload failed (``failure``) and may have left partly replaced weights:
+        serve nothing (status ``restoring``; scoring and ``/v1/models`` answer 503) until
+        :meth:`restored` or :meth:`fail`. The info and renderer are kept for the restore."""
+        self.status, self.error = "restoring", failure
+
     def use_renderer(self, renderer: Renderer) -> None:
         """Render with ``renderer`` from now on (the restarted model's)."""
         self.renderer = renderer
@@ -148,10 +165,13 @@ class EngineState:
         return self.info
 
     def restored(self, loaded: LoadedModel) -> None:
-        """The previous checkpoint serves again after a failed restart: name and swap count kept."""
-        old, _ = self.require_ready()
+        """The previous checkpoint serves again after a failed restart or reload (status
+        ``ready``): name, swap count and last swap time kept, the rest from ``loaded``."""
+        old = self.info
+        assert old is not None and self.status in ("ready", "restoring"), self.status
         self.info = msgspec.structs.replace(loaded.info, name=old.name, swap_count=old.swap_count,
                                             last_swap_time=old.last_swap_time)
+        self.status, self.error = "ready", None
 
     # --- scoring -------------------------------------------------------------------------
 

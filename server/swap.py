@@ -5,11 +5,14 @@ tokenizer) or a ``restart`` (the engine shuts its model down and starts the new 
 with the same settings otherwise: any architecture or tokenizer). :func:`plan_swap` picks one
 from the two checkpoints' ``config.json`` and tokenizer files and the engine's capabilities.
 
-Checks (:func:`check_admin_token`, :func:`resolve_checkpoint`, :func:`plan_swap`) run on the
-event loop (file reads of a few KiB). Then :func:`run_swap` closes the scoring gate
-(:func:`scoring_slot` is the other side of it), drains in-flight scoring, hands the swap to
-the engine, restores the previous checkpoint when a restart fails, and publishes the new
-model in the app's :class:`~rmserve.server.state.EngineState`. No torch, no vllm.
+Checks come first and leave the engine and the scoring gate alone: :func:`check_admin_token`,
+:func:`resolve_checkpoint`, :func:`check_files` (the checkpoint's own files, in a worker
+thread: a folder that cannot be served is refused with 422 in milliseconds) and
+:func:`plan_swap` (both checkpoints' config and tokenizer bytes compared on the event loop).
+Then :func:`run_swap` closes the scoring gate (:func:`scoring_slot` is the other side of it),
+drains in-flight scoring, hands the swap to the engine, loads the previous checkpoint again
+when the swap fails (:func:`reload_or_restore`, :func:`restart_or_restore`), and publishes
+the new model in the app's :class:`~rmserve.server.state.EngineState`. No torch, no vllm.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Literal
 
 from aiohttp import web
 from rmserve.fingerprint import TOKENIZER_FILES
+from rmserve.server.checkpoint_check import check_checkpoint
 from rmserve.server.protocol import LoadedModel, SupportsRestart, SupportsWeightReload
 from rmserve.server.render import Renderer
 from rmserve.server.state import (
@@ -115,6 +119,20 @@ def resolve_checkpoint(path: str, roots: Sequence[str]) -> Path:
     if not resolved.is_dir():
         raise Forbidden(f"checkpoint path {path!r} is not a folder", field="path")
     return resolved
+
+
+async def check_files(folder: Path) -> None:
+    """Refuse a checkpoint folder its own files rule out, before the engine is touched.
+
+    Runs :func:`~rmserve.server.checkpoint_check.check_checkpoint` (config: a one-label
+    ``*ForSequenceClassification``; tokenizer files present and their JSON parses; weight
+    files present, every shard of an index) in a worker thread: a tokenizer JSON can be
+    several MB. The scoring gate stays open; nothing is counted as a swap.
+
+    Raises:
+        InvalidCheckpoint (422, field ``path``): the first rule the folder breaks.
+    """
+    await asyncio.to_thread(check_checkpoint, folder)
 
 
 def _shape(folder: Path) -> dict[str, object]:
@@ -252,7 +270,8 @@ async def run_swap(app: web.Application, load: LoadModelRequest, folder: Path, k
 
     Raises:
         EngineNotReady: in-flight scoring outlasted ``swap_drain_timeout_s`` (nothing loaded).
-        EngineError: the engine failed (see :func:`restart_or_restore` for restarts).
+        EngineError: the engine failed; see :func:`reload_or_restore` and
+            :func:`restart_or_restore` for what is served afterwards.
     """
     config = app[CONFIG_KEY]
     state = app[STATE_KEY]
@@ -275,8 +294,7 @@ async def run_swap(app: web.Application, load: LoadModelRequest, folder: Path, k
             ) from None
         try:
             if kind == "reload":
-                loaded = await engine.reload_weights(str(folder))
-                await engine.reset_prefix_cache()
+                loaded = await reload_or_restore(app, folder)
             else:
                 loaded = await restart_or_restore(app, folder)
         except BaseException:
@@ -310,6 +328,60 @@ async def renderer_for(app: web.Application, loaded: LoadedModel) -> Renderer:
 
 def _why(exc: BaseException) -> str:
     return exc.message if isinstance(exc, RMServeError) else f"{type(exc).__name__}: {exc}"
+
+
+async def reload_or_restore(app: web.Application, folder: Path) -> LoadedModel:
+    """Reload the engine's weights from ``folder``; on failure reload the previous checkpoint's.
+
+    An engine may fail half-way through loading weights, so after any failure the weights in
+    memory are treated as mixed: the state turns ``restoring`` (``/health`` 503
+    ``restoring``, scoring and ``/v1/models`` 503 ``engine_not_ready`` with ``Retry-After``)
+    while the previous checkpoint's weights are reloaded; the prefix cache is reset after
+    each load. Returns the loaded model after a successful reload.
+
+    Raises:
+        EngineError: the reload failed; the message says whether the previous checkpoint
+            serves again (status ``ready``, name, fingerprint and swap count as before) or
+            not (status ``failed``: its reload failed too, or the served model is not a
+            local folder and cannot be reloaded).
+    """
+    engine = app[ENGINE_KEY]
+    state = app[STATE_KEY]
+    try:
+        loaded = await engine.reload_weights(str(folder))
+        await engine.reset_prefix_cache()
+        return loaded
+    except Exception as exc:  # noqa: BLE001 - any failure may leave mixed weights
+        failure = exc
+    state.begin_restore(failure)
+    head = f"reloading the weights of checkpoint {folder.name!r} failed ({_why(failure)})"
+    previous = state.checkpoint_dir
+    if previous is None:
+        state.fail(failure)
+        logger.error("%s; the served model is not a local folder and cannot be reloaded: no model is served", head)
+        raise EngineError(
+            f"{head}; the engine may hold partly replaced weights and the previous model is not a local "
+            f"checkpoint folder, so it cannot be reloaded; no model is served: restart the server"
+        ) from failure
+    logger.error("%s; reloading the previous checkpoint %s", head, previous.name)
+    try:
+        restored = await engine.reload_weights(str(previous))
+        await engine.reset_prefix_cache()
+    except Exception as exc:  # noqa: BLE001
+        state.fail(exc)
+        logger.error("reloading the previous checkpoint %s failed too (%s): no model is served", previous.name,
+                     _why(exc))
+        raise EngineError(
+            f"{head}; reloading the previous checkpoint {previous.name!r} failed too ({_why(exc)}); no model is "
+            f"served: restart the server"
+        ) from failure
+    state.restored(restored)
+    logger.info("the previous checkpoint %s is served again (fingerprint %s)", previous.name,
+                restored.info.fingerprint)
+    raise EngineError(
+        f"{head}; the previous checkpoint {previous.name!r} was reloaded and is served again "
+        f"(fingerprint {restored.info.fingerprint})"
+    ) from failure
 
 
 async def restart_or_restore(app: web.Application, folder: Path) -> LoadedModel:

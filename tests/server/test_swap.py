@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+import msgspec
 import orjson
 import pytest
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, ReloadableFakeEngine, write_fake_checkpoint
@@ -228,19 +229,31 @@ async def test_request_waiting_past_swap_wait_s_gets_503(make_swap_client, roots
 
 
 async def test_failed_reload_keeps_serving(make_swap_client, roots):
+    """A reload that fails (here before touching anything) is followed by a reload of the
+    previous checkpoint, which then serves on under its name, fingerprint and swap count."""
     root, original, _ = roots
     broken = write_fake_checkpoint(root / "broken", 1.0)
-    engine = ReloadableFakeEngine(checkpoint_dir=str(original))
+    original_fingerprint = model_fingerprint(original, None)
+    engine = ReloadableFakeEngine(checkpoint_dir=str(original),
+                                  model=msgspec.structs.replace(FAKE_MODEL, fingerprint=original_fingerprint))
+    reload_for_real = engine.reload_weights
 
     async def failing_reload(path):
-        raise RuntimeError("weights file is corrupt")
+        if path == str(broken.resolve()):
+            raise RuntimeError("weights file is corrupt")
+        return await reload_for_real(path)
 
     engine.reload_weights = failing_reload
     client, _ = await make_swap_client(engine=engine)
     status, body = await load(client, "x", broken)
-    assert (status, error_of(body)["type"]) == (500, "internal_error")
+    assert (status, error_of(body)["type"]) == (500, "engine_error")
+    assert error_of(body)["message"] == (
+        "reloading the weights of checkpoint 'broken' failed (RuntimeError: weights file is corrupt); the previous "
+        f"checkpoint 'step-0' was reloaded and is served again (fingerprint {original_fingerprint})"
+    )
+    assert engine.reloads == [str(original.resolve())]  # the restore (the failing call never reached the fake)
     info = await model_info(client)
-    assert (info.name, info.fingerprint, info.swap_count) == ("fake-rm", FAKE_MODEL.fingerprint, 0)
+    assert (info.name, info.fingerprint, info.swap_count) == ("fake-rm", original_fingerprint, 0)
     await assert_serves(client)
     samples = await scrape(client)
     assert samples[("rmserve_checkpoint_swaps_total", (("kind", "reload"), ("outcome", "error")))] == 1

@@ -4,9 +4,11 @@ vLLM, over HTTP: an app that owns its own :class:`~rmserve.server.engine.VLLMEng
 session engine stays untouched) on the session demo model (2 layers, max length 4096) loads
 a demo model with 3 layers, another weight seed and max length 2048 — a restart: the reply
 says so, ``/v1/models`` has the new max length and fingerprint, and the HTTP rewards equal an
-unbatched transformers forward pass of the new checkpoint. Then a checkpoint that cannot
-start (two labels) is loaded: 500, the previous (3-layer) checkpoint is restarted and serves
-the same rewards again. The transformers engine's ``restart`` is checked the same way,
+unbatched transformers forward pass of the new checkpoint. A two-label copy is refused from
+its files (422, nothing restarted); a checkpoint whose files pass but whose weights cannot
+be read (another max length, so a restart; garbage weight bytes) is loaded: 500, the previous
+(3-layer) checkpoint is restarted and serves the same rewards again. The transformers
+engine's ``restart`` is checked the same way,
 without HTTP. Tolerance ``1e-4``: see ``test_engine_parity.py`` (float32 kernel rounding is
 ~1e-6; two seeds give rewards that differ by ~1e-1).
 """
@@ -33,9 +35,22 @@ SECOND_MAX_LEN = 2048
 """Max length of the 3-layer checkpoint (the first one's is 4096)."""
 
 
+def _corrupt_copy(source, target, max_position_embeddings: int):
+    """A copy of ``source`` that passes the file checks but cannot start: its config names
+    another max length (so loading it is a restart), its weight files hold garbage bytes."""
+    shutil.copytree(source, target)
+    config = json.loads((target / "config.json").read_text())
+    config["max_position_embeddings"] = max_position_embeddings
+    (target / "config.json").write_text(json.dumps(config))
+    for weights in target.glob("*.safetensors"):
+        weights.write_bytes(b"\xff" * weights.stat().st_size)
+    return target
+
+
 @pytest.fixture(scope="module")
 def restart_checkpoints(demo_model_dir, rmbench_dir, tmp_path_factory):
-    """(3-layer seed-1 checkpoint with max length 2048, a two-label copy of it that cannot start)."""
+    """(3-layer seed-1 checkpoint with max length 2048, a two-label copy of it, a corrupt copy
+    of it with max length 1024: see :func:`_corrupt_copy`)."""
     from rmserve.demo_model import DemoModelConfig, build_demo_model
 
     root = tmp_path_factory.mktemp("restart-root")
@@ -48,7 +63,7 @@ def restart_checkpoints(demo_model_dir, rmbench_dir, tmp_path_factory):
     config["id2label"] = {"0": "LABEL_0", "1": "LABEL_1"}
     config["label2id"] = {"LABEL_0": 0, "LABEL_1": 1}
     (broken / "config.json").write_text(json.dumps(config))
-    return deeper, broken
+    return deeper, broken, _corrupt_copy(deeper, root / "corrupt", SECOND_MAX_LEN // 2)
 
 
 def _chat_groups(rmbench_dir, count: int = 3) -> list[RequestGroup]:
@@ -62,7 +77,7 @@ async def test_vllm_restart_on_other_shape_then_failed_restart_restores(demo_mod
     from rmserve.server.config import EngineConfig
     from rmserve.server.engine import VLLMEngine
 
-    deeper, broken = restart_checkpoints
+    deeper, broken, corrupt = restart_checkpoints
     engine = VLLMEngine(EngineConfig(model=str(demo_model_dir), engine="vllm", dtype="float32", block_size=32,
                                      kv_cache_memory_bytes=1 << 30, enforce_eager=True))
     config = ServerConfig(port=0, admin_token=TOKEN, checkpoint_roots=(str(demo_model_dir.parent), str(deeper.parent)))
@@ -107,9 +122,18 @@ async def test_vllm_restart_on_other_shape_then_failed_restart_restores(demo_mod
 
         async with client.post("/v1/models/load", json={"name": "broken", "path": str(broken)}, headers=AUTH) as resp:
             body = await resp.json()
+            assert resp.status == 422, body
+        assert body["error"]["message"] == ("checkpoint 'two-labels/config.json': has 2 labels (num_labels/id2label); "
+                                            "a reward model must have exactly 1, the reward logit")
+        assert (await served()).fingerprint == info.fingerprint  # nothing was restarted
+
+        async with client.post("/v1/models/load", json={"name": "corrupt", "path": str(corrupt)}, headers=AUTH) as resp:
+            body = await resp.json()
             assert resp.status == 500, body
         assert body["error"]["type"] == "engine_error"
-        assert "num_labels=2" in body["error"]["message"] and "'deeper' was restored" in body["error"]["message"]
+        message = body["error"]["message"]
+        assert "restarting the engine on checkpoint 'corrupt' failed" in message
+        assert "'deeper' was restored" in message
         async with client.get("/health") as resp:
             assert resp.status == 200
         restored = await served()
@@ -124,7 +148,7 @@ async def test_hf_restart_on_other_shape(demo_model_dir, rmbench_dir, restart_ch
     from rmserve.server.config import EngineConfig
     from rmserve.server.engine_hf import HFEngine
 
-    deeper, broken = restart_checkpoints
+    deeper, broken, _ = restart_checkpoints
     engine = HFEngine(EngineConfig(model=str(demo_model_dir), engine="hf", dtype="float32"))
     await engine.start()
     try:

@@ -115,3 +115,88 @@ async def test_swap_to_second_checkpoint_and_back(vllm_engine, demo_model_dir, r
         if swapped:  # leave the session engine on its original checkpoint
             await vllm_engine.reload_weights(str(demo_model_dir))
         await client.close()
+
+
+async def test_checkpoint_with_two_labels_is_refused_before_the_engine_is_touched(vllm_engine, demo_model_dir,
+                                                                                 rmbench_dir, tmp_path):
+    """A copy of the demo model with ``num_labels=2`` is refused with 422 from its files; the
+    rewards served afterwards are the original model's (the engine was never stopped)."""
+    import json
+    import time
+
+    two_labels = tmp_path / "root" / "two-labels"
+    shutil.copytree(demo_model_dir, two_labels)
+    config = json.loads((two_labels / "config.json").read_text())
+    config.update(num_labels=2, id2label={"0": "LABEL_0", "1": "LABEL_1"}, label2id={"LABEL_0": 0, "LABEL_1": 1})
+    (two_labels / "config.json").write_text(json.dumps(config))
+
+    groups = [RequestGroup(id=str(g.key), responses=g.responses, messages=g.messages)
+              for g in load_rmbench(rmbench_dir).groups[::300][:2]]
+    payload = encode(ScoreRequest(groups=tuple(groups)))
+    sequences = [ids for group in vllm_engine.renderer.render_groups(groups) for ids in group.token_ids]
+    config = ServerConfig(port=0, admin_token=TOKEN, checkpoint_roots=(str(two_labels.parent),))
+    app = create_app(config, _Lent(vllm_engine), vllm_engine.renderer)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        await app[STATE_KEY].settled.wait()
+        started = time.perf_counter()
+        async with client.post("/v1/models/load", json={"name": "two", "path": str(two_labels)}, headers=AUTH) as resp:
+            status, body = resp.status, await resp.json()
+        refusal_s = time.perf_counter() - started
+        assert (status, body["error"]) == (422, {
+            "type": "invalid_checkpoint", "field": "path",
+            "message": "checkpoint 'two-labels/config.json': has 2 labels (num_labels/id2label); a reward model "
+                       "must have exactly 1, the reward logit",
+        })
+        assert refusal_s < 1.0, f"the refusal took {refusal_s:.3f} s"  # the issue's bound on CPU
+        async with client.post("/v1/score", data=payload, headers={"Content-Type": "application/json"}) as resp:
+            assert resp.status == 200, await resp.text()
+            reply = decode(await resp.read(), ScoreResponse)
+        assert (reply.fingerprint, app[STATE_KEY].info.swap_count) == (vllm_engine.info().fingerprint, 0)
+        served = [r for result in reply.results for r in result.rewards]
+        assert served == pytest.approx(_direct_rewards(demo_model_dir, sequences), abs=ATOL)
+    finally:
+        await client.close()
+
+
+async def test_failed_reload_reloads_the_previous_weights(vllm_engine, demo_model_dir, rmbench_dir, tmp_path):
+    """A checkpoint whose files pass the checks but whose weights are garbage (same config and
+    tokenizer, so a reload in place): vLLM fails to load it, the demo model's weights are
+    reloaded, the reply is a 500 saying so, and the rewards are the demo model's again."""
+    garbled = tmp_path / "root" / "garbled"
+    shutil.copytree(demo_model_dir, garbled)
+    for weights in garbled.glob("*.safetensors"):
+        weights.write_bytes(b"\xff" * weights.stat().st_size)
+
+    groups = [RequestGroup(id=str(g.key), responses=g.responses, messages=g.messages)
+              for g in load_rmbench(rmbench_dir).groups[::300][:2]]
+    payload = encode(ScoreRequest(groups=tuple(groups)))
+    sequences = [ids for group in vllm_engine.renderer.render_groups(groups) for ids in group.token_ids]
+    original_fingerprint = vllm_engine.info().fingerprint
+    config = ServerConfig(port=0, admin_token=TOKEN,
+                          checkpoint_roots=(str(demo_model_dir.parent), str(garbled.parent)))
+    app = create_app(config, _Lent(vllm_engine), vllm_engine.renderer)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        await app[STATE_KEY].settled.wait()
+        async with client.post("/v1/models/load", json={"name": "garbled", "path": str(garbled)}, headers=AUTH) as resp:
+            status, body = resp.status, await resp.json()
+        assert (status, body["error"]["type"]) == (500, "engine_error"), body
+        message = body["error"]["message"]
+        assert message.startswith("reloading the weights of checkpoint 'garbled' failed (")
+        assert message.endswith(f"the previous checkpoint '{demo_model_dir.name}' was reloaded and is served again "
+                                f"(fingerprint {original_fingerprint})")
+        async with client.get("/health") as resp:
+            assert resp.status == 200
+        async with client.post("/v1/score", data=payload, headers={"Content-Type": "application/json"}) as resp:
+            assert resp.status == 200, await resp.text()
+            reply = decode(await resp.read(), ScoreResponse)
+        assert (reply.model, reply.fingerprint) == (app[STATE_KEY].info.name, original_fingerprint)
+        served = [r for result in reply.results for r in result.rewards]
+        assert served == pytest.approx(_direct_rewards(demo_model_dir, sequences), abs=ATOL)
+    finally:
+        if app[STATE_KEY].status != "ready":  # the restore failed: leave the session engine as it was
+            await vllm_engine.reload_weights(str(demo_model_dir))
+        await client.close()

@@ -226,21 +226,39 @@ FAKE_MAX_LEN_KEY = "fake_max_model_len"
 (absent = :data:`FAKE_MODEL`'s)."""
 
 
+FAKE_WEIGHTS_FILE = "model.safetensors"
+"""The placeholder weights file of a fake checkpoint (text naming the offset; no tensors)."""
+
+
+def fake_tokenizer_json(tokenizer: str) -> str:
+    """The ``tokenizer.json`` text of a fake checkpoint written with ``tokenizer=``: a JSON object."""
+    import json
+
+    return json.dumps({"fake_tokenizer": tokenizer})
+
+
 def write_fake_checkpoint(folder, reward_offset: float, *, tokenizer: str = "tok-v1", hidden_size: int = 8,
-                          max_model_len: int | None = None):
-    """A fake checkpoint folder: ``config.json`` (shape keys + :data:`FAKE_OFFSET_KEY`, and
-    :data:`FAKE_MAX_LEN_KEY` when given) and a ``tokenizer.json``; returns the folder as a ``Path``."""
+                          max_model_len: int | None = None, num_labels: int = 1):
+    """A fake checkpoint folder that passes the server's file checks; returns it as a ``Path``.
+
+    Files: ``config.json`` (a one-label ``FakeForSequenceClassification`` unless
+    ``num_labels`` says otherwise, ``hidden_size``, :data:`FAKE_OFFSET_KEY`, and
+    :data:`FAKE_MAX_LEN_KEY` when given), ``tokenizer.json`` (:func:`fake_tokenizer_json`
+    of ``tokenizer``: two values give two different tokenizers) and :data:`FAKE_WEIGHTS_FILE`
+    (placeholder bytes that differ with ``reward_offset``).
+    """
     import json
     from pathlib import Path
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"architectures": ["FakeForSequenceClassification"], "hidden_size": hidden_size, "num_labels": 1,
-              FAKE_OFFSET_KEY: reward_offset}
+    config = {"architectures": ["FakeForSequenceClassification"], "hidden_size": hidden_size,
+              "num_labels": num_labels, FAKE_OFFSET_KEY: reward_offset}
     if max_model_len is not None:
         config[FAKE_MAX_LEN_KEY] = max_model_len
     (folder / "config.json").write_text(json.dumps(config))
-    (folder / "tokenizer.json").write_text(tokenizer)
+    (folder / "tokenizer.json").write_text(fake_tokenizer_json(tokenizer))
+    (folder / FAKE_WEIGHTS_FILE).write_text(f"fake weights: reward offset {reward_offset!r}")
     return folder
 
 
@@ -254,10 +272,14 @@ class ReloadableFakeEngine(FakeEngine):
 
     Attributes:
         reload_gate: when set, a reload waits for it half-way (the offset is already NaN,
-            so any request scored mid-swap would be visible).
+            so any request scored mid-swap would be visible). Read when the reload gets
+            there, so a test may put a new gate in place for the next reload.
         reload_entered: set when a reload starts.
         reloads: paths reloaded, in order; resets: ``reset_prefix_cache`` calls.
         mixed: scores computed while a reload was in progress (must stay 0).
+        failing_reloads: this many of the next reloads fail half-way (after the gate) with
+            :class:`~rmserve.errors.EngineError`, leaving the offset NaN and the fingerprint
+            and checkpoint folder the old ones: half-replaced weights under the old name.
     """
 
     reload_gate: asyncio.Event | None = None
@@ -266,6 +288,7 @@ class ReloadableFakeEngine(FakeEngine):
     resets: int = 0
     mixed: int = 0
     reloading: bool = False
+    failing_reloads: int = 0
 
     async def score_group(self, token_ids, request_id):
         scores = await super().score_group(token_ids, request_id)
@@ -286,6 +309,11 @@ class ReloadableFakeEngine(FakeEngine):
             self.reward_offset = float("nan")  # half-loaded weights
             if self.reload_gate is not None:
                 await self.reload_gate.wait()
+            if self.failing_reloads > 0:
+                from rmserve.errors import EngineError
+
+                self.failing_reloads -= 1
+                raise EngineError(f"fake reload of {Path(path).name!r} failed half-way")
             offset = json.loads((Path(path) / "config.json").read_text())[FAKE_OFFSET_KEY]
             self.reward_offset = float(offset)
             self.checkpoint_dir = path
