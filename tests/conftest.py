@@ -140,6 +140,7 @@ def no_blocking_calls(request: pytest.FixtureRequest) -> Iterator[None]:
             # The fake engines read a checkpoint's config inline where a real engine loads
             # weights in a worker thread; that read belongs to the fake, not to the server.
             function.can_block_in("testkit/fakes.py", {"reload_weights", "restart"})
+            function.can_block_in("server/test_swap.py", "failing_reload")
         yield
 
 

@@ -156,7 +156,7 @@ def test_byte_order_mark_at_the_start_of_a_data_file_is_skipped(tmp_path):
     bom = b"\xef\xbb\xbf"
     listed = tmp_path / "chat_filtered.json"
     listed.write_bytes(bom + json.dumps(_raw("chat")[:3]).encode())
-    plain = load_rmbench(RMBENCH_DIR / "chat_filtered.json")
+    plain = load_rmbench(shared_data_dir() / "rm-bench" / "chat_filtered.json")
     assert [g.key for g in load_rmbench(listed).groups] == [g.key for g in plain.groups[:3]]
 
     lines = tmp_path / "rb2.jsonl"
