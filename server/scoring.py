@@ -92,19 +92,17 @@ def group_result(group: RequestGroup, rendered: RenderedGroup, scores: Sequence[
     rewards: list[float | None] = [None] * n
     cached = [0] * n
     errors: list[ResponseError | None] = list(rendered.errors) if rendered.errors is not None else [None] * n
-    by_response: dict[int, SequenceScore] = {}
     for j, score in zip(scorable, scores, strict=True):
-        by_response[j] = score
         cached[j] = int(score.num_cached_tokens)
         reward = float(score.reward)
         if math.isfinite(reward):
             rewards[j] = reward
         else:
             errors[j] = ResponseError("non_finite_reward", f"the model gave a non-finite reward ({reward}) for it")
-    extras = group_extras([by_response[j] for j in scorable], gi, group.id) if scorable else None
-    if extras is not None and len(scorable) < n:
-        extras = {name: tuple(values[scorable.index(j)] if j in by_response else None for j in range(n))
-                  for name, values in extras.items()}
+    extras = group_extras(scores, gi, group.id) if scorable else None
+    if extras is not None and len(scorable) < n:  # spread to response order: None where not sent
+        sent = dict(zip(scorable, range(len(scorable))))
+        extras = {name: tuple(values[sent[j]] if j in sent else None for j in range(n)) for name, values in extras.items()}
     return GroupResult(
         id=group.id,
         rewards=tuple(rewards),

@@ -94,3 +94,14 @@ def test_extras_round_trip_on_the_wire_and_are_absent_when_empty():
     assert plain.extras is None
     assert encode(plain) == b'{"id":"g","rewards":[1.0],"num_tokens":[3],"num_cached_tokens":[0]}'
     assert decode(encode(plain), GroupResult) == plain
+
+
+async def test_extras_of_a_response_not_sent_to_the_engine_are_null(post):
+    # "x" * 60 renders to 1 + (1 + 2 + 1) + (1 + 60 + 1) = 67 tokens, over the fake model's 64.
+    payload = {"groups": [{"id": "g0", "prompt": "hi", "responses": ["x" * 60, "ya"]}]}
+    status, body = await post(FakeEngine(extras_of=judge_like), payload)
+    assert status == 200
+    (result,) = decode(body, ScoreResponse).results
+    assert result.rewards == (None, 4.41)
+    assert result.extras == {"logp_sum": (None, -4.5), "verdict": (None, "a")}
+    assert result.errors[0].type == "sequence_too_long" and result.errors[1] is None
