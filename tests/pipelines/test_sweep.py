@@ -11,10 +11,12 @@ import asyncio
 import csv
 import json
 import logging
+import math
 from pathlib import Path
 
 import pytest
 from rmserve.client.score_store import ScoreStore
+from rmserve.server.protocol import SequenceScore
 from rmserve.pipelines.sweep import SweepConfig, checkpoint_step, order_checkpoints, sweep_async
 from testkit import fakes
 from testkit.servers import ThreadedServer, write_rmbench_data
@@ -22,7 +24,7 @@ from typer.testing import CliRunner
 
 from rmserve import errors
 from rmserve.cli import app as cli_app
-from rmserve.schema import ModelInfo
+from rmserve.schema import GroupKey, ModelInfo
 
 
 TOKEN = "sweep-token"
@@ -424,3 +426,44 @@ async def test_a_fatal_error_is_raised_after_the_records_of_the_same_wait_are_st
     assert [str(k) for k in stored] == ["rm-bench/chat/1"]
     assert list(stored.values()) == [REWARDS]
     assert leftover == [None] and state.refused == []
+
+
+class NaNOnStep20(CountingEngine):
+    """Gives NaN for every sequence of chat group 1 (its prompt is "chat 1") once step-20 is loaded."""
+
+    async def score_group(self, token_ids, request_id):
+        scores = await super().score_group(token_ids, request_id)
+        prompt_ids = [ord(c) for c in "chat 1"]
+        step20 = str(self.checkpoint_dir).endswith("step-20")
+        return [
+            SequenceScore(math.nan, s.num_cached_tokens)
+            if step20 and any(ids[i:i + 6] == prompt_ids for i in range(len(ids))) else s
+            for ids, s in zip(token_ids, scores, strict=True)
+        ]
+
+
+async def test_groups_that_cannot_be_scored_are_stored_named_and_counted(checkpoints, tmp_path):
+    root, start, folders = checkpoints
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=3, n_code=0)
+    with start_server(root, NaNOnStep20(model=engine_on(start).model, checkpoint_dir=str(start))) as one:
+        result = await sweep_async(config([one.url], folders, tmp_path, data))
+    assert [(r.checkpoint.step, r.n_unscored) for r in result.runs] == [(3, 0), (20, 1), (100, 0)]
+    export = tmp_path / "out" / "checkpoints" / "step-20" / "rm-bench.scores.jsonl"
+    assert (
+        f"step-20 rm-bench: 1 of 3 groups not scored (1 non-finite reward): counted as losses, as the official "
+        f"code counts them; see {export}"
+    ) in result.notes
+    with ScoreStore(tmp_path / "store.sqlite") as db:
+        (record,) = db.records(result.runs[1].fingerprint, keys=[GroupKey("rm-bench", "chat", "1")])
+    assert record.rewards == (None,) * 6 and {e.type for e in record.errors} == {"non_finite_reward"}
+    # The figures count the NaN group as lost (every comparison with NaN is false): the chat
+    # score of step-20 is the official mean over the nine style pairs of the three groups.
+    from rmserve.datasets import load_benchmark
+
+    groups = load_benchmark("rm-bench", str(data)).groups
+    wins = 0
+    for g in groups:
+        r = [math.nan] * 6 if g.id == "1" else [expected_reward(g, k, OFFSETS[20]) for k in range(6)]
+        wins += sum(r[i] > r[3 + j] for i in range(3) for j in range(3))
+    rows = list(csv.DictReader((tmp_path / "out" / "sweep.csv").read_text().splitlines()))
+    assert float(rows[1]["rm-bench:chat.score"]) == pytest.approx(wins / (9 * len(groups)))
