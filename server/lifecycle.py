@@ -10,7 +10,9 @@ every engine needs around it, so each engine writes only how to build, score and
   :class:`InvalidRequest` naming it;
 - :meth:`EngineLifecycle._begin_restart` / :meth:`EngineLifecycle._restart_failed` /
   :meth:`EngineLifecycle._restart_cancelled` / :meth:`EngineLifecycle._finish_start`: the
-  messages and counters of a (re)start.
+  messages and counters of a (re)start;
+- :meth:`EngineLifecycle._model_info`: the :class:`~rmserve.schema.ModelInfo` of a built model;
+- :class:`LoadedState`: the ``info``/``renderer`` views of an engine's loaded-state record.
 
 No torch, no vllm.
 """
@@ -20,10 +22,15 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, ServerFault
+from rmserve.fingerprint import model_fingerprint
+from rmserve.schema import ModelInfo
 from rmserve.server.protocol import LoadedModel
+
+if TYPE_CHECKING:
+    from rmserve.server.render import Renderer
 
 
 class _HasModel(Protocol):
@@ -31,6 +38,28 @@ class _HasModel(Protocol):
 
 
 LoadedT = TypeVar("LoadedT", bound=_HasModel)
+
+
+class LoadedState:
+    """Base of an engine's loaded-state dataclass (which declares ``record: LoadedModel``).
+
+    Gives the two views every engine reads from its record; slot-free, so a
+    ``slots=True`` dataclass deriving from it keeps its fixed attribute set.
+    """
+
+    __slots__ = ()
+    record: LoadedModel
+
+    @property
+    def info(self) -> ModelInfo:
+        """The record's model info."""
+        return self.record.info
+
+    @property
+    def renderer(self) -> Renderer:
+        """The record's renderer (engines always build one)."""
+        assert self.record.renderer is not None
+        return self.record.renderer
 
 
 class EngineLifecycle(Generic[LoadedT]):
@@ -96,3 +125,21 @@ class EngineLifecycle(Generic[LoadedT]):
         self.start_time_s = time.perf_counter() - started
         log.info("%s %s in %.1f s: %s", self.label, what, self.start_time_s, loaded.record.info)
         return loaded.record
+
+    def _model_info(self, name: str, model: str, renderer: Renderer, max_model_len: int, dtype: str) -> ModelInfo:
+        """The :class:`ModelInfo` this engine serves for the weights at ``model``.
+
+        Args:
+            name: the served model name.
+            model: the checkpoint (folder or hub id) the weights came from; it enters the fingerprint.
+            renderer: the model's renderer; its chat template enters the fingerprint.
+            max_model_len: the resolved context limit, in tokens.
+            dtype: the resolved weight dtype (e.g. ``"bfloat16"``); it enters the fingerprint.
+        """
+        return ModelInfo(
+            name=name,
+            max_model_len=max_model_len,
+            dtype=dtype,
+            fingerprint=model_fingerprint(model, renderer.chat_template, dtype),
+            engine=self.kind,
+        )
