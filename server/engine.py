@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rmserve.server.config import EngineConfig, check_reward_head
-from rmserve.server.lifecycle import EngineLifecycle, LoadedState
+from rmserve.server.lifecycle import EngineLifecycle
 from rmserve.server.protocol import LoadedModel, PrefixCacheStats, SequenceScore, check_token_ids, local_checkpoint
 from rmserve.server.render import Renderer
 from vllm import AsyncEngineArgs, PoolingParams
@@ -64,9 +64,18 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class _Loaded(LoadedState):
+class _Loaded:
     engine: Any
     record: LoadedModel
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.record.info
+
+    @property
+    def renderer(self) -> Renderer:
+        assert self.record.renderer is not None
+        return self.record.renderer
 
 
 class VLLMEngine(EngineLifecycle[_Loaded]):

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from rmserve.server.batching import length_sorted_batches
 from rmserve.server.config import EngineConfig, check_reward_head
-from rmserve.server.lifecycle import EngineLifecycle, LoadedState
+from rmserve.server.lifecycle import EngineLifecycle
 from rmserve.server.protocol import LoadedModel, SequenceScore, check_token_ids, local_checkpoint
 from rmserve.server.render import Renderer
 
@@ -39,13 +39,22 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 @dataclass(frozen=True, slots=True)
-class _Loaded(LoadedState):
+class _Loaded:
     model: Any
     base: Any
     head: Any
     device: torch.device
     pad_id: int
     record: LoadedModel
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.record.info
+
+    @property
+    def renderer(self) -> Renderer:
+        assert self.record.renderer is not None
+        return self.record.renderer
 
 
 class HFEngine(EngineLifecycle[_Loaded]):

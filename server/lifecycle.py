@@ -11,8 +11,7 @@ every engine needs around it, so each engine writes only how to build, score and
 - :meth:`EngineLifecycle._begin_restart` / :meth:`EngineLifecycle._restart_failed` /
   :meth:`EngineLifecycle._restart_cancelled` / :meth:`EngineLifecycle._finish_start`: the
   messages and counters of a (re)start;
-- :meth:`EngineLifecycle._model_info`: the :class:`~rmserve.schema.ModelInfo` of a built model;
-- :class:`LoadedState`: the ``info``/``renderer`` views of an engine's loaded-state record.
+- :meth:`EngineLifecycle._model_info`: the :class:`~rmserve.schema.ModelInfo` of a built model.
 
 No torch, no vllm.
 """
@@ -38,28 +37,6 @@ class _HasModel(Protocol):
 
 
 LoadedT = TypeVar("LoadedT", bound=_HasModel)
-
-
-class LoadedState:
-    """Base of an engine's loaded-state dataclass (which declares ``record: LoadedModel``).
-
-    Gives the two views every engine reads from its record; slot-free, so a
-    ``slots=True`` dataclass deriving from it keeps its fixed attribute set.
-    """
-
-    __slots__ = ()
-    record: LoadedModel
-
-    @property
-    def info(self) -> ModelInfo:
-        """The record's model info."""
-        return self.record.info
-
-    @property
-    def renderer(self) -> Renderer:
-        """The record's renderer (engines always build one)."""
-        assert self.record.renderer is not None
-        return self.record.renderer
 
 
 class EngineLifecycle(Generic[LoadedT]):
