@@ -20,7 +20,7 @@ from rmserve import cli_common
 from rmserve.cli import app
 from rmserve.errors import DataError, EngineNotReady, FingerprintMismatch, ServerFault
 from rmserve.server.config import EngineConfig, resolve_dtype
-from testkit.processes import exited, wait_exited
+from testkit.processes import parent_killed, wait_exited
 
 runner = CliRunner()
 
@@ -322,20 +322,9 @@ time.sleep(120)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_watch_parent_stops_the_process_when_its_parent_is_sigkilled():
-    parent = subprocess.Popen([sys.executable, "-c", _PARENT, _WATCHED_CHILD], stdout=subprocess.PIPE, text=True)
-    child_pid = None
-    try:
-        child_pid = int(parent.stdout.readline())
-        assert not exited(child_pid)
-        parent.kill()  # SIGKILL: the parent cannot stop its child itself
-        assert parent.wait(timeout=30) == -signal.SIGKILL
+    argv = [sys.executable, "-c", _PARENT, _WATCHED_CHILD]
+    with parent_killed(argv) as (child_pid, _):  # SIGKILL: the parent cannot stop its child itself
         assert wait_exited(child_pid, 30.0), f"child {child_pid} still running 30 s after its parent died"
-    finally:
-        parent.kill()
-        parent.wait()
-        parent.stdout.close()
-        if child_pid is not None and not exited(child_pid):
-            os.kill(child_pid, signal.SIGKILL)
 
 
 def test_watch_parent_refuses_a_pid_that_is_not_running():
