@@ -272,7 +272,6 @@ def markdown(report: dict[str, Any]) -> str:
         diff = e["max_abs_diff_vs_fresh"]
         lines.append(f"| {i} | {e['kind']} | {e['source'] or '—'} → {e['target']} | {e['swap_kind'] or ''} "
                      f"| {e['wall_s']:.2f} | {'' if diff is None else f'{diff:.1e}'} |")
-    m = report["machine"]
     lines += [
         "",
         "Swap and fallback times are client wall times of the load request (drain, engine work, "
@@ -280,10 +279,7 @@ def markdown(report: dict[str, Any]) -> str:
         "the new process's Python and vLLM imports. `reference` starts only provide fresh rewards "
         "for checkpoints no timed restart reached; they are not in the statistics.",
         "",
-        f"Command: `{report['command']}`",
-        f"Machine: {m['cpu_model']}, {m['usable_cpus']} usable CPUs, {m['memory_gib']} GiB; "
-        f"load average at start {m['load_average_at_start']}.",
-        "Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v),
+        *throughput.provenance_lines(report),
     ]
     return "\n".join(lines) + "\n"
 

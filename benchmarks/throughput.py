@@ -240,6 +240,18 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def provenance_lines(report: dict[str, Any]) -> list[str]:
+    """The closing lines of a Markdown report: the command, the machine (from
+    :func:`machine_info`) and the library versions (from :func:`versions`; missing ones left out)."""
+    m = report["machine"]
+    return [
+        f"Command: `{report['command']}`",
+        f"Machine: {m['cpu_model']}, {m['usable_cpus']} usable CPUs, {m['memory_gib']} GiB; "
+        f"load average at start {m['load_average_at_start']}.",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v),
+    ]
+
+
 # --- the paths (each runs in a child process) --------------------------------------------
 
 
@@ -606,10 +618,7 @@ def markdown(report: dict[str, Any]) -> str:
         "Wall time excludes engine start and a one-group warm-up; rendering is inside d only. "
         "Peak RSS: the path's whole process tree (engine core and server included), sampled every 0.1 s.",
         "",
-        f"Command: `{report['command']}`",
-        f"Machine: {report['machine']['cpu_model']}, {report['machine']['usable_cpus']} usable CPUs, "
-        f"{report['machine']['memory_gib']} GiB; load average at start {report['machine']['load_average_at_start']}.",
-        "Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v),
+        *provenance_lines(report),
     ]
     return "\n".join(lines) + "\n"
 

@@ -431,19 +431,11 @@ class RewardClient:
             what = "timed out" if isinstance(exc, TimeoutError) else f"failed ({type(exc).__name__}: {exc})"
             raise errors.ConnectionFailed(f"{method} {url} {what}") from exc
 
-    async def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        data: bytes | None,
-        timeout: aiohttp.ClientTimeout,
-        headers: dict[str, str] | None = None,
-    ) -> bytes:
-        """:meth:`_send_once` with the retry policy applied to retryable errors."""
+    async def _send(self, method: str, path: str, **request: Any) -> bytes:
+        """:meth:`_send_once` (same keyword arguments) with the retry policy applied to retryable errors."""
         for attempt in itertools.count(1):
             try:
-                return await self._send_once(method, path, data=data, timeout=timeout, headers=headers)
+                return await self._send_once(method, path, **request)
             except errors.RMServeError as exc:
                 if not exc.retryable or attempt >= self.retry.max_attempts:
                     raise

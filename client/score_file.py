@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import msgspec
 import orjson
@@ -170,7 +171,19 @@ def read_scores(path: str | Path) -> ScoreFile:
     return ScoreFile(path=path, records=tuple(records), valid_bytes=valid_bytes, ends_with_newline=ends_with_newline)
 
 
-class ScoreFileWriter:
+class OpenedInWith:
+    """``with`` support for a class with ``open()`` and ``close()``: entering the block calls
+    ``open()`` and gives the object itself, leaving it (normally or by an exception) calls ``close()``."""
+
+    def __enter__(self) -> Self:
+        self.open()  # type: ignore[attr-defined]
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()  # type: ignore[attr-defined]
+
+
+class ScoreFileWriter(OpenedInWith):
     """Append-only writer of a score file, for one run at a time.
 
     ``with ScoreFileWriter(path) as score_file:`` locks the file (a second writer gets a DataError),
@@ -191,13 +204,6 @@ class ScoreFileWriter:
         self._records: list[ScoreRecord] = []
         self._keys: set[GroupKey] = set()
         self.existing: ScoreFile | None = None
-
-    def __enter__(self) -> ScoreFileWriter:
-        self.open()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def open(self) -> None:
         """Lock the file, load it, and repair an interrupted last write.

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rmserve.client.score_file import ScoreFileWriter
+from rmserve.client.score_file import OpenedInWith, ScoreFileWriter
 from rmserve.client.score_store import ScoreStore
 from rmserve.errors import DataError, FingerprintMismatch
 from rmserve.schema import Group, GroupKey, ModelInfo, ScoreRecord, Truncation
@@ -62,7 +62,7 @@ class Resumed:
     n_extra: int
 
 
-class ScoreLog:
+class ScoreLog(OpenedInWith):
     """The score file of one output folder, kept in step with an optional score store.
 
     ``with ScoreLog(path, store=store) as log:`` locks and reads the file; then
@@ -86,13 +86,6 @@ class ScoreLog:
         self._order: dict[GroupKey, int] | None = None
         self._groups: tuple[Group, ...] = ()
         self._model: ModelInfo | None = None
-
-    def __enter__(self) -> ScoreLog:
-        self.open()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def open(self) -> None:
         """Lock the score file, read it and cut off a torn last line (noted in :attr:`notes`).

@@ -42,6 +42,21 @@ RMBENCH_FIGURES: tuple[str, ...] = ("hard", "normal", "easy", "score")
 """Per-domain and overall RM-Bench figures; names are ``<domain>.<figure>`` / ``overall.<figure>``."""
 
 
+def check_resampling(resamples: int, seed: int, confidence: float, *, least_resamples: int) -> None:
+    """Check resampling settings shared by the configs of this stage.
+
+    Raises:
+        ValueError: ``resamples`` outside ``[least_resamples, 1000000]``, ``seed < 0``, or
+            ``confidence`` outside (0, 1); the message names the field and its limit.
+    """
+    if not least_resamples <= resamples <= 1_000_000:
+        raise ValueError(f"resamples must lie in [{least_resamples}, 1000000], got {resamples}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+
+
 @dataclass(frozen=True)
 class BootstrapConfig:
     """How to resample.
@@ -60,12 +75,7 @@ class BootstrapConfig:
     block_cells: int = 1 << 22
 
     def __post_init__(self) -> None:
-        if not 1 <= self.resamples <= 1_000_000:
-            raise ValueError(f"resamples must lie in [1, 1000000], got {self.resamples}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
-        if not 0.0 < self.confidence < 1.0:
-            raise ValueError(f"confidence must lie in (0, 1), got {self.confidence}")
+        check_resampling(self.resamples, self.seed, self.confidence, least_resamples=1)
         if self.block_cells < 1:
             raise ValueError(f"block_cells must be >= 1, got {self.block_cells}")
 

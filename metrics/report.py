@@ -29,6 +29,7 @@ from rmserve.metrics.bootstrap import (
     BootstrapConfig,
     Interval,
     PairedFigure,
+    check_resampling,
     match_groups,
     paired_rb2,
     paired_rmbench,
@@ -90,12 +91,7 @@ class MetricsConfig:
     benchmark: str | None = None
 
     def __post_init__(self) -> None:
-        if not 0 <= self.resamples <= 1_000_000:
-            raise ValueError(f"resamples must lie in [0, 1000000], got {self.resamples}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
-        if not 0.0 < self.confidence < 1.0:
-            raise ValueError(f"confidence must lie in (0, 1), got {self.confidence}")
+        check_resampling(self.resamples, self.seed, self.confidence, least_resamples=0)
         if self.domain is not None and self.domain not in RMBENCH_DOMAINS:
             raise ValueError(f"domain must be one of {', '.join(RMBENCH_DOMAINS)}, got {self.domain!r}")
         if self.benchmark is not None and self.benchmark not in BENCHMARKS:

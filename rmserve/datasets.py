@@ -326,23 +326,7 @@ def load_rmbench(source: str | Path, domains: Sequence[str] | None = None) -> Da
             groups = [g for f in files for g in _rmbench_file(f)]
     else:
         groups = _rmbench_file(path)
-    if domains is not None:
-        unknown = sorted(set(domains) - set(RMBENCH_DOMAINS))
-        if unknown:
-            raise DataError(f"unknown RM-Bench domain(s) {unknown}; expected {list(RMBENCH_DOMAINS)}", path=source_str, field="domains")
-        groups = [g for g in groups if g.domain in domains]
-    if not groups:
-        raise DataError("no RM-Bench groups found", path=source_str)
-    _check_unique(groups, source_str)
-    present = {g.domain for g in groups}
-    wanted = RMBENCH_DOMAINS if domains is None else tuple(d for d in RMBENCH_DOMAINS if d in domains)
-    return Dataset(
-        benchmark="rm-bench",
-        groups=tuple(groups),
-        source=source_str,
-        domains=tuple(d for d in RMBENCH_DOMAINS if d in present),
-        missing=tuple(d for d in wanted if d not in present),
-    )
+    return _selected(groups, "rm-bench", RMBENCH_DOMAINS, domains, source_str, field_name="domains")
 
 
 # --- RewardBench 2 ----------------------------------------------------------------------
@@ -424,22 +408,53 @@ def load_rewardbench2(source: str | Path, subsets: Sequence[str] | None = None) 
     else:
         files = [path]
     groups = [_rb2_group(r, path=str(f), index=i) for f in files for i, r in enumerate(read_records(f))]
-    if subsets is not None:
-        unknown = sorted(set(subsets) - set(RB2_SUBSETS))
+    return _selected(groups, "rewardbench2", RB2_SUBSETS, subsets, source_str, field_name="subsets")
+
+
+_NAMING = {"rm-bench": ("RM-Bench", "domain"), "rewardbench2": ("RewardBench 2", "subset")}
+"""How messages name each benchmark and its parts."""
+
+
+def _selected(
+    groups: list[Group],
+    benchmark: str,
+    names: tuple[str, ...],
+    only: Sequence[str] | None,
+    source: str,
+    *,
+    field_name: str,
+) -> Dataset:
+    """The :class:`Dataset` of ``groups`` read from ``source``, kept to the parts in ``only``.
+
+    Args:
+        groups: every group read, in file order.
+        benchmark: ``"rm-bench"`` or ``"rewardbench2"``.
+        names: all parts (domains or subsets) of the benchmark, in table order.
+        only: the parts to keep; None keeps all.
+        source: the data source as given, for messages and :attr:`Dataset.source`.
+        field_name: the argument that carried ``only``, named in its error.
+
+    Raises:
+        DataError: a name in ``only`` not in ``names`` (field ``field_name``), no group left, or
+            duplicate (domain, id) keys.
+    """
+    title, part = _NAMING[benchmark]
+    if only is not None:
+        unknown = sorted(set(only) - set(names))
         if unknown:
-            raise DataError(f"unknown RewardBench 2 subset(s) {unknown}; expected {list(RB2_SUBSETS)}", path=source_str, field="subsets")
-        groups = [g for g in groups if g.domain in subsets]
+            raise DataError(f"unknown {title} {part}(s) {unknown}; expected {list(names)}", path=source, field=field_name)
+        groups = [g for g in groups if g.domain in only]
     if not groups:
-        raise DataError("no RewardBench 2 groups found", path=source_str)
-    _check_unique(groups, source_str)
+        raise DataError(f"no {title} groups found", path=source)
+    _check_unique(groups, source)
     present = {g.domain for g in groups}
-    wanted = RB2_SUBSETS if subsets is None else tuple(s for s in RB2_SUBSETS if s in subsets)
+    wanted = names if only is None else tuple(n for n in names if n in only)
     return Dataset(
-        benchmark="rewardbench2",
+        benchmark=benchmark,
         groups=tuple(groups),
-        source=source_str,
-        domains=tuple(s for s in RB2_SUBSETS if s in present),
-        missing=tuple(s for s in wanted if s not in present),
+        source=source,
+        domains=tuple(n for n in names if n in present),
+        missing=tuple(n for n in wanted if n not in present),
     )
 
 

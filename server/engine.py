@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from rmserve.server.config import EngineConfig, check_reward_head
-from rmserve.fingerprint import model_fingerprint
 from rmserve.server.lifecycle import EngineLifecycle
 from rmserve.server.protocol import LoadedModel, PrefixCacheStats, SequenceScore, check_token_ids, local_checkpoint
 from rmserve.server.render import Renderer
@@ -171,13 +170,7 @@ class VLLMEngine(EngineLifecycle[_Loaded]):
             renderer = Renderer.from_pretrained(
                 cfg.model, max_model_len=max_model_len, chat_template_path=cfg.chat_template
             )
-            info = ModelInfo(
-                name=cfg.name,
-                max_model_len=max_model_len,
-                dtype=dtype,
-                fingerprint=model_fingerprint(cfg.model, renderer.chat_template, dtype),
-                engine=self.kind,
-            )
+            info = self._model_info(cfg.name, cfg.model, renderer, max_model_len, dtype)
         except BaseException:
             engine.shutdown()
             raise
@@ -321,12 +314,8 @@ class VLLMEngine(EngineLifecycle[_Loaded]):
             except Exception as exc:  # noqa: BLE001
                 raise EngineError(f"reloading weights from {folder.name!r} failed: {type(exc).__name__}: {exc}") from exc
             await self.reset_prefix_cache()
-            info = ModelInfo(
-                name=loaded.info.name,
-                max_model_len=loaded.info.max_model_len,
-                dtype=loaded.info.dtype,
-                fingerprint=model_fingerprint(str(folder), loaded.renderer.chat_template, loaded.info.dtype),
-                engine=self.kind,
+            info = self._model_info(
+                loaded.info.name, str(folder), loaded.renderer, loaded.info.max_model_len, loaded.info.dtype
             )
             self._loaded = _Loaded(engine=loaded.engine,
                                    record=LoadedModel(info, loaded.renderer, local_checkpoint(folder)))

@@ -26,7 +26,6 @@ from typing import Any
 import torch
 from rmserve.server.batching import length_sorted_batches
 from rmserve.server.config import EngineConfig, check_reward_head
-from rmserve.fingerprint import model_fingerprint
 from rmserve.server.lifecycle import EngineLifecycle
 from rmserve.server.protocol import LoadedModel, SequenceScore, check_token_ids, local_checkpoint
 from rmserve.server.render import Renderer
@@ -122,13 +121,7 @@ class HFEngine(EngineLifecycle[_Loaded]):
             raise ServerFault(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={model_limit}")
         renderer = Renderer.from_pretrained(cfg.model, max_model_len=max_model_len, chat_template_path=cfg.chat_template)
         pad_id = model.config.pad_token_id
-        info = ModelInfo(
-            name=cfg.name,
-            max_model_len=max_model_len,
-            dtype=dtype,
-            fingerprint=model_fingerprint(cfg.model, renderer.chat_template, dtype),
-            engine=self.kind,
-        )
+        info = self._model_info(cfg.name, cfg.model, renderer, max_model_len, dtype)
         return _Loaded(
             model=model, base=base, head=head, device=device,
             pad_id=int(pad_id) if pad_id is not None else 0,
@@ -211,10 +204,7 @@ class HFEngine(EngineLifecycle[_Loaded]):
         base = getattr(model, model.base_model_prefix, None)
         if model.config.num_labels != 1 or head is None or base is None:
             raise ValueError(f"checkpoint is not a one-label classifier with a 'score' head ({type(model).__name__})")
-        info = ModelInfo(
-            name=loaded.info.name, max_model_len=loaded.info.max_model_len, dtype=dtype,
-            fingerprint=model_fingerprint(path, loaded.renderer.chat_template, dtype), engine=self.kind,
-        )
+        info = self._model_info(loaded.info.name, path, loaded.renderer, loaded.info.max_model_len, dtype)
         return _Loaded(model=model, base=base, head=head, device=loaded.device, pad_id=loaded.pad_id,
                        record=LoadedModel(info, loaded.renderer, local_checkpoint(path)))
 

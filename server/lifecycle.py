@@ -10,7 +10,8 @@ every engine needs around it, so each engine writes only how to build, score and
   :class:`InvalidRequest` naming it;
 - :meth:`EngineLifecycle._begin_restart` / :meth:`EngineLifecycle._restart_failed` /
   :meth:`EngineLifecycle._restart_cancelled` / :meth:`EngineLifecycle._finish_start`: the
-  messages and counters of a (re)start.
+  messages and counters of a (re)start;
+- :meth:`EngineLifecycle._model_info`: the :class:`~rmserve.schema.ModelInfo` of a built model.
 
 No torch, no vllm.
 """
@@ -20,10 +21,15 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, ServerFault
+from rmserve.fingerprint import model_fingerprint
+from rmserve.schema import ModelInfo
 from rmserve.server.protocol import LoadedModel
+
+if TYPE_CHECKING:
+    from rmserve.server.render import Renderer
 
 
 class _HasModel(Protocol):
@@ -96,3 +102,21 @@ class EngineLifecycle(Generic[LoadedT]):
         self.start_time_s = time.perf_counter() - started
         log.info("%s %s in %.1f s: %s", self.label, what, self.start_time_s, loaded.record.info)
         return loaded.record
+
+    def _model_info(self, name: str, model: str, renderer: Renderer, max_model_len: int, dtype: str) -> ModelInfo:
+        """The :class:`ModelInfo` this engine serves for the weights at ``model``.
+
+        Args:
+            name: the served model name.
+            model: the checkpoint (folder or hub id) the weights came from; it enters the fingerprint.
+            renderer: the model's renderer; its chat template enters the fingerprint.
+            max_model_len: the resolved context limit, in tokens.
+            dtype: the resolved weight dtype (e.g. ``"bfloat16"``); it enters the fingerprint.
+        """
+        return ModelInfo(
+            name=name,
+            max_model_len=max_model_len,
+            dtype=dtype,
+            fingerprint=model_fingerprint(model, renderer.chat_template, dtype),
+            engine=self.kind,
+        )

@@ -8,6 +8,8 @@ in the request, e.g. ``groups[2].responses`` or ``groups[0].messages[1].content`
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from rmserve import __version__
@@ -42,6 +44,21 @@ def _validation_error(exc: msgspec.ValidationError) -> InvalidRequest:
     return InvalidRequest(f"invalid request body: {validation_reason(exc)}{where}", field=field)
 
 
+def _decode_body(decoder: msgspec.json.Decoder, body: bytes) -> Any:
+    """``body`` decoded by ``decoder`` into its record type.
+
+    Raises:
+        InvalidRequest: a schema violation (``field`` is the offending value's path) or
+            malformed JSON (``field`` None).
+    """
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(exc) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+
+
 def decode_score_request(body: bytes, *, max_model_len: int) -> ScoreRequest:
     """Decode and validate a ``POST /v1/score`` body.
 
@@ -61,12 +78,7 @@ def decode_score_request(body: bytes, *, max_model_len: int) -> ScoreRequest:
         InvalidRequest: malformed JSON (``field`` None) or a schema violation (``field`` is
             the path of the offending value).
     """
-    try:
-        request = _request_decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise _validation_error(exc) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    request: ScoreRequest = _decode_body(_request_decoder, body)
     validate_score_request(request, max_model_len=max_model_len)
     return request
 
@@ -178,12 +190,7 @@ def decode_load_request(body: bytes) -> LoadModelRequest:
         InvalidRequest: malformed JSON, a missing/unknown field, or an empty ``name`` /
             ``path`` (the field is named).
     """
-    try:
-        request = _load_decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise _validation_error(exc) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    request: LoadModelRequest = _decode_body(_load_decoder, body)
     for name in ("name", "path"):
         if not getattr(request, name).strip():
             raise InvalidRequest(f"{name} must be a non-empty string", field=name)

@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from rmserve import cli_common
 from rmserve.cli import app
 from rmserve.errors import DataError, EngineNotReady, FingerprintMismatch, ServerFault
 from rmserve.server.config import EngineConfig, resolve_dtype
+from testkit.processes import parent_killed, wait_exited
 
 runner = CliRunner()
 
@@ -303,24 +303,6 @@ def test_serve_log_level_option():
     assert "'loud' is not one of debug, info, warning, error" in " ".join(bad.stderr.split())
 
 
-def _gone(pid: int) -> bool:
-    """True once ``pid`` has exited (a zombie waiting for its new parent counts as exited)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
-
-
-def _wait_gone(pid: int, limit_s: float) -> bool:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if _gone(pid):
-            return True
-        time.sleep(0.05)
-    return _gone(pid)
-
-
 _WATCHED_CHILD = """
 import os, sys, time
 from rmserve.cli_server import watch_parent
@@ -340,20 +322,9 @@ time.sleep(120)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_watch_parent_stops_the_process_when_its_parent_is_sigkilled():
-    parent = subprocess.Popen([sys.executable, "-c", _PARENT, _WATCHED_CHILD], stdout=subprocess.PIPE, text=True)
-    child_pid = None
-    try:
-        child_pid = int(parent.stdout.readline())
-        assert not _gone(child_pid)
-        parent.kill()  # SIGKILL: the parent cannot stop its child itself
-        assert parent.wait(timeout=30) == -signal.SIGKILL
-        assert _wait_gone(child_pid, 30.0), f"child {child_pid} still running 30 s after its parent died"
-    finally:
-        parent.kill()
-        parent.wait()
-        parent.stdout.close()
-        if child_pid is not None and not _gone(child_pid):
-            os.kill(child_pid, signal.SIGKILL)
+    argv = [sys.executable, "-c", _PARENT, _WATCHED_CHILD]
+    with parent_killed(argv) as (child_pid, _):  # SIGKILL: the parent cannot stop its child itself
+        assert wait_exited(child_pid, 30.0), f"child {child_pid} still running 30 s after its parent died"
 
 
 def test_watch_parent_refuses_a_pid_that_is_not_running():

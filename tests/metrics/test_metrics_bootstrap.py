@@ -18,7 +18,7 @@ from rmserve.metrics.bootstrap import (
     stratum_sums,
 )
 from rmserve.metrics.inputs import read_score_files
-from rmserve.metrics.report import figure_values
+from rmserve.metrics.report import MetricsConfig, figure_values
 from rmserve.metrics.rewardbench2 import rewardbench2_scores
 from rmserve.metrics.rmbench import rmbench_accuracy
 from testkit.metrics_data import RB2_REFERENCE_AVERAGE
@@ -158,3 +158,27 @@ def test_match_groups_aligns_and_reports_differences():
 def test_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
         BootstrapConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: BootstrapConfig(resamples=0), "resamples must lie in [1, 1000000], got 0"),
+        (lambda: BootstrapConfig(resamples=1_000_001), "resamples must lie in [1, 1000000], got 1000001"),
+        (lambda: MetricsConfig(resamples=-1), "resamples must lie in [0, 1000000], got -1"),
+        (lambda: MetricsConfig(resamples=1_000_001), "resamples must lie in [0, 1000000], got 1000001"),
+        (lambda: BootstrapConfig(seed=-1), "seed must be >= 0, got -1"),
+        (lambda: MetricsConfig(seed=-1), "seed must be >= 0, got -1"),
+        (lambda: BootstrapConfig(confidence=1.0), "confidence must lie in (0, 1), got 1.0"),
+        (lambda: MetricsConfig(confidence=0.0), "confidence must lie in (0, 1), got 0.0"),
+    ],
+)
+def test_resampling_settings_out_of_range_name_field_and_limit(make, message):
+    with pytest.raises(ValueError) as info:
+        make()
+    assert str(info.value) == message
+
+
+def test_resampling_limits_are_inclusive():
+    assert (BootstrapConfig(resamples=1).resamples, BootstrapConfig(resamples=1_000_000).resamples) == (1, 1_000_000)
+    assert (MetricsConfig(resamples=0).resamples, MetricsConfig(seed=0).seed) == (0, 0)

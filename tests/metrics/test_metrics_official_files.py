@@ -19,6 +19,7 @@ from rmserve.cli import app
 from rmserve.errors import DataError
 from rmserve.metrics.inputs import RB2Scores, RMBenchScores, read_score_files, scores_from_records
 from rmserve.schema import ScoreRecord
+from testkit.metrics_data import RB2_REFERENCE_AVERAGE, RB2_REFERENCE_SUBSETS
 
 runner = CliRunner()
 
@@ -291,15 +292,8 @@ def test_published_per_item_file_with_repeated_ids_gives_the_reference_figures(r
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     # The "ours" row of shared/data/reference-results/rewardbench2/README.md (upstream code on this file).
-    assert {name: round(entry["score"], 4) for name, entry in data["subsets"].items()} == {
-        "Factuality": 0.8463,
-        "Precise IF": 0.6562,
-        "Math": 0.7760,
-        "Safety": 0.9667,
-        "Focus": 0.9838,
-        "Ties": 0.8124,
-    }
-    assert round(data["average"]["score"], 4) == 0.8402
+    assert {name: round(entry["score"], 4) for name, entry in data["subsets"].items()} == RB2_REFERENCE_SUBSETS
+    assert round(data["average"]["score"], 4) == RB2_REFERENCE_AVERAGE
     assert data["subsets"]["Factuality"]["n_groups"] == 475
     assert data["warnings"] == [warning]
 

@@ -15,6 +15,7 @@ from rmserve.pipelines.evaluate import EvalConfig
 from rmserve.pipelines.launch import RunConfig, ServeOptions, ServerProcess, free_loopback_port, log_tail, run
 
 from rmserve import errors
+from testkit.processes import parent_killed, wait_exited
 
 STUB_SCRIPT = str(Path(__file__).resolve().parents[1] / "testkit" / "wire_stub.py")
 
@@ -157,38 +158,9 @@ time.sleep(120)
 """
 
 
-def _exited(pid: int) -> bool:
-    """True once ``pid`` has exited (a zombie waiting for its new parent counts as exited)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal and /proc are Linux")
 def test_child_server_stops_when_its_launcher_is_sigkilled(tmp_path):
-    import subprocess
-    import time
-
-    parent = subprocess.Popen(
-        [sys.executable, "-c", _LAUNCHING_PARENT, STUB_SCRIPT, str(tmp_path / "server.log")],
-        stdout=subprocess.PIPE, text=True,
-    )
-    child_pid = None
-    try:
-        child_pid, port = map(int, parent.stdout.readline().split())
-        assert not _exited(child_pid)
-        parent.kill()  # SIGKILL: no cleanup runs in the launcher
-        assert parent.wait(timeout=30) == -signal.SIGKILL
-        deadline = time.monotonic() + 30.0
-        while not _exited(child_pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _exited(child_pid), f"the server {child_pid} still runs 30 s after its launcher was killed"
-        assert _refuses_connections(port)
-    finally:
-        parent.kill()
-        parent.wait()
-        parent.stdout.close()
-        if child_pid is not None and not _exited(child_pid):
-            os.kill(child_pid, signal.SIGKILL)
+    argv = [sys.executable, "-c", _LAUNCHING_PARENT, STUB_SCRIPT, str(tmp_path / "server.log")]
+    with parent_killed(argv) as (child_pid, (port,)):  # SIGKILL: no cleanup runs in the launcher
+        assert wait_exited(child_pid, 30.0), f"the server {child_pid} still runs 30 s after its launcher was killed"
+        assert _refuses_connections(int(port))

@@ -332,24 +332,28 @@ async def test_unexpected_engine_exception_is_generic_500(make_client, engine, c
     await assert_serves(client)
 
 
-async def test_engine_error_keeps_its_type(make_client, engine):
-    client = await make_client()
-    engine.fail_with = EngineError("the engine process died")
+async def _error_of_failing_engine(client, engine, exc: Exception) -> dict:
+    """The error body of a score request while the engine raises ``exc`` (asserted 500), after
+    asserting that the app serves again once the engine stops failing."""
+    engine.fail_with = exc
     status, body = await post_score(client, VALID)
     assert status == 500
-    assert error_of(body) == {"type": "engine_error", "message": "the engine process died", "field": None}
     engine.fail_with = None
     await assert_serves(client)
+    return error_of(body)
+
+
+async def test_engine_error_keeps_its_type(make_client, engine):
+    client = await make_client()
+    err = await _error_of_failing_engine(client, engine, EngineError("the engine process died"))
+    assert err == {"type": "engine_error", "message": "the engine process died", "field": None}
 
 
 async def test_server_fault_messages_lose_file_paths(make_client, engine):
     client = await make_client()
-    engine.fail_with = EngineError("vLLM failed: OSError: /srv/models/rm-8b/model.safetensors is truncated")
-    status, body = await post_score(client, VALID)
-    assert status == 500
-    assert error_of(body)["message"] == "vLLM failed: OSError: <path> is truncated"
-    engine.fail_with = None
-    await assert_serves(client)
+    exc = EngineError("vLLM failed: OSError: /srv/models/rm-8b/model.safetensors is truncated")
+    err = await _error_of_failing_engine(client, engine, exc)
+    assert err["message"] == "vLLM failed: OSError: <path> is truncated"
 
 
 class NaNEngine(FakeEngine):
