@@ -300,8 +300,13 @@ async def run_swap(app: web.Application, load: LoadModelRequest, folder: Path, k
         except BaseException:
             metrics.swaps.labels(kind=kind, outcome="error").inc()
             raise
+        before = state.info
         info = state.swapped(loaded, load.name, folder)
-        app[RESULT_CACHE_KEY].clear()
+        if before is None or info.fingerprint != before.fingerprint:
+            # Entries are keyed by fingerprint, so none is ever served for another model; they
+            # go to free memory. The same checkpoint loaded again (a sweep resuming) keeps them,
+            # so groups a killed client had in flight are answered again without engine work.
+            app[RESULT_CACHE_KEY].clear()
     finally:
         state.finish_swap()
     metrics.swaps.labels(kind=kind, outcome="ok").inc()

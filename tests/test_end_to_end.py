@@ -185,28 +185,33 @@ VALID = json.dumps({"groups": [{"id": "ok", "prompt": "Say hi.", "responses": ["
         (b'{"groups": [', 400, "invalid_request", "JSON"),
         (json.dumps({"groups": [{"id": "a", "prompt": "p"}]}).encode(), 400, "invalid_request", "responses"),
         (json.dumps({"groups": [{"id": "a", "prompt": "p", "responses": []}]}).encode(), 400, "invalid_request", "responses"),
-        (
-            json.dumps({"groups": [{"id": "long", "prompt": "p", "responses": ["ok", "word " * 6000]}]}).encode(),
-            413,
-            "sequence_too_long",
-            str(MAX_MODEL_LEN),
-        ),
         (json.dumps({"model": "no-such-model", "groups": [{"id": "a", "prompt": "p", "responses": ["r"]}]}).encode(), 404, "model_not_found", "no-such-model"),
         (b'{"groups": [], "pad": "' + b"x" * (33 << 20) + b'"}', 413, "body_too_large", "bytes"),
     ],
-    ids=["malformed-json", "missing-field", "empty-responses", "over-length", "unknown-model", "oversized-body"],
+    ids=["malformed-json", "missing-field", "empty-responses", "unknown-model", "oversized-body"],
 )
 def test_bad_input_gets_documented_error_and_server_keeps_serving(live_server, body, status, error_type, needle):
     got_status, reply = _post(f"{live_server}/v1/score", body)
     assert got_status == status, reply
     assert reply["error"]["type"] == error_type
     assert needle.lower() in reply["error"]["message"].lower()
-    if error_type == "sequence_too_long":
-        message = reply["error"]["message"]
-        assert "long" in message and "1" in message  # group id and response index are named
-        assert reply["error"]["field"] == "groups[0].responses[1]"
     ok_status, ok = _post(f"{live_server}/v1/score", VALID)
     assert ok_status == 200 and len(ok["results"][0]["rewards"]) == 2
+
+
+def test_an_over_length_response_is_answered_per_response_and_its_group_scored(live_server):
+    body = json.dumps({"groups": [{"id": "long", "prompt": "p", "responses": ["ok", "word " * 6000]}]}).encode()
+    status, reply = _post(f"{live_server}/v1/score", body)
+    assert status == 200, reply
+    (result,) = reply["results"]
+    assert isinstance(result["rewards"][0], float) and result["rewards"][1] is None
+    assert result["errors"][0] is None
+    n = result["num_tokens"][1]
+    assert n > MAX_MODEL_LEN
+    assert result["errors"][1] == {
+        "type": "sequence_too_long",
+        "message": f"{n:,} tokens (chat template included), over max_model_len={MAX_MODEL_LEN:,}",
+    }
 
 
 def test_empty_response_string_is_scored(live_server):

@@ -216,6 +216,7 @@ def test_client_killed_mid_sweep_resumes_without_scoring_a_group_twice(sweep_env
             time.sleep(0.2)
         os.killpg(client.pid, signal.SIGKILL)
         client.wait()
+        client.stderr.close()
         killed_at = _stored_rows(store)
         assert N_GROUPS < killed_at < 3 * N_GROUPS
         _run_sweep([server.url], sweep_env, tmp_path / "out", store, "--max-in-flight", "4")

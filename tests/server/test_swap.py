@@ -287,3 +287,9 @@ async def test_successful_swap_clears_the_result_cache_and_a_refused_one_keeps_i
     assert len(cache) == 0
     assert await rewards(client, "step-1") == pytest.approx((14.55, 14.41))
     assert len(engine.calls) == 2  # the same tokens were scored again, on the new weights
+    # The same checkpoint loaded again (a sweep resuming) keeps its answers: no engine work.
+    status, body = await load(client, "step-1", second)
+    assert status == 200, body
+    assert len(cache) == 1
+    assert await rewards(client, "step-1") == pytest.approx((14.55, 14.41))
+    assert len(engine.calls) == 2
