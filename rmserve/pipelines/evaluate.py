@@ -258,7 +258,6 @@ async def _score_pending(
                         f"group {str(record.key)!r} could not be scored ({first.type}: {first.message}); "
                         f"--strict stops here (recorded in {log.path}; without --strict the run goes on "
                         "and counts it as the official code does)",
-                        field="groups",
                     )
                 tokens += sum(record.num_tokens)
                 elapsed_s = max(time.monotonic() - started, 1e-9)

@@ -86,8 +86,12 @@ class TruncationSummary:
     identical_after_cut: tuple[str, ...]
 
     def sentence(self) -> str:
-        """E.g. ``"truncation: 12 of 798 groups cut, 3,456 tokens in all"``, plus the identical groups."""
-        text = f"truncation: {self.n_groups_cut} of {self.n_groups} groups cut, {self.n_tokens_cut:,} tokens in all"
+        """E.g. ``"truncation: 12 of the 798 groups scored under it were cut, 3,456 tokens in all; no chosen and
+        rejected response came out identical"``, or the identical groups named."""
+        text = (
+            f"truncation: {self.n_groups_cut} of the {self.n_groups} groups scored under it were cut, "
+            f"{self.n_tokens_cut:,} tokens in all"
+        )
         if self.identical_after_cut:
             shown = ", ".join(self.identical_after_cut[:5])
             more = f" and {len(self.identical_after_cut) - 5} more" if len(self.identical_after_cut) > 5 else ""
@@ -95,6 +99,8 @@ class TruncationSummary:
                 f"; {len(self.identical_after_cut)} groups have a chosen and a rejected response cut away entirely "
                 f"(identical after the cut: {shown}{more})"
             )
+        else:
+            text += "; no chosen and rejected response came out identical"
         return text
 
 

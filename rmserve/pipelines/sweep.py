@@ -534,7 +534,6 @@ class _Sweep:
                             fatal = fatal or errors.GroupNotScored(
                                 f"{checkpoint.name}: group {str(record.key)!r} could not be scored "
                                 f"({first.type}: {first.message}); --strict stops here (stored in {self.db.path})",
-                                field="groups",
                             )
                         continue
                     queue.appendleft(group)

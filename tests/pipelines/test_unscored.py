@@ -146,6 +146,27 @@ async def test_a_rerun_resends_failed_groups_only_when_the_options_changed(serve
     assert records["1"].truncation == cut
     assert records["2"].errors[5].type == "non_finite_reward"  # the model still gives NaN for it
     assert third.truncation.n_groups_cut == 1 and third.truncation.n_tokens_cut == 207
+    assert (
+        "truncation: 1 of the 2 groups scored under it were cut, 207 tokens in all; no chosen and rejected "
+        "response came out identical"
+    ) in third.notes
+
+
+def test_a_chosen_and_a_rejected_response_identical_after_the_cut_are_named():
+    from rmserve.pipelines.outcome import truncation_summary
+    from rmserve.schema import ScoreRecord
+
+    cut = Truncation(side="right", max_tokens=8)
+    same = ScoreRecord(benchmark="rm-bench", domain="chat", id="7", num_chosen=1, rewards=(0.5, 0.5),
+                       num_tokens=(8, 8), truncated_tokens=(30, 12), truncation=cut)
+    apart = ScoreRecord(benchmark="rm-bench", domain="chat", id="8", num_chosen=1, rewards=(0.5, 0.25),
+                        num_tokens=(8, 8), truncated_tokens=(3, 4), truncation=cut)
+    summary = truncation_summary([same, apart])
+    assert summary.identical_after_cut == ("rm-bench/chat/7",)
+    assert summary.sentence() == (
+        "truncation: 2 of the 2 groups scored under it were cut, 49 tokens in all; 1 groups have a chosen and a "
+        "rejected response cut away entirely (identical after the cut: rm-bench/chat/7)"
+    )
 
 
 def test_cli_eval_finishes_with_exit_3_and_names_the_unscored_groups(data, tmp_path):
