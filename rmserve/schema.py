@@ -304,9 +304,14 @@ class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
         return GroupKey(self.benchmark, self.domain, self.id)
 
     @property
+    def first_error(self) -> ResponseError | None:
+        """Why the first unscored response has no reward; None when every response was scored."""
+        return next((e for e in self.errors or () if e is not None), None)
+
+    @property
     def scored(self) -> bool:
         """Whether every response has a reward (no ``errors``)."""
-        return not self.errors or all(e is None for e in self.errors)
+        return self.first_error is None
 
     def rewards_as_float(self) -> list[float]:
         """Rewards with ``None`` mapped to NaN."""

@@ -41,7 +41,7 @@ from rmserve.client.score_log import Resumed, ScoreLog
 from rmserve.client.score_store import ScoreStore
 
 from rmserve import errors
-from rmserve.pipelines.outcome import TruncationSummary, Unscored, truncation_summary, unscored
+from rmserve.pipelines.outcome import TruncationSummary, Unscored, strict_stop, truncation_summary, unscored
 from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreRecord, Truncation
 
 if TYPE_CHECKING:  # the metrics stage (numpy) is imported when a run reports, not before
@@ -253,11 +253,10 @@ async def _score_pending(
             async for record in stream:
                 log.append(record, server_version=server_version)
                 if config.strict and not record.scored:
-                    first = next(e for e in record.errors or () if e is not None)
-                    raise errors.GroupNotScored(
-                        f"group {str(record.key)!r} could not be scored ({first.type}: {first.message}); "
-                        f"--strict stops here (recorded in {log.path}; without --strict the run goes on "
-                        "and counts it as the official code does)",
+                    raise strict_stop(
+                        record,
+                        kept=f"recorded in {log.path}; without --strict the run goes on and counts it as the "
+                        "official code does",
                     )
                 tokens += sum(record.num_tokens)
                 elapsed_s = max(time.monotonic() - started, 1e-9)

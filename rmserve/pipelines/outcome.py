@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rmserve.errors import GroupNotScored
 from rmserve.schema import ScoreRecord
 
 REASONS: dict[str, str] = {
@@ -62,9 +63,24 @@ def unscored(records: Sequence[ScoreRecord]) -> Unscored:
         if record.scored:
             continue
         keys.append(str(record.key))
-        first = next(e for e in record.errors or () if e is not None)
-        reasons[first.type] += 1
+        reasons[record.first_error.type] += 1
     return Unscored(n_groups=len(records), keys=tuple(keys), by_reason=dict(reasons.most_common()))
+
+
+def strict_stop(record: ScoreRecord, *, kept: str, prefix: str = "") -> GroupNotScored:
+    """The error ``--strict`` stops a run with at ``record``, a group that could not be scored.
+
+    Args:
+        record: the unscored group (``record.first_error`` is not None).
+        kept: where the record was written, named in the message.
+        prefix: put before the message (the sweep names the checkpoint).
+    """
+    first = record.first_error
+    assert first is not None
+    return GroupNotScored(
+        f"{prefix}group {str(record.key)!r} could not be scored ({first.type}: {first.message}); "
+        f"--strict stops here ({kept})"
+    )
 
 
 @dataclass(frozen=True)

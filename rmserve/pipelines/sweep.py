@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts, record_from_result
-from rmserve.pipelines.outcome import unscored
+from rmserve.pipelines.outcome import strict_stop, unscored
 from rmserve.client.score_store import ScoreStore, checkpoint_signature
 
 from rmserve import errors
@@ -530,10 +530,8 @@ class _Sweep:
                         per_server[server.url] += 1
                         bar.update(1)
                         if self.config.strict and not record.scored:
-                            first = next(e for e in record.errors or () if e is not None)
-                            fatal = fatal or errors.GroupNotScored(
-                                f"{checkpoint.name}: group {str(record.key)!r} could not be scored "
-                                f"({first.type}: {first.message}); --strict stops here (stored in {self.db.path})",
+                            fatal = fatal or strict_stop(
+                                record, kept=f"stored in {self.db.path}", prefix=f"{checkpoint.name}: "
                             )
                         continue
                     queue.appendleft(group)
