@@ -186,7 +186,10 @@ class ModelInfo(msgspec.Struct, frozen=True):
     ``fingerprint`` hashes config, weight index, tokenizer and chat template, so a stored
     score can be tied to exactly one model. ``swap_count`` counts the checkpoint swaps
     (``POST /v1/models/load``) since start; ``last_swap_time`` is the Unix time (seconds) the
-    last one finished, None before any. Both default so older replies decode unchanged.
+    last one finished, None before any. ``kind`` is ``classifier`` or ``dpo``; for DPO ``mode``
+    is ``reference`` or the reference-free mode (``avg``/``sum``/``norm``) and ``ref_model``
+    the reference's name; ``compat`` is ``official`` when the official script's defects are
+    reproduced (the fingerprint covers all four). All default so older replies decode unchanged.
     """
 
     name: str
@@ -196,6 +199,10 @@ class ModelInfo(msgspec.Struct, frozen=True):
     engine: str
     swap_count: int = 0
     last_swap_time: float | None = None
+    kind: str = "classifier"
+    mode: str | None = None
+    ref_model: str | None = None
+    compat: str = "none"
 
 
 class LoadModelRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

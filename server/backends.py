@@ -19,6 +19,14 @@ ENGINES: dict[str, str] = {
 }
 """Engine name → ``"module:attr"`` of a class taking an :class:`EngineConfig`."""
 
+LOGPROB_ENGINES: dict[str, str] = {
+    "vllm": "rmserve.server.engine:VLLMLogprobEngine",
+    "hf": "rmserve.server.engine_hf:HFLogprobEngine",
+}
+"""Engine name → ``"module:attr"`` of a :class:`~rmserve.server.protocol.LogprobEngine` class
+taking ``(config, model)``; a DPO engine (:mod:`rmserve.server.dpo`) builds its policy and
+reference from it."""
+
 
 def engine_class(name: str) -> type:
     """Import and return the engine class registered as ``name``.

@@ -20,6 +20,17 @@ DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 
 EngineKind = Literal["vllm", "hf"]
 
+ModelKind = Literal["classifier", "dpo"]
+"""What kind of reward model is served: a sequence classifier, or a DPO policy scored by its
+implicit reward (log-probabilities of the answer under the policy, minus a reference's)."""
+
+RefFreeMode = Literal["avg", "sum", "norm"]
+"""Reference-free DPO rewards over the answer tokens' log-probs: mean, sum, or minus the L2 norm
+(allenai/reward-bench ``rewardbench/dpo.py``, ``get_batch_logps``)."""
+
+CompatMode = Literal["none", "official"]
+"""``official`` reproduces the official script's defects for comparison; ``none`` computes correctly."""
+
 
 def resolve_dtype(dtype: str, cuda_available: bool | None = None) -> str:
     """The dtype a server computes in: ``dtype`` itself, or for ``auto`` bfloat16 when CUDA is
@@ -51,7 +62,19 @@ class EngineConfig:
     """
 
     model: str
-    """Local checkpoint folder or hub id of a ``*ForSequenceClassification`` model with one label."""
+    """Local checkpoint folder or hub id: a ``*ForSequenceClassification`` model with one label (kind ``classifier``) or a causal LM policy (kind ``dpo``)."""
+
+    kind: ModelKind = "classifier"
+    """What the model is: ``classifier`` (a one-label reward head) or ``dpo`` (a policy scored by its implicit reward; needs ``ref_model`` or ``ref_free``)."""
+
+    ref_model: str | None = None
+    """DPO only: folder or hub id of the reference model (same tokenizer as the policy). Reward = sum of the answer's log-probs under the policy minus under the reference."""
+
+    ref_free: RefFreeMode | None = None
+    """DPO only, without a reference model: reward = ``avg`` (mean answer-token log-prob, the official default), ``sum``, or ``norm`` (minus the L2 norm of the per-token log-probs)."""
+
+    compat: CompatMode = "none"
+    """``official`` reproduces the official DPO script: a BOS prepended even when the template writes one, and its truncation (2048 tokens, keeping the prompt's last 128). ``none`` (default): one BOS, no silent truncation."""
 
     engine: EngineKind = "vllm"
     """Backend name: ``vllm`` (embedded AsyncLLM, prefix cache) or ``hf`` (transformers)."""
@@ -141,6 +164,34 @@ class EngineConfig:
             )
         if self.served_model_name is not None and not self.served_model_name:
             raise ValueError("served_model_name: must be non-empty when given")
+        self._check_kind()
+
+    def _check_kind(self) -> None:
+        if self.kind not in ("classifier", "dpo"):
+            raise ValueError(f"kind: {self.kind!r} is not one of classifier, dpo")
+        if self.ref_free is not None and self.ref_free not in ("avg", "sum", "norm"):
+            raise ValueError(f"ref_free: {self.ref_free!r} is not one of avg, sum, norm")
+        if self.compat not in ("none", "official"):
+            raise ValueError(f"compat: {self.compat!r} is not one of none, official")
+        if self.kind == "classifier":
+            for name in ("ref_model", "ref_free"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: only for kind dpo; add --kind dpo or drop --{name.replace('_', '-')}")
+            return
+        if (self.ref_model is None) == (self.ref_free is None):
+            raise ValueError(
+                "ref_model / ref_free: kind dpo needs exactly one: --ref-model REF (reward = policy minus "
+                "reference log-probs) or --ref-free avg|sum|norm"
+            )
+        if self.ref_model is not None and not self.ref_model:
+            raise ValueError("ref_model: must be a non-empty path or hub id")
+
+    @property
+    def dpo_mode(self) -> str | None:
+        """DPO reward mode: ``reference`` or the reference-free mode; None for a classifier."""
+        if self.kind != "dpo":
+            return None
+        return "reference" if self.ref_model is not None else self.ref_free
 
     @property
     def name(self) -> str:

@@ -114,7 +114,9 @@ class RewardEngine(Protocol):
         """Name, max length, dtype, fingerprint and engine kind of the loaded model (the same
         as the last returned :class:`LoadedModel`'s ``info``)."""
 
-    async def score_group(self, token_ids: Sequence[Sequence[int]], request_id: str) -> list[SequenceScore]:
+    async def score_group(
+        self, token_ids: Sequence[Sequence[int]], request_id: str, *, answer_starts: Sequence[int] | None = None
+    ) -> list[SequenceScore]:
         """Score all sequences of one group together (so they share prefix-cache blocks).
 
         Args:
@@ -122,6 +124,10 @@ class RewardEngine(Protocol):
                 max length, template and special tokens included.
             request_id: unique prefix for the engine's request ids (used to abort on
                 client disconnect).
+            answer_starts: per sequence, the index of its first answer token, when the
+                renderer set :attr:`~rmserve.server.render.RenderedGroup.answer_start`
+                (DPO engines need it; the app passes it only then, so classifier engines
+                may leave the parameter out).
 
         Returns:
             One :class:`SequenceScore` per sequence, in order.
@@ -195,3 +201,68 @@ def check_token_ids(token_ids: Sequence[Sequence[int]], max_model_len: int) -> N
                 f"token_ids[{j}] is {len(ids)} tokens, over max_model_len={max_model_len}",
                 field=f"token_ids[{j}]", value=len(ids), limit=max_model_len,
             )
+
+
+# --- log-probability engines (the parts a DPO reward is built from) ----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerLogprobs:
+    """The log-probabilities of one sequence's answer tokens under one causal LM.
+
+    Attributes:
+        logprobs: ``log p(token_i | token_0 … token_{i-1})`` in nats for every answer token
+            ``i = answer_start … len(token_ids) - 1``, in order (length = answer tokens).
+        num_cached_tokens: tokens of this sequence served from the prefix cache.
+    """
+
+    logprobs: tuple[float, ...]
+    num_cached_tokens: int = 0
+
+
+@runtime_checkable
+class LogprobEngine(Protocol):
+    """One causal LM that answers per-token log-probabilities of given sequences.
+
+    A DPO reward engine (:mod:`rmserve.server.dpo`) holds one for the policy and, with a
+    reference, one for the reference model, and computes the rewards from their answers.
+    Implementations: ``VLLMLogprobEngine`` in :mod:`rmserve.server.engine` (generate
+    runner, prompt log-probs, prefix cache) and ``HFLogprobEngine`` in
+    :mod:`rmserve.server.engine_hf` (transformers, padded batches as the official script).
+    Both are built as ``Cls(config, model)``: the engine settings, and the folder or hub id
+    to load (``config.model`` for the policy, ``config.ref_model`` for the reference).
+    Optional capabilities as for reward engines (:class:`SupportsPrefixCacheStats`,
+    :class:`SupportsWeightReload`).
+    """
+
+    async def start(self) -> LoadedModel:
+        """Load the model; ``renderer`` of the result may be None (the DPO engine builds its own).
+
+        Raises:
+            rmserve.errors.ServerFault: the model cannot be loaded (or has no LM head).
+        """
+
+    def info(self) -> ModelInfo:
+        """What is loaded (valid after ``start``)."""
+
+    async def answer_logprobs(
+        self, token_ids: Sequence[Sequence[int]], answer_starts: Sequence[int], request_id: str
+    ) -> list[AnswerLogprobs]:
+        """Log-probabilities of the answer tokens of every sequence of one group.
+
+        Args:
+            token_ids: one token-id list per sequence (BOS and template included).
+            answer_starts: per sequence, the index of its first answer token (≥ 1 and
+                ≤ ``len(token_ids[j])``; equal to the length means no answer token, and an
+                empty ``logprobs``).
+            request_id: unique prefix for the engine's request ids.
+
+        Returns:
+            One :class:`AnswerLogprobs` per sequence, in order.
+
+        Raises:
+            rmserve.errors.EngineNotReady / rmserve.errors.EngineError: as ``score_group``.
+        """
+
+    async def shutdown(self) -> None:
+        """Release the engine; idempotent."""

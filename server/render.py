@@ -67,6 +67,9 @@ class RenderedGroup:
             :class:`~rmserve.schema.ResponseError`; None where it may), when the group was
             rendered with ``too_long="mark"`` and a sequence is over ``max_model_len``; else None.
             Such a sequence keeps its full token ids (its length is reported).
+        answer_start: per response, the index in ``token_ids[j]`` of the first answer token
+            (the tokens whose log-probabilities a DPO reward sums); None for kinds that score
+            the whole sequence (classifiers).
     """
 
     id: str
@@ -74,6 +77,7 @@ class RenderedGroup:
     prompt_tokens: int
     truncated_tokens: tuple[int, ...] | None = None
     errors: tuple[ResponseError | None, ...] | None = None
+    answer_start: tuple[int, ...] | None = None
 
     @property
     def scorable(self) -> tuple[int, ...]:

@@ -138,7 +138,8 @@ async def score_groups(
     """Score all groups concurrently; the first engine failure cancels the other groups.
 
     Only a group's :attr:`~RenderedGroup.scorable` sequences go to the engine (a group with
-    none makes no engine call). Groups found in ``cache`` (same fingerprint, same token ids
+    none makes no engine call), with their ``answer_starts`` when the renderer set
+    :attr:`~RenderedGroup.answer_start` (DPO). Groups found in ``cache`` (same fingerprint, same token ids
     sent) are answered from it.
 
     Returns:
@@ -146,12 +147,19 @@ async def score_groups(
         — a group with nothing to send counts as cached: no engine work).
     """
     sent = [[group.token_ids[j] for j in group.scorable] for group in rendered]
-    keys = [group_key(fingerprint, ids) for ids in sent]
+    starts = [
+        None if group.answer_start is None else [group.answer_start[j] for j in group.scorable] for group in rendered
+    ]
+    keys = [group_key(fingerprint, ids) if st is None else group_key(fingerprint, [*ids, st]) for ids, st in zip(sent, starts)]
     cached: list[list[SequenceScore] | None] = [[] if not ids else cache.get(key) for ids, key in zip(sent, keys)]
     try:
         async with asyncio.TaskGroup() as tg:
             tasks = {
-                gi: tg.create_task(engine.score_group(ids, f"{request_id}-{gi}"))
+                gi: tg.create_task(
+                    engine.score_group(ids, f"{request_id}-{gi}")
+                    if starts[gi] is None
+                    else engine.score_group(ids, f"{request_id}-{gi}", answer_starts=starts[gi])
+                )
                 for gi, ids in enumerate(sent)
                 if cached[gi] is None
             }

@@ -91,8 +91,12 @@ def test_serve_options_argv_round_trips_through_the_serve_parser(captured, tmp_p
         "max_num_batched_tokens": 256,
         "max_num_seqs": 7,
         "cpu_threads_bind": "0-1",
+        "kind": "dpo",
+        "ref_model": "org/ref",
+        "compat": "official",
     }
-    assert sorted(values) == sorted(ENGINE_FIELDS), "give the new EngineConfig field a non-default value here"
+    # ref_free excludes ref_model: it is carried in the second round trip below.
+    assert sorted([*values, "ref_free"]) == sorted(ENGINE_FIELDS), "give the new EngineConfig field a non-default value here"
     defaults = EngineConfig(model="m")
     assert all(getattr(defaults, name) != value for name, value in values.items())  # each one is really carried
     options = ServeOptions(model="org/rm", engine_options=values)
@@ -103,6 +107,13 @@ def test_serve_options_argv_round_trips_through_the_serve_parser(captured, tmp_p
     calls, watched = captured
     assert calls == [(EngineConfig(model="org/rm", **values), ServerConfig(host="127.0.0.1", port=5123, served_model_name="rm"))]
     assert watched == [os.getpid()]
+    calls.clear()
+    ref_free = {**values, "ref_model": None, "ref_free": "norm"}
+    ref_free.pop("ref_model")
+    argv = ServeOptions(model="org/rm", engine_options=ref_free).argv("127.0.0.1", 5123)
+    result = runner.invoke(app, argv[3:])
+    assert result.exit_code == 0, result.output
+    assert calls[0][0] == EngineConfig(model="org/rm", **ref_free)
 
 
 def test_engine_options_not_given_keep_the_engine_config_defaults(captured):
