@@ -204,8 +204,15 @@ def demo_model_command(
     vocab: Annotated[int, typer.Option("--vocab", help="Tokenizer vocabulary target (300…65536).")] = 2000,
     seed: Annotated[int, typer.Option("--seed", help="Weight seed; same seed and corpus give identical files.")] = 0,
     max_len: Annotated[int, typer.Option("--max-len", help="Max positions / tokenizer model_max_length (≥ 16).")] = 4096,
+    kind: Annotated[
+        str,
+        typer.Option(
+            "--kind",
+            help="reward: a one-label classifier; causal: a causal LM (a DPO policy or reference; two seeds make a pair).",
+        ),
+    ] = "reward",
 ) -> None:
-    """Build a tiny RANDOM-WEIGHT reward model (LlamaForSequenceClassification, 1 label) for tests and benchmarks.
+    """Build a tiny RANDOM-WEIGHT reward model (LlamaForSequenceClassification, 1 label) or causal LM for tests and benchmarks.
 
     Its rewards are reproducible but meaningless. No download: the tokenizer is trained on --corpus.
     """  # noqa: E501 - typer keeps docstring line breaks in --help
@@ -215,7 +222,7 @@ def demo_model_command(
     config = bad_parameter(
         lambda: DemoModelConfig(
             layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-            intermediate=intermediate, vocab=vocab, seed=seed, max_len=max_len,
+            intermediate=intermediate, vocab=vocab, seed=seed, max_len=max_len, kind=kind,
         )
     )
     banner = "!" * 78

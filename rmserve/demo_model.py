@@ -1,7 +1,9 @@
 """A tiny random-weight reward model for tests and benchmarks (no download).
 
 :func:`build_demo_model` writes a ``LlamaForSequenceClassification`` checkpoint
-(``num_labels=1``, fp32 safetensors) with a byte-level BPE tokenizer trained on a local
+(``num_labels=1``, fp32 safetensors; ``kind="reward"``) or a ``LlamaForCausalLM`` of the same
+shape (``kind="causal"``: a policy or reference for DPO scoring; two seeds make a pair)
+with a byte-level BPE tokenizer trained on a local
 corpus and a chat template that starts with BOS and closes every turn with EOS. The weights
 are random: the rewards it produces are reproducible numbers with no meaning, which is all
 a parity or throughput test needs.
@@ -69,6 +71,8 @@ class DemoModelConfig:
         vocab: tokenizer vocabulary target incl. 256 byte symbols and 6 special tokens (300…65536).
         seed: torch seed for the weights; same seed + same corpus → identical files.
         max_len: ``max_position_embeddings`` and the tokenizer's ``model_max_length`` (≥ 16).
+        kind: ``reward`` (a one-label sequence classifier) or ``causal`` (a causal LM with an
+            LM head, same tokenizer and template: a DPO policy or reference).
 
     Raises:
         ValueError: naming the field and the limit.
@@ -82,6 +86,7 @@ class DemoModelConfig:
     vocab: int = 2000
     seed: int = 0
     max_len: int = 4096
+    kind: str = "reward"
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -100,6 +105,7 @@ class DemoModelConfig:
         need(300 <= self.vocab <= 65536, f"vocab: {self.vocab} must be between 300 and 65536")
         need(self.seed >= 0, f"seed: {self.seed} must be ≥ 0")
         need(self.max_len >= 16, f"max_len: {self.max_len} must be ≥ 16")
+        need(self.kind in ("reward", "causal"), f"kind: {self.kind!r} must be reward or causal")
 
     @property
     def head_dim(self) -> int:
@@ -204,7 +210,8 @@ def train_tokenizer(corpus: Path, vocab: int):
 
 
 def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoModelConfig()) -> DemoModelReport:
-    """Write a random-weight ``LlamaForSequenceClassification`` reward model to ``out``.
+    """Write a random-weight ``LlamaForSequenceClassification`` reward model (``config.kind``
+    ``reward``) or ``LlamaForCausalLM`` (``causal``) to ``out``.
 
     Files: ``config.json``, ``model.safetensors`` (fp32), ``tokenizer.json``,
     ``tokenizer_config.json`` (with the chat template under ``chat_template``),
@@ -216,7 +223,7 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
         DataError: from :func:`corpus_texts`.
     """
     import torch
-    from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
     log.warning(RANDOM_WEIGHTS_WARNING)
     out = Path(out)
@@ -250,18 +257,20 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
         pad_token_id=ids[PAD_TOKEN],
         num_labels=1,
         tie_word_embeddings=False,
-        architectures=["LlamaForSequenceClassification"],
+        architectures=["LlamaForSequenceClassification" if config.kind == "reward" else "LlamaForCausalLM"],
     )
     model_config.dtype = "float32"
 
     torch.manual_seed(config.seed)
     with torch.device("cpu"):
-        model = LlamaForSequenceClassification(model_config).to(torch.float32).eval()
+        model_class = LlamaForSequenceClassification if config.kind == "reward" else LlamaForCausalLM
+        model = model_class(model_config).to(torch.float32).eval()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     _inline_chat_template(out)
+    title = "reward model" if config.kind == "reward" else "causal LM (a DPO policy or reference)"
     (out / "README.md").write_text(
-        f"# rmserve demo reward model\n\n{RANDOM_WEIGHTS_WARNING}\n\n"
+        f"# rmserve demo {title}\n\n{RANDOM_WEIGHTS_WARNING}\n\n"
         f"Shape: {config.layers} layers, hidden {config.hidden}, {config.heads} heads "
         f"({config.kv_heads} KV heads, head dim {config.head_dim}), intermediate {config.intermediate}, "
         f"vocab {raw.get_vocab_size()}, max length {config.max_len}, seed {config.seed}.\n",

@@ -40,7 +40,7 @@ VLLM_TEST_KV_CACHE_BYTES = 1 << 30
 """KV-cache size of the test engine (1 GiB; the CPU default is 4 GiB)."""
 
 
-MODEL_FIXTURES = frozenset({"demo_model_dir"})
+MODEL_FIXTURES = frozenset({"demo_model_dir", "demo_policy_dir", "demo_reference_dir"})
 """Fixtures that need the engine extras (building the demo model takes torch, transformers and
 tokenizers): a test using one, directly or through another fixture, is marked ``model``."""
 
@@ -71,6 +71,26 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory, rmbench_dir: Path) 
 
     out = tmp_path_factory.mktemp("demo-model") / "model"
     build_demo_model(out, rmbench_dir, DemoModelConfig(seed=0, max_len=DEMO_MAX_MODEL_LEN))
+    return out
+
+
+@pytest.fixture(scope="session")
+def demo_policy_dir(tmp_path_factory: pytest.TempPathFactory, rmbench_dir: Path) -> Path:
+    """A demo causal LM (seed 1): the DPO policy of the tests; same tokenizer as the demo RM."""
+    from rmserve.demo_model import DemoModelConfig, build_demo_model
+
+    out = tmp_path_factory.mktemp("demo-policy") / "policy"
+    build_demo_model(out, rmbench_dir, DemoModelConfig(seed=1, max_len=DEMO_MAX_MODEL_LEN, kind="causal"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def demo_reference_dir(tmp_path_factory: pytest.TempPathFactory, rmbench_dir: Path) -> Path:
+    """A demo causal LM (seed 2): the DPO reference of the tests."""
+    from rmserve.demo_model import DemoModelConfig, build_demo_model
+
+    out = tmp_path_factory.mktemp("demo-reference") / "reference"
+    build_demo_model(out, rmbench_dir, DemoModelConfig(seed=2, max_len=DEMO_MAX_MODEL_LEN, kind="causal"))
     return out
 
 

@@ -117,3 +117,26 @@ def test_refuses_a_non_empty_output_folder(tmp_path, chat_corpus):
     with pytest.raises(ValueError, match="not an empty folder"):
         build_demo_model(tmp_path / "used", chat_corpus)
     assert (tmp_path / "used" / "keep.txt").read_text() == "x"
+
+
+@pytest.mark.model
+def test_causal_demo_model_is_a_causal_lm_with_the_demo_tokenizer(demo_policy_dir, demo_model_dir):
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = json.loads((demo_policy_dir / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    model = AutoModelForCausalLM.from_pretrained(demo_policy_dir)
+    assert model.lm_head.weight.shape[0] == config["vocab_size"]
+    policy_tok = AutoTokenizer.from_pretrained(demo_policy_dir)
+    rm_tok = AutoTokenizer.from_pretrained(demo_model_dir)
+    assert policy_tok.get_vocab() == rm_tok.get_vocab()
+    assert policy_tok.chat_template == rm_tok.chat_template
+
+
+def test_demo_model_kind_is_checked():
+    from rmserve.demo_model import DemoModelConfig
+
+    with pytest.raises(ValueError, match="kind: 'policy' must be reward or causal"):
+        DemoModelConfig(kind="policy")
