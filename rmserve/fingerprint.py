@@ -113,3 +113,29 @@ def _sampled_digest(path: Path) -> str:
                 f.seek(k * step)
                 h.update(f.read(_WINDOW_BYTES))
     return h.hexdigest()
+
+
+def dpo_fingerprint(policy: str, reference: str | None, mode: str, compat: str = "none") -> str:
+    """Fingerprint of a DPO implicit reward: the policy's and reference's fingerprints (each
+    from :func:`model_fingerprint`), the reward mode and the compatibility mode, hashed together.
+
+    Args:
+        policy: the policy's fingerprint.
+        reference: the reference's fingerprint; None for a reference-free mode.
+        mode: ``reference``, ``avg``, ``sum`` or ``norm``.
+        compat: ``none`` or ``official``.
+
+    Returns:
+        :data:`FINGERPRINT_HEX_CHARS` hex characters; differs from every single-model
+        fingerprint, so a DPO score never shares a key with a classifier's.
+
+    Raises:
+        ValueError: ``reference`` given with a reference-free mode, or missing with ``reference``.
+    """
+    if (mode == "reference") != (reference is not None):
+        raise ValueError(f"reference: mode {mode!r} {'needs' if mode == 'reference' else 'takes no'} reference fingerprint")
+    digest = hashlib.sha256()
+    for label, value in (("kind", "dpo"), ("policy", policy), ("reference", reference or ""), ("mode", mode), ("compat", compat)):
+        data = value.encode()
+        digest.update(label.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
