@@ -3,7 +3,8 @@
 Three floors:
 
 * **ground**: ``rmserve`` itself (``rmserve/__init__.py``), ``rmserve.schema``,
-  ``rmserve.errors``, ``rmserve.datasets``, ``rmserve.fingerprint``. Imports only the ground.
+  ``rmserve.errors``, ``rmserve.datasets``, ``rmserve.fingerprint``, ``rmserve.judge_records``.
+  Imports only the ground.
 * **stages**: ``rmserve.server``, ``rmserve.client``, ``rmserve.metrics``. Each imports the
   ground and itself, never another stage, and never the top floor.
 * **top**: ``rmserve.pipelines``, the CLI (``rmserve.cli*``) and ``rmserve.demo_model``. May
@@ -38,7 +39,9 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-GROUND = frozenset({"rmserve", "rmserve.schema", "rmserve.errors", "rmserve.datasets", "rmserve.fingerprint"})
+GROUND = frozenset(
+    {"rmserve", "rmserve.schema", "rmserve.errors", "rmserve.datasets", "rmserve.fingerprint", "rmserve.judge_records"}
+)
 """Modules of the ground floor."""
 
 STAGES = ("rmserve.server", "rmserve.client", "rmserve.metrics")
