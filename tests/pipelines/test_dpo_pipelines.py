@@ -198,3 +198,31 @@ async def test_sweep_of_a_dpo_server_keeps_one_memo_per_mode(tmp_path):
     exported = read_scores(tmp_path / "out" / "checkpoints" / "step-1" / "rm-bench.scores.jsonl").records
     assert {r.mode for r in exported} == {"norm"}
 
+
+
+def test_cli_run_kind_dpo_builds_the_run_it_says(small_rmbench, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import rmserve.pipelines.launch as launch
+    from rmserve.cli import app
+
+    seen = []
+
+    def fake_run(config):
+        seen.append(config)
+        raise errors.EngineNotReady("stop here (test)")
+
+    monkeypatch.setattr(launch, "run", fake_run)
+    policy = fake_checkpoint(tmp_path / "policy", b"\x01" * 512)
+    ref = fake_checkpoint(tmp_path / "ref", b"\x02" * 512)
+    args = ["run", str(policy), "--bench", "rm-bench", "--data", str(small_rmbench), "--out", str(tmp_path / "o"),
+            "--store", str(tmp_path / "s.sqlite"), "--dtype", "float32", "--quiet"]
+    CliRunner().invoke(app, [*args, "--kind", "dpo", "--ref-model", str(ref), "--compat", "official"])
+    (config,) = seen
+    assert dict(config.serve.engine_options) == {"kind": "dpo", "ref_model": str(ref), "compat": "official",
+                                                 "dtype": "float32"}
+    assert store_signature(config) == dpo_fingerprint(
+        checkpoint_signature(policy, "float32"), checkpoint_signature(ref, "float32"), "reference", "official")
+    refused = CliRunner().invoke(app, [*args, "--kind", "dpo"])
+    assert refused.exit_code == 2 and len(seen) == 1
+    assert "kind dpo needs exactly one" in " ".join(refused.output.replace("│", " ").split())
