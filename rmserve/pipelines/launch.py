@@ -355,6 +355,8 @@ def store_signature(config: RunConfig) -> str | None:
     options = serve.engine_options
     if config.evaluation.store is None or options.get("chat_template") is not None or "--chat-template" in serve.extra_args:
         return None
+    if not Path(serve.model).is_dir():  # a hub id: nothing to hash (and no need to ask torch for the dtype)
+        return None
     try:
         dtype = resolve_dtype(str(options.get("dtype") or "auto"))  # the server's rule
     except ImportError:
