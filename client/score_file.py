@@ -12,8 +12,9 @@ A score file holds one model: every record carries the server's ``model`` and
 ``fingerprint``, and all must agree. Records also say what kind of score they hold (``kind``,
 and for DPO ``mode``, ``ref_model``, ``compat``) and keep the engine's ``extras``; the
 fingerprint covers the kind, so a file refuses to resume under another DPO mode as under
-another model (:meth:`ScoreFileWriter.check_model` names both kinds). Keys (benchmark/domain/id) are unique: resuming skips
-:meth:`ScoreFileWriter.scored_keys` and :meth:`ScoreFileWriter.append` refuses a key already stored.
+another model (:meth:`ScoreFileWriter.check_model` names both kinds). Keys (benchmark/domain/id)
+are unique: resuming skips :meth:`ScoreFileWriter.scored_keys` and :meth:`ScoreFileWriter.append`
+refuses a key already stored.
 """
 
 from __future__ import annotations

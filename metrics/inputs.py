@@ -486,7 +486,9 @@ def _check_score_kind(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
         return
     if kind != rows.score_kind:
         assert rows.kind_where is not None
-        name = next(n for n in ("kind", "mode", "ref_model", "compat") if getattr(kind, n) != getattr(rows.score_kind, n))
+        name = next(
+            n for n in ("kind", "mode", "ref_model", "compat") if getattr(kind, n) != getattr(rows.score_kind, n)
+        )
         raise where.error(
             f"scores of another kind ({kind.describe()}) than those of {rows.kind_where.describe()} "
             f"({rows.score_kind.describe()}); give score files of one kind of score",
@@ -714,7 +716,9 @@ def _to_scores_in_file_order(rows: _Rows) -> ScoreSet:
     ids = _frozen(np.array(rows.ids, dtype=str))
     lengths = np.fromiter((len(r) for r in rows.rewards), dtype=np.int64, count=len(rows.rewards))
     scores, reward = _rewards(rows, lengths)
-    common = {"files": tuple(rows.files), "warnings": tuple(rows.warnings), "score_kind": rows.score_kind, "reward": reward}
+    common = {
+        "files": tuple(rows.files), "warnings": tuple(rows.warnings), "score_kind": rows.score_kind, "reward": reward
+    }
     if rows.benchmark == "rm-bench":
         return RMBenchScores(rewards=_frozen(scores.reshape(-1, 6)), domains=domains, ids=ids, **common)
     return RB2Scores(

@@ -158,6 +158,9 @@ class Comparison:
         figures: one :class:`~rmserve.metrics.bootstrap.PairedFigure` per figure, table order.
         config: the settings used (``resamples`` ≥ 1).
         warnings: the readers' warnings for A then B (e.g. a dropped torn last line).
+        score_kind_a, score_kind_b: what kind of score each side's records hold (None for
+            official result files).
+        reward: the reward both sides' figures use (see :attr:`Evaluation.reward`).
     """
 
     benchmark: str
@@ -167,6 +170,9 @@ class Comparison:
     figures: tuple[PairedFigure, ...] = field(default=())
     config: MetricsConfig = field(default_factory=MetricsConfig)
     warnings: tuple[str, ...] = ()
+    score_kind_a: ScoreKind | None = None
+    score_kind_b: ScoreKind | None = None
+    reward: str = SCORED_REWARDS
 
 
 # --- evaluation -------------------------------------------------------------------------
@@ -319,6 +325,9 @@ def compare_scores(a: ScoreSet, b: ScoreSet, config: MetricsConfig | None = None
         figures=tuple(paired[n] for n in _table_order(a.benchmark, paired)),
         config=config,
         warnings=a.warnings + b.warnings,
+        score_kind_a=a.score_kind,
+        score_kind_b=b.score_kind,
+        reward=a.reward,
     )
 
 
@@ -409,8 +418,9 @@ def result_dict(evaluation: Evaluation) -> dict[str, Any]:
     Keys: ``benchmark``, ``files``, ``n_groups``, ``score_kind`` (``kind``, ``mode``,
     ``ref_model``, ``compat`` of the score records; null for official result files),
     ``reward`` (``name``: ``rewards`` or ``dpo:<avg|sum|norm|reference>``; ``formula``: the
-    DPO formula or null), ``partial``, ``missing``, ``notes``, ``warnings``, ``bootstrap`` and, for RM-Bench, ``domains`` (score / hard / normal / easy / matrix /
-    n_groups / n_nan_groups / parts / interval) and ``overall``; for RewardBench 2,
+    DPO formula or null), ``partial``, ``missing``, ``notes``, ``warnings``, ``bootstrap`` and,
+    for RM-Bench, ``domains`` (score / hard / normal / easy / matrix / n_groups / n_nan_groups /
+    parts / interval) and ``overall``; for RewardBench 2,
     ``subsets`` (score / n_groups / n_nan_groups / interval; Ties also its components) and
     ``average``.
     """
@@ -477,13 +487,17 @@ def result_dict(evaluation: Evaluation) -> dict[str, Any]:
 
 
 def comparison_dict(comparison: Comparison) -> dict[str, Any]:
-    """The JSON form of a comparison: ``warnings`` and, per figure, ``a``, ``b``,
-    ``difference`` (B − A), ``interval`` and ``excludes_zero``; fractions at full precision."""
+    """The JSON form of a comparison: ``score_kind_a``/``score_kind_b`` and ``reward`` (as in
+    :func:`result_dict`), ``warnings`` and, per figure, ``a``, ``b``, ``difference`` (B − A),
+    ``interval`` and ``excludes_zero``; fractions at full precision."""
     return {
         "benchmark": comparison.benchmark,
         "files_a": list(comparison.files_a),
         "files_b": list(comparison.files_b),
         "n_groups": comparison.n_groups,
+        "score_kind_a": _score_kind_dict(comparison.score_kind_a),
+        "score_kind_b": _score_kind_dict(comparison.score_kind_b),
+        "reward": _reward_dict(comparison.reward),
         "warnings": list(comparison.warnings),
         "bootstrap": _bootstrap_dict(comparison.config),
         "figures": {
@@ -542,8 +556,10 @@ def render_markdown(evaluation: Evaluation) -> str:
         title, columns = "RM-Bench", RMBENCH_COLUMNS
     else:
         title, columns = "RewardBench 2", RB2_COLUMNS
-    heading = title if evaluation.reward == SCORED_REWARDS else f"{title}: DPO reward {evaluation.reward.removeprefix('dpo:')}"
-    kind = evaluation.score_kind.describe() if evaluation.score_kind is not None else "not recorded in the files"
+    heading = title
+    if evaluation.reward != SCORED_REWARDS:
+        heading += f": DPO reward {evaluation.reward.removeprefix('dpo:')}"
+    kind = _kind_text(evaluation.score_kind)
     lines = [
         f"## {heading}",
         "",
@@ -600,6 +616,10 @@ def _figure_label(figure: str) -> str:
     return figure
 
 
+def _kind_text(kind: ScoreKind | None) -> str:
+    return kind.describe() if kind is not None else "kind not recorded in the files"
+
+
 def render_comparison(comparison: Comparison) -> str:
     """Markdown table of a paired comparison: A, B, B − A (percentage points), its interval
     and whether the interval excludes 0."""
@@ -607,8 +627,9 @@ def render_comparison(comparison: Comparison) -> str:
     lines = [
         f"## {comparison.benchmark}: B − A over {comparison.n_groups} paired groups",
         "",
-        f"A: {', '.join(comparison.files_a)}  ",
-        f"B: {', '.join(comparison.files_b)}",
+        f"A: {', '.join(comparison.files_a)} ({_kind_text(comparison.score_kind_a)})  ",
+        f"B: {', '.join(comparison.files_b)} ({_kind_text(comparison.score_kind_b)})  ",
+        f"Reward: {reward_text(comparison.reward)}.",
         "",
         *(f"Warning: {w}" for w in comparison.warnings),
         *([""] if comparison.warnings else []),

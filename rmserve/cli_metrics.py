@@ -135,12 +135,15 @@ def compare(
     seed: SeedOpt = 0,
     confidence: ConfidenceOpt = 0.95,
     domain: DomainOpt = None,
+    dpo_reward: DpoRewardOpt = None,
 ) -> None:
     """Paired difference B − A per figure over the same groups, with its bootstrap interval."""
     from rmserve.metrics.report import compare_files, comparison_dict, render_comparison, to_json
 
     if resamples < 1:
         raise typer.BadParameter(f"resamples must be >= 1 for a comparison, got {resamples}", param_hint="--resamples")
-    config = _config(resamples=resamples, seed=seed, confidence=confidence, domain=domain, benchmark=bench)
+    config = _config(
+        resamples=resamples, seed=seed, confidence=confidence, domain=domain, benchmark=bench, dpo_reward=dpo_reward
+    )
     comparison = _guard(lambda: compare_files(file_a, file_b, config))
     typer.echo(to_json(comparison_dict(comparison)) if as_json else render_comparison(comparison), nl=as_json)

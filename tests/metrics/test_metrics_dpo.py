@@ -168,7 +168,7 @@ def test_classifier_and_official_files_say_what_they_are(jsonl_writer, tmp_path)
     official = jsonl_writer("chat.json", [{"id": 1, "score_chosen": [1, 2, 3], "score_rejected": [0, 0, 0]}])
     evaluation = evaluate_files([official], MetricsConfig(resamples=0))
     assert result_dict(evaluation)["score_kind"] is None
-    assert "Scores: not recorded in the files; rewards as scored." in render_markdown(evaluation)
+    assert "Scores: kind not recorded in the files; rewards as scored." in render_markdown(evaluation)
 
 
 def test_cli_dpo_reward_writes_it_into_results_and_table(tmp_path):
@@ -190,3 +190,20 @@ def test_cli_dpo_reward_writes_it_into_results_and_table(tmp_path):
     bad = CliRunner().invoke(app, ["metrics", "rm-bench", str(path), "--dpo-reward", "mean"])
     assert bad.exit_code == 2
     assert "dpo_reward must be one of avg, sum, norm, reference, got 'mean'" in " ".join(bad.output.replace("│", " ").split())
+
+
+def test_compare_with_a_dpo_reward_records_it_and_both_kinds(tmp_path):
+    a = _write(tmp_path / "a.jsonl", _dpo_records())
+    b = _write(tmp_path / "b.jsonl", _dpo_records(mode="avg", ref_logp=None))
+    result = CliRunner().invoke(app, ["metrics", "compare", str(a), str(b), "--dpo-reward", "norm", "--resamples", "5",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["reward"] == {"name": "dpo:norm", "formula": "-policy_logp_norm"}
+    assert data["score_kind_a"] == KIND
+    assert data["score_kind_b"] == {"kind": "dpo", "mode": "avg", "ref_model": None, "compat": "none"}
+    # Both files hold the same policy_logp_norm: the same figures, a difference of exactly 0.
+    assert {f["difference"] for f in data["figures"].values()} == {0.0}
+    text = CliRunner().invoke(app, ["metrics", "compare", str(a), str(b), "--dpo-reward", "norm", "--resamples", "5"])
+    assert f"B: {b} (dpo (mode avg, compat none))  " in text.output
+    assert "Reward: DPO reward norm = -policy_logp_norm, recomputed from the extras." in text.output
