@@ -292,6 +292,7 @@ class _Sweep:
         self.kind = ScoreKind()
         """What kind of score the servers give (from the first server's ``/v1/models``): a DPO
         server swaps the policy and keeps its reference, mode and compat."""
+        self._ref_signature: str | None = None
         self.recoveries: dict[asyncio.Task[None], _Server] = {}
         """Recovery tasks whose outcome is not handled yet → the server each was started for.
         A server's ``recovery`` may already be a newer task than one listed here."""
@@ -353,7 +354,9 @@ class _Sweep:
         if kind.ref_model is not None:
             if not Path(kind.ref_model).is_dir():
                 return None
-            reference = checkpoint_signature(kind.ref_model, self.dtype)
+            if self._ref_signature is None:  # the reference stays loaded: hashed once per sweep
+                self._ref_signature = checkpoint_signature(kind.ref_model, self.dtype)
+            reference = self._ref_signature
         if kind.mode is None or (kind.mode == "reference") != (reference is not None):
             return None
         return dpo_fingerprint(signature, reference, kind.mode, kind.compat)

@@ -127,19 +127,22 @@ BIG = 1_000_000
 
 
 class DPOFakeEngine(fakes.ReloadableFakeEngine):
-    """A reloadable fake engine reporting a DPO model of ``mode`` (reference-free): the policy
-    is swapped, mode and compat stay; every response carries extras (its reward as policy_logp)."""
+    """A reloadable fake engine reporting a DPO model of ``mode`` (``reference`` needs
+    ``ref_model``, a folder): the policy is swapped, reference, mode and compat stay; every
+    response carries extras (policy_logp = minus its token count)."""
 
-    def __init__(self, *args, mode: str, **kwargs):
+    def __init__(self, *args, mode: str, ref_model: str | None = None, **kwargs):
         super().__init__(*args, extras_of=lambda ids: {"policy_logp": -float(len(ids)), "answer_tokens": len(ids)},
                          **kwargs)
         self.mode = mode
+        self.ref_model = ref_model
         self.model = self._dpo(self.model)
 
     def _dpo(self, info: ModelInfo) -> ModelInfo:
+        reference = "fp-ref" if self.ref_model is not None else None
         return ModelInfo(name=info.name, max_model_len=info.max_model_len, dtype=info.dtype,
-                         fingerprint=dpo_fingerprint(info.fingerprint, None, self.mode), engine=info.engine,
-                         kind="dpo", mode=self.mode)
+                         fingerprint=dpo_fingerprint(info.fingerprint, reference, self.mode), engine=info.engine,
+                         kind="dpo", mode=self.mode, ref_model=self.ref_model)
 
     async def reload_weights(self, path):
         await super().reload_weights(path)
@@ -226,3 +229,25 @@ def test_cli_run_kind_dpo_builds_the_run_it_says(small_rmbench, tmp_path, monkey
     refused = CliRunner().invoke(app, [*args, "--kind", "dpo"])
     assert refused.exit_code == 2 and len(seen) == 1
     assert "kind dpo needs exactly one" in " ".join(refused.output.replace("│", " ").split())
+
+
+async def test_sweep_with_a_reference_keys_the_memo_by_the_reference_folder_too(tmp_path):
+    root = tmp_path / "run"
+    start = fakes.write_fake_checkpoint(root / "init", 0.0)
+    folder = fakes.write_fake_checkpoint(root / "step-1", 1.0)
+    ref = fake_checkpoint(tmp_path / "ref", b"\x02" * 512)
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=2, n_code=1)
+    base = ModelInfo(name="policy", max_model_len=BIG, dtype="float32", fingerprint="fp-init", engine="fake")
+    engine = DPOFakeEngine(model=base, checkpoint_dir=str(start), mode="reference", ref_model=str(ref))
+    with _server(root, engine) as server:
+        config = SweepConfig(servers=(server.url,), checkpoints=(folder,), data=(("rm-bench", str(data)),),
+                             out_dir=tmp_path / "out", store=tmp_path / "s.sqlite", admin_token=TOKEN, resamples=20,
+                             quiet=True, server_wait_s=30.0)
+        (run_,) = (await sweep_async(config)).runs
+        (again,) = (await sweep_async(config)).runs
+    assert (run_.n_scored, again.loaded) == (3, False)
+    signature = dpo_fingerprint(checkpoint_signature(folder, "float32"), checkpoint_signature(ref, "float32"),
+                                "reference", "none")
+    with ScoreStore(tmp_path / "s.sqlite") as db:
+        assert db.fingerprint_for(signature) == run_.fingerprint
+        assert {r.score_kind for r in db.records(run_.fingerprint)} == {ScoreKind("dpo", "reference", str(ref))}
