@@ -39,6 +39,7 @@ from rmserve.schema import (
     ModelInfo,
     ModelList,
     RequestGroup,
+    ScoreKind,
     ScoreRecord,
     ScoreRequest,
     ScoreResponse,
@@ -245,11 +246,20 @@ def request_group(group: Group) -> RequestGroup:
 
 
 def record_from_result(
-    group: Group, result: GroupResult, *, model: str, fingerprint: str, truncation: Truncation | None = None
+    group: Group,
+    result: GroupResult,
+    *,
+    model: str,
+    fingerprint: str,
+    truncation: Truncation | None = None,
+    kind: ScoreKind | None = None,
 ) -> ScoreRecord:
     """The stored record of one scored group: key, rewards (null where a response could not be
-    scored, with its :class:`~rmserve.schema.ResponseError` in ``errors``), token counts, model
-    identity and the truncation it was scored under."""
+    scored, with its :class:`~rmserve.schema.ResponseError` in ``errors``), token counts, the
+    engine's per-response ``extras`` (unchanged), model identity, the truncation it was scored
+    under and, from ``kind`` (:meth:`ScoreKind.of` the run's :class:`ModelInfo`; None: a
+    classifier), what kind of score the rewards are."""
+    kind = kind or ScoreKind()
     return ScoreRecord(
         benchmark=group.benchmark,
         domain=group.domain,
@@ -264,6 +274,11 @@ def record_from_result(
         styles=group.styles,
         errors=result.errors,
         truncation=truncation,
+        extras=result.extras,
+        kind=kind.kind,
+        mode=kind.mode,
+        ref_model=kind.ref_model,
+        compat=kind.compat,
     )
 
 
@@ -274,7 +289,8 @@ def check_reply(groups: Sequence[Group], reply: ScoreResponse) -> tuple[GroupRes
         rmserve.errors.ServerFault: a result count different from the groups sent, an id
             sent but not answered, an id answered but not sent or answered twice, or a
             ``rewards``/``num_tokens``/``num_cached_tokens``/``truncated_tokens``/``errors``
-            length that differs from the group's number of responses, or a null reward
+            length (or that of one of the ``extras``) that differs from the group's number of
+            responses, or a null reward
             without an error for that response (or an error beside a reward).
     """
     if len(reply.results) != len(groups):
@@ -302,6 +318,14 @@ def check_reply(groups: Sequence[Group], reply: ScoreResponse) -> tuple[GroupRes
                 raise errors.ServerFault(
                     f"reply for group {wire_id!r} has {len(values)} {name} for {n} responses",
                     field=f"results[{wire_id}].{name}",
+                    value=len(values),
+                    limit=n,
+                )
+        for name, values in (result.extras or {}).items():
+            if len(values) != n:
+                raise errors.ServerFault(
+                    f"reply for group {wire_id!r} has {len(values)} extras[{name!r}] values for {n} responses",
+                    field=f"results[{wire_id}].extras.{name}",
                     value=len(values),
                     limit=n,
                 )
@@ -599,6 +623,7 @@ class RewardClient:
         truncation: Truncation | None,
         model: str | None,
         expect_fingerprint: str | None,
+        kind: ScoreKind | None = None,
     ) -> list[ScoreRecord]:
         reply = await self.score(groups, truncation=truncation, model=model)
         if expect_fingerprint is not None and reply.fingerprint != expect_fingerprint:
@@ -608,7 +633,7 @@ class RewardClient:
                 field="fingerprint",
             )
         return [
-            record_from_result(g, r, model=reply.model, fingerprint=reply.fingerprint, truncation=truncation)
+            record_from_result(g, r, model=reply.model, fingerprint=reply.fingerprint, truncation=truncation, kind=kind)
             for g, r in zip(groups, reply.results, strict=True)
         ]
 
@@ -619,6 +644,7 @@ class RewardClient:
         truncation: Truncation | None = None,
         model: str | None = None,
         expect_fingerprint: str | None = None,
+        kind: ScoreKind | None = None,
     ) -> AsyncIterator[ScoreRecord]:
         """Score ``groups`` with at most ``Concurrency.max_groups_in_flight`` in flight.
 
@@ -634,6 +660,8 @@ class RewardClient:
             truncation, model: sent with every request (see :class:`ScoreRequest`).
             expect_fingerprint: when set, a reply with another fingerprint raises
                 :class:`~rmserve.errors.FingerprintMismatch` (the server's model changed).
+            kind: what kind of score the server's rewards are (``ScoreKind.of(model_info)``),
+                written into every record; None: a classifier.
 
         Raises:
             rmserve.errors.InvalidRequest: a group key seen twice.
@@ -662,7 +690,8 @@ class RewardClient:
                         break
                     task = asyncio.create_task(
                         self._score_records(
-                            batch, truncation=truncation, model=model, expect_fingerprint=expect_fingerprint
+                            batch, truncation=truncation, model=model, expect_fingerprint=expect_fingerprint,
+                            kind=kind,
                         )
                     )
                     order[task] = len(order)

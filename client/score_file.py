@@ -9,8 +9,12 @@ byte-order mark and accepts the ``NaN``/``Infinity`` literals of Python's ``json
 stays strict JSON.
 
 A score file holds one model: every record carries the server's ``model`` and
-``fingerprint``, and all must agree. Keys (benchmark/domain/id) are unique: resuming skips
-:meth:`ScoreFileWriter.scored_keys` and :meth:`ScoreFileWriter.append` refuses a key already stored.
+``fingerprint``, and all must agree. Records also say what kind of score they hold (``kind``,
+and for DPO ``mode``, ``ref_model``, ``compat``) and keep the engine's ``extras``; the
+fingerprint covers the kind, so a file refuses to resume under another DPO mode as under
+another model (:meth:`ScoreFileWriter.check_model` names both kinds). Keys (benchmark/domain/id)
+are unique: resuming skips :meth:`ScoreFileWriter.scored_keys` and :meth:`ScoreFileWriter.append`
+refuses a key already stored.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import orjson
 
 from rmserve.datasets import TornLine, loads_json, strip_bom
 from rmserve.errors import DataError, FingerprintMismatch, field_path
-from rmserve.schema import GroupKey, ScoreRecord, encode
+from rmserve.schema import GroupKey, ScoreKind, ScoreRecord, encode
 
 try:  # POSIX advisory locks keep two runs from appending to one file.
     import fcntl
@@ -265,27 +269,43 @@ class ScoreFileWriter(OpenedInWith):
         """Keys of the groups already stored (to skip when resuming)."""
         return frozenset(self._keys)
 
-    def check_model(self, *, model: str, fingerprint: str, overwrite: bool = False) -> bool:
+    @property
+    def score_kind(self) -> ScoreKind | None:
+        """What kind of score the stored records hold (None while empty)."""
+        return self._records[0].score_kind if self._records else None
+
+    def check_model(
+        self, *, model: str, fingerprint: str, overwrite: bool = False, kind: ScoreKind | None = None
+    ) -> bool:
         """Make sure the stored records belong to the model the server serves.
 
         Args:
             model, fingerprint: what the server reports (``GET /v1/models``).
             overwrite: on a mismatch, empty the file instead of refusing.
+            kind: what kind of score the server gives (``ScoreKind.of`` its ModelInfo); None
+                for a classifier. Named in the refusal when it or the file's is not a plain
+                classifier's (e.g. another DPO mode).
 
         Returns:
             True when the file was emptied (overwrite of another model's scores).
 
         Raises:
-            FingerprintMismatch: the file holds another model's scores and ``overwrite`` is
-                False. The message names both models and the way out.
+            FingerprintMismatch: the file holds another model's scores (the fingerprint covers
+                the DPO mode, reference and compat) and ``overwrite`` is False. The message
+                names both models, both kinds when either is not a classifier's, and the way out.
         """
         if not self._records or self.fingerprint == fingerprint:
             return False
         if not overwrite:
+            stored_kind, server_kind = self._records[0].score_kind, kind or ScoreKind()
+            plain = ScoreKind()
+            stored_text = server_text = ""
+            if stored_kind != plain or server_kind != plain:
+                stored_text, server_text = f", {stored_kind.describe()}", f", {server_kind.describe()}"
             raise FingerprintMismatch(
                 f"{self.path} holds scores of a different model ({self.model!r}, fingerprint "
-                f"{self.fingerprint!r}) than the server's ({model!r}, fingerprint {fingerprint!r}); "
-                "use another output folder, or --overwrite to discard the stored scores",
+                f"{self.fingerprint!r}{stored_text}) than the server's ({model!r}, fingerprint {fingerprint!r}"
+                f"{server_text}); use another output folder, or --overwrite to discard the stored scores",
                 field="fingerprint",
                 value=fingerprint,
             )

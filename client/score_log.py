@@ -34,7 +34,7 @@ from pathlib import Path
 from rmserve.client.score_file import OpenedInWith, ScoreFileWriter
 from rmserve.client.score_store import ScoreStore
 from rmserve.errors import DataError, FingerprintMismatch
-from rmserve.schema import Group, GroupKey, ModelInfo, ScoreRecord, Truncation
+from rmserve.schema import Group, GroupKey, ModelInfo, ScoreKind, ScoreRecord, Truncation
 
 
 def _truncation_text(truncation: Truncation | None) -> str:
@@ -142,7 +142,9 @@ class ScoreLog(OpenedInWith):
         self._groups = tuple(groups)
         self._order = {g.key: i for i, g in enumerate(self._groups)}
         n_before = len(self._file.records)
-        if self._file.check_model(model=model.name, fingerprint=model.fingerprint, overwrite=overwrite):
+        if self._file.check_model(
+            model=model.name, fingerprint=model.fingerprint, overwrite=overwrite, kind=ScoreKind.of(model)
+        ):
             self._notes.append(f"--overwrite: discarded {n_before} stored groups of another model")
         resumed = self._file.scored_keys() & self._order.keys()
         n_from_store = self._sync_with_store(model.fingerprint) if self.store is not None else 0

@@ -19,12 +19,18 @@ Tables:
 - ``scores``: one row per (fingerprint, benchmark, domain, group_id): ``model``,
   ``num_chosen``, ``rewards`` / ``num_tokens`` / ``num_cached_tokens`` (JSON arrays), the whole
   :class:`~rmserve.schema.ScoreRecord` as JSON (``record``, the source of truth on read),
-  ``server_version`` and ``scored_at`` (Unix seconds).
+  ``server_version``, ``scored_at`` (Unix seconds) and, since version 2, what kind of score the
+  rewards are — ``kind`` (``classifier``/``dpo``), ``mode``, ``ref_model``, ``compat`` — and the
+  engine's per-response ``extras`` (JSON object, or NULL), copied from the record so they can be
+  queried in SQL.
 - ``checkpoints``: checkpoint folder signature → the fingerprint a server reported for it
   (``signature`` primary key, ``path``, ``fingerprint``, ``model``, ``model_info`` JSON or
   NULL, ``seen_at`` Unix seconds).
 - ``meta``: ``schema_version`` (:data:`SCHEMA_VERSION`). A store written by a newer rmserve
-  (higher version) is refused with :class:`StoreVersionError`.
+  (higher version) is refused with :class:`StoreVersionError`; an older one is migrated when
+  opened, in the transaction that reads its version (version 1 → 2: the five columns above are
+  added, existing rows get the classifier defaults ``kind='classifier'``, ``compat='none'``,
+  NULL ``mode``/``ref_model``/``extras``, which is what their records say).
 
 The store location is :func:`default_store_path` (``$RMSERVE_STORE``, else the XDG data
 folder); ``rmserve eval`` / ``rmserve run`` use a store only when given ``--store`` or when
@@ -55,8 +61,9 @@ logger = logging.getLogger("rmserve.client")
 STORE_ENV = "RMSERVE_STORE"
 """Environment variable naming the score store file."""
 
-SCHEMA_VERSION = 1
-"""Version of the tables this module writes (``meta.schema_version``)."""
+SCHEMA_VERSION = 2
+"""Version of the tables this module writes (``meta.schema_version``): 1 the first layout; 2 adds
+``scores.kind``, ``mode``, ``ref_model``, ``compat`` and ``extras``."""
 
 BUSY_TIMEOUT_MS = 30_000
 """How long a connection waits for another process's write lock, milliseconds."""
@@ -79,6 +86,11 @@ CREATE TABLE IF NOT EXISTS scores (
     record TEXT NOT NULL,
     server_version TEXT NOT NULL,
     scored_at REAL NOT NULL,
+    kind TEXT NOT NULL DEFAULT 'classifier',
+    mode TEXT,
+    ref_model TEXT,
+    compat TEXT NOT NULL DEFAULT 'none',
+    extras TEXT,
     PRIMARY KEY (fingerprint, benchmark, domain, group_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -91,10 +103,21 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 );
 """
 
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        "ALTER TABLE scores ADD COLUMN kind TEXT NOT NULL DEFAULT 'classifier'",
+        "ALTER TABLE scores ADD COLUMN mode TEXT",
+        "ALTER TABLE scores ADD COLUMN ref_model TEXT",
+        "ALTER TABLE scores ADD COLUMN compat TEXT NOT NULL DEFAULT 'none'",
+        "ALTER TABLE scores ADD COLUMN extras TEXT",
+    ),
+}
+"""Version → the statements that bring a store of that version to the next one."""
+
 _INSERT = (
     "INSERT INTO scores (fingerprint, benchmark, domain, group_id, model, num_chosen, rewards, num_tokens, "
-    "num_cached_tokens, record, server_version, scored_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT DO NOTHING"
+    "num_cached_tokens, record, server_version, scored_at, kind, mode, ref_model, compat, extras) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
 )
 _SELECT_REWARDS = "SELECT rewards FROM scores WHERE fingerprint = ? AND benchmark = ? AND domain = ? AND group_id = ?"
 
@@ -241,14 +264,17 @@ class ScoreStore:
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("BEGIN IMMEDIATE")
             try:
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-                if row is None:
-                    conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-                else:
-                    self._check_version(row[0])
+                row = conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+                ).fetchone() and conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                if not row:  # a new store (tables created), or tables without a version row
+                    for statement in _SCHEMA.split(";"):
+                        if statement.strip():
+                            conn.execute(statement)
+                    columns = {info[1] for info in conn.execute("PRAGMA table_info(scores)")}
+                    row = (str(SCHEMA_VERSION if "kind" in columns else 1),)
+                    conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", row)
+                self._migrate(conn, self._check_version(row[0]))
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -261,7 +287,22 @@ class ScoreStore:
             raise
         self._conn = conn
 
-    def _check_version(self, value: str) -> None:
+    def _migrate(self, conn: sqlite3.Connection, version: int) -> None:
+        """Bring a store of ``version`` to :data:`SCHEMA_VERSION` (inside the open transaction)."""
+        if version == SCHEMA_VERSION:
+            return
+        for step in range(version, SCHEMA_VERSION):
+            for statement in _MIGRATIONS[step]:
+                conn.execute(statement)
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+        logger.info("score store %s: tables migrated from version %d to %d", self.path, version, SCHEMA_VERSION)
+
+    def _check_version(self, value: str) -> int:
+        """The store's version as a number.
+
+        Raises:
+            StoreVersionError: not a version this rmserve reads (newer, or not a number ≥ 1).
+        """
         try:
             version = int(value)
         except (TypeError, ValueError):
@@ -275,6 +316,7 @@ class ScoreStore:
                 value=value,
                 limit=SCHEMA_VERSION,
             )
+        return version
 
     def __enter__(self) -> Self:
         return self
@@ -399,7 +441,8 @@ class ScoreStore:
                         record.fingerprint, record.benchmark, record.domain, record.id, record.model, record.num_chosen,
                         rewards.decode(), _json.encode(record.num_tokens).decode(),
                         _json.encode(record.num_cached_tokens).decode(), encode(record).decode(), server_version,
-                        scored_at,
+                        scored_at, record.kind, record.mode, record.ref_model, record.compat,
+                        _json.encode(record.extras).decode() if record.extras is not None else None,
                     ),
                 )
                 if cursor.rowcount == 0:  # stored by another process since put()

@@ -36,7 +36,17 @@ What the readers accept, as the official harnesses write it:
   which is dropped with a warning naming file, line and bytes. An undecodable line anywhere
   else is an error.
 
-Warnings travel with the score set (``warnings``) into the report.
+Warnings travel with the score set (``warnings``) into the report, and so does what kind of
+score the records hold (``score_kind``: classifier, or DPO with its mode, reference and compat;
+None for the official formats, which do not say). Score records of one score set must agree on
+it.
+
+DPO rewards: with ``dpo_reward`` (``avg``, ``sum``, ``norm`` or ``reference``) the rewards of
+``score-records`` are recomputed from each record's ``extras`` by
+:func:`rmserve.metrics.dpo.dpo_rewards` instead of taken from ``rewards`` (a response without a
+reward keeps none); ``reward`` of the score set says which was used. A record without the
+extras needed, or with a null one for a response that has a reward (e.g. no ``ref_logp`` in a
+reference-free run), is an error naming the field.
 """
 
 from __future__ import annotations
@@ -53,11 +63,15 @@ import orjson
 
 from rmserve.datasets import RB2_TIES_ID, TornLine, loads_json, strip_bom
 from rmserve.errors import DataError, field_path, validation_reason
+from rmserve.metrics.dpo import DPO_EXTRAS_NEEDED, DPO_REWARD_FORMULAS, DPO_REWARDS, dpo_rewards
 from rmserve.metrics.rewardbench2 import TIES
-from rmserve.schema import BENCHMARKS, RB2_SUBSETS, RMBENCH_DOMAINS, RMBENCH_STYLES, ScoreRecord
+from rmserve.schema import BENCHMARKS, RB2_SUBSETS, RMBENCH_DOMAINS, RMBENCH_STYLES, ScoreKind, ScoreRecord
 
 FORMATS: tuple[str, ...] = ("score-records", "rm-bench-results", "rewardbench2-items")
 """Score-file formats, in detection order."""
+
+SCORED_REWARDS = "rewards"
+"""``reward`` of a score set whose rewards are the records' own (no DPO recomputation)."""
 
 RB2_NON_TIES_COMPLETIONS = 4
 """Completions per non-Ties RewardBench 2 group (1 chosen, 3 rejected)."""
@@ -85,6 +99,10 @@ class RMBenchScores:
         files: the files read, in order.
         warnings: what the readers accepted but the caller should know (a dropped torn last
             line), one sentence each.
+        score_kind: what kind of score the records hold; None when no file says (official
+            result files).
+        reward: which reward ``rewards`` holds: ``rewards`` (the records' own) or
+            ``dpo:<avg|sum|norm|reference>`` (recomputed from the DPO extras).
     """
 
     benchmark: ClassVar[str] = "rm-bench"
@@ -93,6 +111,8 @@ class RMBenchScores:
     ids: np.ndarray
     files: tuple[str, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())
+    score_kind: ScoreKind | None = None
+    reward: str = SCORED_REWARDS
 
     @property
     def n_groups(self) -> int:
@@ -110,6 +130,8 @@ class RMBenchScores:
             ids=_frozen(self.ids[order]),
             files=self.files,
             warnings=self.warnings,
+            score_kind=self.score_kind,
+            reward=self.reward,
         )
 
 
@@ -127,6 +149,7 @@ class RB2Scores:
         files: the files read, in order.
         warnings: what the readers accepted but the caller should know (a dropped torn last
             line, ids repeated outside Ties), one sentence each.
+        score_kind, reward: as for :class:`RMBenchScores`.
     """
 
     benchmark: ClassVar[str] = "rewardbench2"
@@ -137,6 +160,8 @@ class RB2Scores:
     ids: np.ndarray
     files: tuple[str, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())
+    score_kind: ScoreKind | None = None
+    reward: str = SCORED_REWARDS
 
     @property
     def n_groups(self) -> int:
@@ -156,6 +181,8 @@ class RB2Scores:
             ids=_frozen(self.ids[order]),
             files=self.files,
             warnings=self.warnings,
+            score_kind=self.score_kind,
+            reward=self.reward,
         )
 
 
@@ -221,6 +248,13 @@ class _Rows:
     """Keys repeated inside one file outside Ties: (subset, id, first place, this place)."""
     files_may_repeat_ids: bool = False
     """Whether an id repeated outside Ties inside one RewardBench 2 file is accepted (files only)."""
+    dpo_reward: str | None = None
+    """The DPO reward to recompute from the extras (see :mod:`rmserve.metrics.dpo`), or None."""
+    extras: dict[str, list[list[float]]] = field(default_factory=dict)
+    """Extras name → one row per record (parallel to ``rewards``), when ``dpo_reward`` is set."""
+    score_kind: ScoreKind | None = None
+    kind_where: _Where | None = None
+    """Where the first score record (whose ``score_kind`` the others must share) was read."""
 
 
 @dataclass(frozen=True)
@@ -444,10 +478,69 @@ def _repeated_keys_warning(path: str, repeated: Sequence[tuple[str, str, _Where,
     )
 
 
+def _check_score_kind(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
+    """The record's kind of score must be the one of the score set's first record."""
+    kind = record.score_kind
+    if rows.score_kind is None:
+        rows.score_kind, rows.kind_where = kind, where
+        return
+    if kind != rows.score_kind:
+        assert rows.kind_where is not None
+        name = next(
+            n for n in ("kind", "mode", "ref_model", "compat") if getattr(kind, n) != getattr(rows.score_kind, n)
+        )
+        raise where.error(
+            f"scores of another kind ({kind.describe()}) than those of {rows.kind_where.describe()} "
+            f"({rows.score_kind.describe()}); give score files of one kind of score",
+            name,
+            value=getattr(kind, name),
+        )
+
+
+def _dpo_extras(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
+    """Check and collect the extras ``rows.dpo_reward`` is computed from, for one record."""
+    reward = rows.dpo_reward
+    assert reward is not None
+    extras = record.extras or {}
+    for name in DPO_EXTRAS_NEEDED[reward]:
+        values = extras.get(name)
+        if values is None:
+            raise where.error(
+                f"missing: --dpo-reward {reward} computes {DPO_REWARD_FORMULAS[reward]} from the extras a DPO run "
+                f"stores; this record ({record.score_kind.describe()}) has "
+                f"{'none' if not extras else 'only ' + ', '.join(sorted(extras))}",
+                f"extras.{name}",
+            )
+        if len(values) != len(record.rewards):
+            raise where.error(
+                f"holds {len(values)} values for {len(record.rewards)} responses",
+                f"extras.{name}",
+                value=len(values),
+                limit=len(record.rewards),
+            )
+        row = []
+        for j, (value, scored) in enumerate(zip(values, record.rewards, strict=True)):
+            if isinstance(value, bool) or not isinstance(value, (int, float, type(None))):
+                raise where.error(f"must be a number or null, got {value!r}", f"extras.{name}[{j}]", value=value)
+            if value is None and scored is not None:
+                why = (
+                    f"; the scores were made without a reference model ({record.score_kind.describe()})"
+                    if name == "ref_logp"
+                    else ""
+                )
+                raise where.error(
+                    f"null for a response that has a reward: --dpo-reward {reward} cannot be computed{why}",
+                    f"extras.{name}[{j}]",
+                )
+            row.append(np.nan if value is None else float(value))
+        rows.extras.setdefault(name, []).append(row)
+
+
 def _score_record(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
     """Validate one ScoreRecord (benchmark already checked) and add its row."""
     record_id = _check_id(record.id, where)
     where = _with_id(where, record_id)
+    _check_score_kind(rows, record, where)
     rewards = _float_row(record.rewards)
     if record.benchmark == "rm-bench":
         if record.num_chosen != 3:
@@ -469,6 +562,8 @@ def _score_record(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
         _rmbench_row(rows, record.domain, record_id, rewards, where)
     else:
         _rb2_row(rows, record.domain, record_id, record.num_chosen, rewards, where, "rewards")
+    if rows.dpo_reward is not None:
+        _dpo_extras(rows, record, where)
 
 
 def _rmbench_result(rows: _Rows, record: _RMBenchResultRow, where: _Where, fallback_domain: str | None) -> None:
@@ -530,6 +625,12 @@ def _read_file(rows: _Rows, path: Path, *, domain: str | None, benchmark: str | 
                 "(benchmark, rewards), an RM-Bench result (score_chosen, score_rejected) or a RewardBench 2 item "
                 "(subset, scores)"
             )
+        if rows.dpo_reward is not None and kind != "score-records":
+            raise where.error(
+                f"is a {kind} record, which has no DPO extras: --dpo-reward {rows.dpo_reward} needs rmserve score "
+                "records of a DPO run",
+                "extras",
+            )
         record_benchmark = value.get("benchmark") if kind == "score-records" else _FORMAT_BENCHMARK[kind]
         if record_benchmark not in BENCHMARKS:
             raise where.error(
@@ -589,33 +690,60 @@ def _to_scores(rows: _Rows) -> ScoreSet:
     return scores.take(np.lexsort((scores.ids, domains)))
 
 
+def _padded(values: list[list[float]], lengths: np.ndarray) -> np.ndarray:
+    """``(n, max(lengths))`` float64: row ``g`` holds ``values[g]``, NaN after ``lengths[g]``."""
+    width = int(lengths.max())
+    out = np.full((lengths.size, width), np.nan)
+    out[np.arange(width) < lengths[:, None]] = np.fromiter(
+        (x for r in values for x in r), dtype=np.float64, count=int(lengths.sum())
+    )
+    return out
+
+
+def _rewards(rows: _Rows, lengths: np.ndarray) -> tuple[np.ndarray, str]:
+    """The reward matrix (NaN-padded) and which reward it holds (``SCORED_REWARDS`` or ``dpo:<name>``)."""
+    scored = _padded(rows.rewards, lengths)
+    if rows.dpo_reward is None:
+        return scored, SCORED_REWARDS
+    parts = {name: _padded(values, lengths) for name, values in rows.extras.items()}
+    recomputed = dpo_rewards(rows.dpo_reward, parts)
+    recomputed[np.isnan(scored)] = np.nan  # a response without a reward keeps none
+    return recomputed, f"dpo:{rows.dpo_reward}"
+
+
 def _to_scores_in_file_order(rows: _Rows) -> ScoreSet:
     domains = _frozen(np.array(rows.domains, dtype=str))
     ids = _frozen(np.array(rows.ids, dtype=str))
-    if rows.benchmark == "rm-bench":
-        rewards = np.array(rows.rewards, dtype=np.float64).reshape(-1, 6)
-        return RMBenchScores(
-            rewards=_frozen(rewards), domains=domains, ids=ids, files=tuple(rows.files), warnings=tuple(rows.warnings)
-        )
     lengths = np.fromiter((len(r) for r in rows.rewards), dtype=np.int64, count=len(rows.rewards))
-    width = int(lengths.max())
-    scores = np.full((lengths.size, width), np.nan)
-    scores[np.arange(width) < lengths[:, None]] = np.fromiter(
-        (x for r in rows.rewards for x in r), dtype=np.float64, count=int(lengths.sum())
-    )
+    scores, reward = _rewards(rows, lengths)
+    common = {
+        "files": tuple(rows.files), "warnings": tuple(rows.warnings), "score_kind": rows.score_kind, "reward": reward
+    }
+    if rows.benchmark == "rm-bench":
+        return RMBenchScores(rewards=_frozen(scores.reshape(-1, 6)), domains=domains, ids=ids, **common)
     return RB2Scores(
         scores=_frozen(scores),
         lengths=_frozen(lengths),
         num_correct=_frozen(np.array(rows.num_correct, dtype=np.int64)),
         subsets=domains,
         ids=ids,
-        files=tuple(rows.files),
-        warnings=tuple(rows.warnings),
+        **common,
     )
 
 
+def _check_dpo_reward(dpo_reward: str | None) -> None:
+    if dpo_reward is not None and dpo_reward not in DPO_REWARDS:
+        raise DataError(
+            f"unknown DPO reward {dpo_reward!r}; expected one of {', '.join(DPO_REWARDS)}", field="dpo_reward"
+        )
+
+
 def read_score_files(
-    paths: Sequence[str | Path], *, domain: str | None = None, benchmark: str | None = None
+    paths: Sequence[str | Path],
+    *,
+    domain: str | None = None,
+    benchmark: str | None = None,
+    dpo_reward: str | None = None,
 ) -> ScoreSet:
     """Read and concatenate score files of one benchmark (format detected per record).
 
@@ -624,6 +752,8 @@ def read_score_files(
         domain: RM-Bench source domain for result records without ``domain`` (overrides the
             file-name rule).
         benchmark: when given, files of the other benchmark are an error.
+        dpo_reward: recompute the rewards from the DPO extras (``avg``, ``sum``, ``norm`` or
+            ``reference``; see :mod:`rmserve.metrics.dpo`); None (default) keeps ``rewards``.
 
     Returns:
         :class:`RMBenchScores` or :class:`RB2Scores` (arrays read-only).
@@ -633,8 +763,11 @@ def read_score_files(
             unrecognised record, wrong number of scores, a non-numeric score, missing id, two
             benchmarks or formats in one file, files of different benchmarks or one file given
             twice, an unknown domain/subset, a duplicate group key (except an id repeated
-            outside Ties inside one RewardBench 2 file, which is a warning), or no records at
-            all. The message names file, line, id and field.
+            outside Ties inside one RewardBench 2 file, which is a warning), score records of
+            different kinds (kind, mode, ref_model or compat), no records at all, or with
+            ``dpo_reward``: an unknown name, a record that is not an rmserve score record or
+            lacks a needed extra (field ``extras.<name>``). The message names file, line, id
+            and field.
     """
     if domain is not None and domain not in RMBENCH_DOMAINS:
         raise DataError(
@@ -644,22 +777,26 @@ def read_score_files(
         raise DataError(f"unknown benchmark {benchmark!r}; expected one of {', '.join(BENCHMARKS)}", field="bench")
     if not paths:
         raise DataError("no score files given", field="files")
-    rows = _Rows(files_may_repeat_ids=True)
+    _check_dpo_reward(dpo_reward)
+    rows = _Rows(files_may_repeat_ids=True, dpo_reward=dpo_reward)
     for path in paths:
         _read_file(rows, Path(path), domain=domain, benchmark=benchmark)
     return _to_scores(rows)
 
 
-def scores_from_records(records: Iterable[ScoreRecord], *, source: str = "<records>") -> ScoreSet:
+def scores_from_records(
+    records: Iterable[ScoreRecord], *, source: str = "<records>", dpo_reward: str | None = None
+) -> ScoreSet:
     """Build a score set from in-memory :class:`rmserve.schema.ScoreRecord` objects.
 
     Records are validated as in a score file; errors name ``source`` and the 1-based record
-    number as the line.
+    number as the line. ``dpo_reward`` as for :func:`read_score_files`.
 
     Raises:
         DataError: as :func:`read_score_files`.
     """
-    rows = _Rows()
+    _check_dpo_reward(dpo_reward)
+    rows = _Rows(dpo_reward=dpo_reward)
     count = 0
     for number, record in enumerate(records, start=1):
         where = _Where(source, number)

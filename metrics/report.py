@@ -36,7 +36,9 @@ from rmserve.metrics.bootstrap import (
     rb2_intervals,
     rmbench_intervals,
 )
+from rmserve.metrics.dpo import DPO_REWARD_FORMULAS, DPO_REWARDS
 from rmserve.metrics.inputs import (
+    SCORED_REWARDS,
     RB2Scores,
     RMBenchScores,
     ScoreSet,
@@ -48,7 +50,7 @@ from rmserve.metrics.rewardbench2 import TIES, TIES_WEIGHTS, RB2Result, rewardbe
 from rmserve.metrics.rmbench import DOMAIN_PARTS, REPORT_DOMAINS, RMBenchResult, rmbench_accuracy
 
 from rmserve.errors import DataError
-from rmserve.schema import BENCHMARKS, RB2_SUBSETS, RMBENCH_DOMAINS, RMBENCH_STYLES, ScoreRecord
+from rmserve.schema import BENCHMARKS, RB2_SUBSETS, RMBENCH_DOMAINS, RMBENCH_STYLES, ScoreKind, ScoreRecord
 
 RMBENCH_COLUMNS: tuple[tuple[str, str], ...] = (
     ("Chat", "chat.score"),
@@ -82,6 +84,9 @@ class MetricsConfig:
         domain: RM-Bench source domain for result records that carry none (default None:
             take it from the file name).
         benchmark: expected benchmark (``rm-bench`` / ``rewardbench2``); None = detect.
+        dpo_reward: recompute the rewards of a DPO run's score records from their extras:
+            ``avg``, ``sum``, ``norm`` or ``reference`` (:mod:`rmserve.metrics.dpo`); None
+            (default) uses the records' ``rewards`` as scored.
     """
 
     resamples: int = 1000
@@ -89,6 +94,7 @@ class MetricsConfig:
     confidence: float = 0.95
     domain: str | None = None
     benchmark: str | None = None
+    dpo_reward: str | None = None
 
     def __post_init__(self) -> None:
         check_resampling(self.resamples, self.seed, self.confidence, least_resamples=0)
@@ -96,6 +102,8 @@ class MetricsConfig:
             raise ValueError(f"domain must be one of {', '.join(RMBENCH_DOMAINS)}, got {self.domain!r}")
         if self.benchmark is not None and self.benchmark not in BENCHMARKS:
             raise ValueError(f"benchmark must be one of {', '.join(BENCHMARKS)}, got {self.benchmark!r}")
+        if self.dpo_reward is not None and self.dpo_reward not in DPO_REWARDS:
+            raise ValueError(f"dpo_reward must be one of {', '.join(DPO_REWARDS)}, got {self.dpo_reward!r}")
 
     def bootstrap(self) -> BootstrapConfig | None:
         """The bootstrap settings, or None when ``resamples`` is 0."""
@@ -118,6 +126,10 @@ class Evaluation:
         config: the settings used.
         warnings: the readers' warnings (a dropped torn last line, ids repeated outside
             Ties), one sentence each.
+        score_kind: what kind of score the score records hold (classifier, or DPO with mode,
+            reference and compat); None for official result files, which do not say.
+        reward: the reward the figures use: ``rewards`` (as scored) or ``dpo:<name>``
+            (recomputed from the DPO extras, ``MetricsConfig.dpo_reward``).
     """
 
     benchmark: str
@@ -127,6 +139,8 @@ class Evaluation:
     intervals: Mapping[str, Interval]
     config: MetricsConfig
     warnings: tuple[str, ...] = ()
+    score_kind: ScoreKind | None = None
+    reward: str = SCORED_REWARDS
 
     def figures(self) -> dict[str, float]:
         """Figure name → point value (names as the interval keys)."""
@@ -144,6 +158,9 @@ class Comparison:
         figures: one :class:`~rmserve.metrics.bootstrap.PairedFigure` per figure, table order.
         config: the settings used (``resamples`` ≥ 1).
         warnings: the readers' warnings for A then B (e.g. a dropped torn last line).
+        score_kind_a, score_kind_b: what kind of score each side's records hold (None for
+            official result files).
+        reward: the reward both sides' figures use (see :attr:`Evaluation.reward`).
     """
 
     benchmark: str
@@ -153,6 +170,9 @@ class Comparison:
     figures: tuple[PairedFigure, ...] = field(default=())
     config: MetricsConfig = field(default_factory=MetricsConfig)
     warnings: tuple[str, ...] = ()
+    score_kind_a: ScoreKind | None = None
+    score_kind_b: ScoreKind | None = None
+    reward: str = SCORED_REWARDS
 
 
 # --- evaluation -------------------------------------------------------------------------
@@ -204,6 +224,8 @@ def evaluate(scores: ScoreSet, config: MetricsConfig | None = None) -> Evaluatio
         intervals=MappingProxyType(dict(intervals)),
         config=config,
         warnings=scores.warnings,
+        score_kind=scores.score_kind,
+        reward=scores.reward,
     )
 
 
@@ -214,7 +236,7 @@ def evaluate_files(paths: Sequence[str | Path], config: MetricsConfig | None = N
         DataError: any input problem (names file, line and field).
     """
     config = config or MetricsConfig()
-    scores = read_score_files(paths, domain=config.domain, benchmark=config.benchmark)
+    scores = read_score_files(paths, domain=config.domain, benchmark=config.benchmark, dpo_reward=config.dpo_reward)
     return evaluate(scores, config)
 
 
@@ -227,7 +249,7 @@ def evaluate_records(
         DataError: invalid records (names ``source``, the 1-based record number and field).
     """
     config = config or MetricsConfig()
-    scores = scores_from_records(records, source=source)
+    scores = scores_from_records(records, source=source, dpo_reward=config.dpo_reward)
     if config.benchmark is not None and scores.benchmark != config.benchmark:
         raise DataError(
             f"holds {scores.benchmark} scores, but {config.benchmark} scores were asked for",
@@ -303,6 +325,9 @@ def compare_scores(a: ScoreSet, b: ScoreSet, config: MetricsConfig | None = None
         figures=tuple(paired[n] for n in _table_order(a.benchmark, paired)),
         config=config,
         warnings=a.warnings + b.warnings,
+        score_kind_a=a.score_kind,
+        score_kind_b=b.score_kind,
+        reward=a.reward,
     )
 
 
@@ -313,8 +338,8 @@ def compare_files(path_a: str | Path, path_b: str | Path, config: MetricsConfig 
         DataError: any input problem, or mismatched groups.
     """
     config = config or MetricsConfig()
-    a = read_score_files([path_a], domain=config.domain, benchmark=config.benchmark)
-    b = read_score_files([path_b], domain=config.domain, benchmark=config.benchmark)
+    a = read_score_files([path_a], domain=config.domain, benchmark=config.benchmark, dpo_reward=config.dpo_reward)
+    b = read_score_files([path_b], domain=config.domain, benchmark=config.benchmark, dpo_reward=config.dpo_reward)
     return compare_scores(a, b, config)
 
 
@@ -365,12 +390,37 @@ def _bootstrap_dict(config: MetricsConfig) -> dict[str, Any] | None:
     }
 
 
+def _score_kind_dict(kind: ScoreKind | None) -> dict[str, Any] | None:
+    if kind is None:
+        return None
+    return {"kind": kind.kind, "mode": kind.mode, "ref_model": kind.ref_model, "compat": kind.compat}
+
+
+def _reward_dict(reward: str) -> dict[str, Any]:
+    if reward == SCORED_REWARDS:
+        return {"name": reward, "formula": None}
+    name = reward.removeprefix("dpo:")
+    return {"name": reward, "formula": DPO_REWARD_FORMULAS[name]}
+
+
+def reward_text(reward: str) -> str:
+    """Words for the reward the figures use: ``rewards as scored`` or e.g. ``DPO reward avg =
+    policy_logp / answer_tokens, recomputed from the extras``."""
+    if reward == SCORED_REWARDS:
+        return "rewards as scored"
+    name = reward.removeprefix("dpo:")
+    return f"DPO reward {name} = {DPO_REWARD_FORMULAS[name]}, recomputed from the extras"
+
+
 def result_dict(evaluation: Evaluation) -> dict[str, Any]:
     """The JSON form of an evaluation: fractions at full precision, intervals as ``[low, high]``.
 
-    Keys: ``benchmark``, ``files``, ``n_groups``, ``partial``, ``missing``, ``notes``,
-    ``warnings``, ``bootstrap`` and, for RM-Bench, ``domains`` (score / hard / normal / easy / matrix /
-    n_groups / n_nan_groups / parts / interval) and ``overall``; for RewardBench 2,
+    Keys: ``benchmark``, ``files``, ``n_groups``, ``score_kind`` (``kind``, ``mode``,
+    ``ref_model``, ``compat`` of the score records; null for official result files),
+    ``reward`` (``name``: ``rewards`` or ``dpo:<avg|sum|norm|reference>``; ``formula``: the
+    DPO formula or null), ``partial``, ``missing``, ``notes``, ``warnings``, ``bootstrap`` and,
+    for RM-Bench, ``domains`` (score / hard / normal / easy / matrix / n_groups / n_nan_groups /
+    parts / interval) and ``overall``; for RewardBench 2,
     ``subsets`` (score / n_groups / n_nan_groups / interval; Ties also its components) and
     ``average``.
     """
@@ -380,6 +430,8 @@ def result_dict(evaluation: Evaluation) -> dict[str, Any]:
         "benchmark": evaluation.benchmark,
         "files": list(evaluation.files),
         "n_groups": evaluation.n_groups,
+        "score_kind": _score_kind_dict(evaluation.score_kind),
+        "reward": _reward_dict(evaluation.reward),
         "partial": result.partial,
         "missing": list(result.missing),
         "notes": _notes(evaluation),
@@ -435,13 +487,17 @@ def result_dict(evaluation: Evaluation) -> dict[str, Any]:
 
 
 def comparison_dict(comparison: Comparison) -> dict[str, Any]:
-    """The JSON form of a comparison: ``warnings`` and, per figure, ``a``, ``b``,
-    ``difference`` (B − A), ``interval`` and ``excludes_zero``; fractions at full precision."""
+    """The JSON form of a comparison: ``score_kind_a``/``score_kind_b`` and ``reward`` (as in
+    :func:`result_dict`), ``warnings`` and, per figure, ``a``, ``b``, ``difference`` (B − A),
+    ``interval`` and ``excludes_zero``; fractions at full precision."""
     return {
         "benchmark": comparison.benchmark,
         "files_a": list(comparison.files_a),
         "files_b": list(comparison.files_b),
         "n_groups": comparison.n_groups,
+        "score_kind_a": _score_kind_dict(comparison.score_kind_a),
+        "score_kind_b": _score_kind_dict(comparison.score_kind_b),
+        "reward": _reward_dict(comparison.reward),
         "warnings": list(comparison.warnings),
         "bootstrap": _bootstrap_dict(comparison.config),
         "figures": {
@@ -489,8 +545,9 @@ def _header(cells: Sequence[str], first_left: bool = True) -> list[str]:
 
 
 def render_markdown(evaluation: Evaluation) -> str:
-    """Markdown report: the leaderboard-order table (percent, 1 decimal) with its interval
-    row, notes on missing parts, and a per-domain / Ties detail table."""
+    """Markdown report: the title (naming a recomputed DPO reward), a header line with the
+    groups, files, kind of score and reward, the leaderboard-order table (percent, 1 decimal)
+    with its interval row, notes on missing parts, and a per-domain / Ties detail table."""
     result = evaluation.result
     figures = evaluation.figures()
     iv = evaluation.intervals
@@ -499,7 +556,17 @@ def render_markdown(evaluation: Evaluation) -> str:
         title, columns = "RM-Bench", RMBENCH_COLUMNS
     else:
         title, columns = "RewardBench 2", RB2_COLUMNS
-    lines = [f"## {title}", "", f"{evaluation.n_groups} groups from {', '.join(evaluation.files)}.", ""]
+    heading = title
+    if evaluation.reward != SCORED_REWARDS:
+        heading += f": DPO reward {evaluation.reward.removeprefix('dpo:')}"
+    kind = _kind_text(evaluation.score_kind)
+    lines = [
+        f"## {heading}",
+        "",
+        f"{evaluation.n_groups} groups from {', '.join(evaluation.files)}. "
+        f"Scores: {kind}; {reward_text(evaluation.reward)}.",
+        "",
+    ]
     lines += _header([""] + [h for h, _ in columns])
     lines.append(
         _row(["Accuracy (%)" if title == "RM-Bench" else "Score (%)"] + [_pct(figures.get(f)) for _, f in columns])
@@ -549,6 +616,10 @@ def _figure_label(figure: str) -> str:
     return figure
 
 
+def _kind_text(kind: ScoreKind | None) -> str:
+    return kind.describe() if kind is not None else "kind not recorded in the files"
+
+
 def render_comparison(comparison: Comparison) -> str:
     """Markdown table of a paired comparison: A, B, B − A (percentage points), its interval
     and whether the interval excludes 0."""
@@ -556,8 +627,9 @@ def render_comparison(comparison: Comparison) -> str:
     lines = [
         f"## {comparison.benchmark}: B − A over {comparison.n_groups} paired groups",
         "",
-        f"A: {', '.join(comparison.files_a)}  ",
-        f"B: {', '.join(comparison.files_b)}",
+        f"A: {', '.join(comparison.files_a)} ({_kind_text(comparison.score_kind_a)})  ",
+        f"B: {', '.join(comparison.files_b)} ({_kind_text(comparison.score_kind_b)})  ",
+        f"Reward: {reward_text(comparison.reward)}.",
         "",
         *(f"Warning: {w}" for w in comparison.warnings),
         *([""] if comparison.warnings else []),

@@ -46,6 +46,16 @@ DomainOpt = Annotated[
         show_default=False,
     ),
 ]
+DpoRewardOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dpo-reward",
+        help="Recompute a DPO run's rewards from its score records' extras instead of using the rewards as scored: "
+        "avg (policy_logp / answer_tokens), sum (policy_logp), norm (-policy_logp_norm) or reference "
+        "(policy_logp - ref_logp).",
+        show_default=False,
+    ),
+]
 BenchOpt = Annotated[
     str | None,
     typer.Option("--bench", help="Expected benchmark: rm-bench or rewardbench2 (default: detect).", show_default=False),
@@ -85,11 +95,14 @@ def rm_bench(
     seed: SeedOpt = 0,
     confidence: ConfidenceOpt = 0.95,
     domain: DomainOpt = None,
+    dpo_reward: DpoRewardOpt = None,
 ) -> None:
     """RM-Bench accuracy: Chat | Math | Code | Safety | Easy | Normal | Hard | Avg."""
     from rmserve.metrics.report import evaluate_files
 
-    config = _config(resamples=resamples, seed=seed, confidence=confidence, domain=domain, benchmark="rm-bench")
+    config = _config(
+        resamples=resamples, seed=seed, confidence=confidence, domain=domain, benchmark="rm-bench", dpo_reward=dpo_reward
+    )
     _emit(_guard(lambda: evaluate_files(files, config)), as_json, out)
 
 
@@ -101,11 +114,14 @@ def rewardbench2(
     resamples: ResamplesOpt = 1000,
     seed: SeedOpt = 0,
     confidence: ConfidenceOpt = 0.95,
+    dpo_reward: DpoRewardOpt = None,
 ) -> None:
     """RewardBench 2 scores: Factuality | Precise IF | Math | Safety | Focus | Ties | Avg."""
     from rmserve.metrics.report import evaluate_files
 
-    config = _config(resamples=resamples, seed=seed, confidence=confidence, benchmark="rewardbench2")
+    config = _config(
+        resamples=resamples, seed=seed, confidence=confidence, benchmark="rewardbench2", dpo_reward=dpo_reward
+    )
     _emit(_guard(lambda: evaluate_files(files, config)), as_json, out)
 
 
@@ -119,12 +135,15 @@ def compare(
     seed: SeedOpt = 0,
     confidence: ConfidenceOpt = 0.95,
     domain: DomainOpt = None,
+    dpo_reward: DpoRewardOpt = None,
 ) -> None:
     """Paired difference B − A per figure over the same groups, with its bootstrap interval."""
     from rmserve.metrics.report import compare_files, comparison_dict, render_comparison, to_json
 
     if resamples < 1:
         raise typer.BadParameter(f"resamples must be >= 1 for a comparison, got {resamples}", param_hint="--resamples")
-    config = _config(resamples=resamples, seed=seed, confidence=confidence, domain=domain, benchmark=bench)
+    config = _config(
+        resamples=resamples, seed=seed, confidence=confidence, domain=domain, benchmark=bench, dpo_reward=dpo_reward
+    )
     comparison = _guard(lambda: compare_files(file_a, file_b, config))
     typer.echo(to_json(comparison_dict(comparison)) if as_json else render_comparison(comparison), nl=as_json)

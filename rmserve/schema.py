@@ -271,6 +271,32 @@ class ErrorBody(msgspec.Struct, frozen=True):
     error: ErrorDetail
 
 
+class ScoreKind(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What kind of score a run's rewards are: the ``kind``, ``mode``, ``ref_model`` and
+    ``compat`` of the :class:`ModelInfo` it started with (see there), as every
+    :class:`ScoreRecord` of the run carries them. Defaults describe a classifier."""
+
+    kind: str = "classifier"
+    mode: str | None = None
+    ref_model: str | None = None
+    compat: str = "none"
+
+    @classmethod
+    def of(cls, info: ModelInfo) -> ScoreKind:
+        """The score kind of a server's model."""
+        return cls(kind=info.kind, mode=info.mode, ref_model=info.ref_model, compat=info.compat)
+
+    def describe(self) -> str:
+        """Words for messages and report headers: ``classifier``, or e.g. ``dpo (mode reference,
+        reference 'ref-7b', compat none)``."""
+        parts = [f"mode {self.mode}"] if self.mode is not None else []
+        if self.ref_model is not None:
+            parts.append(f"reference {self.ref_model!r}")
+        if self.kind != "classifier" or self.compat != "none":
+            parts.append(f"compat {self.compat}")
+        return f"{self.kind} ({', '.join(parts)})" if parts else self.kind
+
+
 class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     """One scored group as stored (one JSONL line) and read back by the metrics.
 
@@ -290,6 +316,21 @@ class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
         truncation: the truncation the group was scored under (None: none was asked). A
             rerun with other options scores a group that failed again; one with the same
             options does not.
+        extras: the engine's per-response values beside the reward (:attr:`GroupResult.extras`,
+            copied unchanged): name → one value per response, response order. For ``kind``
+            ``dpo``: ``policy_logp`` (sum of the policy's answer-token log-probs, nats),
+            ``ref_logp`` (the reference's; null when reference-free), ``policy_logp_norm``
+            (L2 norm of the policy's per-token log-probs) and ``answer_tokens`` (count).
+            None (omitted) when the engine sent none, as for classifiers.
+        kind: what kind of score ``rewards`` are, copied from the :class:`ModelInfo` the run
+            started with: ``classifier`` (default; a reward head's logits) or ``dpo`` (a DPO
+            policy's implicit reward).
+        mode: DPO only: ``reference`` or the reference-free ``avg``/``sum``/``norm``; else None.
+        ref_model: DPO with a reference only: the reference model's name; else None.
+        compat: ``none`` (default) or ``official`` (the official script's defects reproduced).
+
+    The last five are omitted when at their defaults, so a classifier's record encodes
+    exactly as before they existed.
     """
 
     benchmark: str
@@ -305,10 +346,20 @@ class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     styles: tuple[str, ...] | None = None
     errors: tuple[ResponseError | None, ...] | None = None
     truncation: Truncation | None = None
+    extras: dict[str, tuple[float | int | str | None, ...]] | None = None
+    kind: str = "classifier"
+    mode: str | None = None
+    ref_model: str | None = None
+    compat: str = "none"
 
     @property
     def key(self) -> GroupKey:
         return GroupKey(self.benchmark, self.domain, self.id)
+
+    @property
+    def score_kind(self) -> ScoreKind:
+        """What kind of score the rewards are (kind, mode, reference, compat)."""
+        return ScoreKind(kind=self.kind, mode=self.mode, ref_model=self.ref_model, compat=self.compat)
 
     @property
     def first_error(self) -> ResponseError | None:

@@ -42,7 +42,7 @@ from rmserve.client.score_store import ScoreStore
 
 from rmserve import errors
 from rmserve.pipelines.outcome import TruncationSummary, Unscored, strict_stop, truncation_summary, unscored
-from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreRecord, Truncation
+from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreKind, ScoreRecord, Truncation
 
 if TYPE_CHECKING:  # the metrics stage (numpy) is imported when a run reports, not before
     from rmserve.metrics.report import Evaluation
@@ -247,7 +247,11 @@ async def _score_pending(
     started = time.monotonic()
     try:
         stream = client.score_stream(
-            pending, truncation=config.truncation, model=config.model, expect_fingerprint=info.fingerprint
+            pending,
+            truncation=config.truncation,
+            model=config.model,
+            expect_fingerprint=info.fingerprint,
+            kind=ScoreKind.of(info),
         )
         async with contextlib.aclosing(stream):
             async for record in stream:

@@ -324,6 +324,16 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _folder_signature(path: str, dtype: str) -> str | None:
+    """:func:`checkpoint_signature` of a local folder, or None (a hub id, or it cannot be hashed)."""
+    if not Path(path).is_dir():
+        return None
+    try:
+        return checkpoint_signature(path, dtype)
+    except (errors.RMServeError, OSError, ValueError):
+        return None
+
+
 def store_signature(config: RunConfig) -> str | None:
     """The checkpoint signature ``run`` keys the score store with, or None when it cannot.
 
@@ -331,23 +341,37 @@ def store_signature(config: RunConfig) -> str | None:
     template override is given (the server's fingerprint then depends on it, the signature
     does not), or the folder cannot be hashed (the server will report why). The signature
     covers the dtype the server will compute in (``--dtype``, else its ``auto`` rule).
+
+    For ``--kind dpo`` it is :func:`rmserve.fingerprint.dpo_fingerprint` of the policy's and
+    (with ``--ref-model``) the reference's folder signatures, the reward mode and ``--compat``,
+    so it never equals a classifier's signature nor that of another mode, reference or compat;
+    None also when the reference is not a local folder, or when the engine options do not
+    make a valid DPO setting (the server will report why).
     """
+    from rmserve.fingerprint import dpo_fingerprint
     from rmserve.server.config import resolve_dtype
 
     serve = config.serve
     options = serve.engine_options
     if config.evaluation.store is None or options.get("chat_template") is not None or "--chat-template" in serve.extra_args:
         return None
-    if not Path(serve.model).is_dir():
+    if not Path(serve.model).is_dir():  # a hub id: nothing to hash (and no need to ask torch for the dtype)
         return None
     try:
         dtype = resolve_dtype(str(options.get("dtype") or "auto"))  # the server's rule
     except ImportError:
         return None
-    try:
-        return checkpoint_signature(serve.model, dtype)
-    except (errors.RMServeError, OSError, ValueError):
+    policy = _folder_signature(serve.model, dtype)
+    if policy is None or (options.get("kind") or "classifier") == "classifier":
+        return policy
+    ref_model, ref_free = options.get("ref_model"), options.get("ref_free")
+    if (ref_model is None) == (ref_free is None):
         return None
+    reference = _folder_signature(str(ref_model), dtype) if ref_model is not None else None
+    if ref_model is not None and reference is None:
+        return None
+    mode = "reference" if ref_model is not None else str(ref_free)
+    return dpo_fingerprint(policy, reference, mode, str(options.get("compat") or "none"))
 
 
 def run(config: RunConfig) -> EvalResult:

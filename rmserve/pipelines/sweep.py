@@ -37,7 +37,7 @@ from rmserve.pipelines.outcome import strict_stop, unscored
 from rmserve.client.score_store import ScoreStore, checkpoint_signature
 
 from rmserve import errors
-from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreRecord, Truncation
+from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreKind, ScoreRecord, Truncation
 
 logger = logging.getLogger("rmserve.sweep")
 
@@ -289,6 +289,10 @@ class _Sweep:
         self.notes: list[str] = []
         self.refused: list[str] = []
         self.dtype: str | None = None
+        self.kind = ScoreKind()
+        """What kind of score the servers give (from the first server's ``/v1/models``): a DPO
+        server swaps the policy and keeps its reference, mode and compat."""
+        self._ref_signature: str | None = None
         self.recoveries: dict[asyncio.Task[None], _Server] = {}
         """Recovery tasks whose outcome is not handled yet → the server each was started for.
         A server's ``recovery`` may already be a newer task than one listed here."""
@@ -320,6 +324,7 @@ class _Sweep:
             await server.client.wait_until_ready(self.config.server_wait_s, poll_interval_s=1.0)
             infos.append((await server.client.models())[0])
         self.dtype = infos[0].dtype
+        self.kind = ScoreKind.of(infos[0])
         for server, info in zip(self.servers, infos, strict=True):
             if info.dtype != self.dtype:
                 self._refuse(server, _Refused(
@@ -330,9 +335,35 @@ class _Sweep:
 
     # -- one checkpoint ------------------------------------------------------------------
 
-    async def run_checkpoint(self, checkpoint: Checkpoint) -> CheckpointRun:
+    def _signature(self, checkpoint: Checkpoint) -> str | None:
+        """The score store's key for ``checkpoint`` as these servers score it, or None (no memo).
+
+        A classifier: the folder's :func:`checkpoint_signature`. A DPO server:
+        :func:`rmserve.fingerprint.dpo_fingerprint` of the folder's signature, the reference's
+        (when ``ref_model`` is a folder here; a reference this process cannot hash gives None:
+        the checkpoint is loaded and only its stored groups are skipped), the mode and compat,
+        so one policy folder scored under two modes or references keeps two memos.
+        """
+        from rmserve.fingerprint import dpo_fingerprint
+
         signature = checkpoint_signature(checkpoint.path, self.dtype)
-        known = self.db.fingerprint_for(signature)
+        kind = self.kind
+        if kind.kind == "classifier":
+            return signature
+        reference = None
+        if kind.ref_model is not None:
+            if not Path(kind.ref_model).is_dir():
+                return None
+            if self._ref_signature is None:  # the reference stays loaded: hashed once per sweep
+                self._ref_signature = checkpoint_signature(kind.ref_model, self.dtype)
+            reference = self._ref_signature
+        if kind.mode is None or (kind.mode == "reference") != (reference is not None):
+            return None
+        return dpo_fingerprint(signature, reference, kind.mode, kind.compat)
+
+    async def run_checkpoint(self, checkpoint: Checkpoint) -> CheckpointRun:
+        signature = self._signature(checkpoint)
+        known = self.db.fingerprint_for(signature) if signature is not None else None
         if known is not None:
             missing = self._missing(known)
             if not missing:
@@ -341,7 +372,8 @@ class _Sweep:
                 logger.info("%s: all %d groups stored (fingerprint %s)", checkpoint.name, len(self.groups), known)
                 return CheckpointRun(checkpoint, known, model, len(self.groups), 0, len(self.groups), loaded=False)
         fingerprint, model = await self._load_everywhere(checkpoint, known)
-        self.db.remember_checkpoint(signature, path=str(checkpoint.path), fingerprint=fingerprint, model=model)
+        if signature is not None:
+            self.db.remember_checkpoint(signature, path=str(checkpoint.path), fingerprint=fingerprint, model=model)
         missing = self._missing(fingerprint)
         n_stored = len(self.groups) - len(missing)
         if n_stored:
@@ -602,7 +634,8 @@ class _Sweep:
             )
         (result,) = reply.results
         return record_from_result(
-            group, result, model=reply.model, fingerprint=reply.fingerprint, truncation=self.config.truncation
+            group, result, model=reply.model, fingerprint=reply.fingerprint, truncation=self.config.truncation,
+            kind=self.kind,
         )
 
 
@@ -668,6 +701,7 @@ async def sweep_async(config: SweepConfig) -> SweepResult:
                 runs.append(await state.run_checkpoint(checkpoint))
             notes.extend(state.notes)
             refused = tuple(state.refused)
+            kind = state.kind
         logger.info("sweep scored %d groups in %.1f s", sum(r.n_scored for r in runs), time.monotonic() - started)
         points = []
         for run in runs:
@@ -703,6 +737,7 @@ async def sweep_async(config: SweepConfig) -> SweepResult:
                 "its figures are that checkpoint's"
             )
     extra = {
+        "score_kind": {"kind": kind.kind, "mode": kind.mode, "ref_model": kind.ref_model, "compat": kind.compat},
         "servers": list(config.servers),
         "groups_scored_per_server": {
             url: sum(run.per_server.get(url, 0) for run in runs) for url in config.servers

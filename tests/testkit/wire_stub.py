@@ -2,7 +2,9 @@
 
 It decodes requests and encodes every reply body (scores, models, health, errors) with the
 schema records the real server uses, so its bodies match the server's byte for byte; it answers every group with a reward computed from
-the response text (``len(response) / 100``, so tests can recompute it), and lets a test script
+the response text (``len(response) / 100``, so tests can recompute it; a stub serving a DPO
+model — ``model.kind == "dpo"`` — answers the DPO extras of :func:`stub_dpo_extras` and the
+reward of its mode instead), and lets a test script
 failures (status + error type + headers, or a dropped connection), hold groups back to force
 out-of-order replies, and read counters (requests, groups, most groups in flight).
 
@@ -39,6 +41,54 @@ STUB_MODEL = ModelInfo(name="stub-rm", max_model_len=4096, dtype="float32", fing
 def stub_reward(response: str) -> float:
     """The reward the stub gives a response: its length in characters / 100."""
     return len(response) / 100
+
+
+def stub_dpo_model(mode: str, *, ref_model: str | None = None, compat: str = "none", name: str = "stub-policy") -> ModelInfo:
+    """A DPO ModelInfo the stub can serve: ``mode`` ``reference`` (needs ``ref_model``) or
+    ``avg``/``sum``/``norm``; fingerprint ``fp-stub-dpo-<mode>-<compat>``."""
+    return ModelInfo(
+        name=name, max_model_len=4096, dtype="float32", fingerprint=f"fp-stub-dpo-{mode}-{compat}", engine="stub",
+        kind="dpo", mode=mode, ref_model=ref_model, compat=compat,
+    )
+
+
+def stub_dpo_extras(response: str, mode: str) -> dict[str, float | int | None]:
+    """The DPO extras the stub answers for one response (n = its length in characters):
+    ``policy_logp`` −n/10, ``answer_tokens`` words + 1, ``policy_logp_norm`` n/25 + 0.5 and
+    ``ref_logp`` −n/20 − 0.5 (None unless ``mode`` is ``reference``)."""
+    n = len(response)
+    return {
+        "policy_logp": -n / 10,
+        "ref_logp": -n / 20 - 0.5 if mode == "reference" else None,
+        "policy_logp_norm": n / 25 + 0.5,
+        "answer_tokens": len(response.split()) + 1,
+    }
+
+
+def stub_dpo_reward(response: str, mode: str) -> float:
+    """The reward a DPO stub gives: its mode's formula over :func:`stub_dpo_extras`."""
+    e = stub_dpo_extras(response, mode)
+    if mode == "reference":
+        return e["policy_logp"] - e["ref_logp"]
+    if mode == "avg":
+        return e["policy_logp"] / e["answer_tokens"]
+    if mode == "sum":
+        return e["policy_logp"]
+    return -e["policy_logp_norm"]
+
+
+def _result(state: StubState, group_id: str, responses: tuple[str, ...]) -> GroupResult:
+    model = state.model
+    num_tokens = tuple(len(r.split()) + 1 for r in responses)
+    num_cached = tuple(0 for _ in responses)
+    if model.kind != "dpo":
+        return GroupResult(id=group_id, rewards=tuple(stub_reward(r) for r in responses), num_tokens=num_tokens,
+                           num_cached_tokens=num_cached)
+    mode = model.mode or "avg"
+    per_response = [stub_dpo_extras(r, mode) for r in responses]
+    extras = {name: tuple(e[name] for e in per_response) for name in per_response[0]}
+    return GroupResult(id=group_id, rewards=tuple(stub_dpo_reward(r, mode) for r in responses), num_tokens=num_tokens,
+                       num_cached_tokens=num_cached, extras=extras)
 
 
 @dataclass
@@ -150,15 +200,7 @@ async def _score(request: web.Request) -> web.StreamResponse:
             if needed is not None:
                 async with state.completed:
                     await state.completed.wait_for(lambda: state.groups_completed >= needed)
-        results = [
-            GroupResult(
-                id=g.id,
-                rewards=tuple(stub_reward(r) for r in g.responses),
-                num_tokens=tuple(len(r.split()) + 1 for r in g.responses),
-                num_cached_tokens=tuple(0 for _ in g.responses),
-            )
-            for g in groups
-        ]
+        results = [_result(state, g.id, g.responses) for g in groups]
         if state.reply_tamper is not None:
             results = state.reply_tamper(score_request, results)
     finally:
@@ -191,6 +233,10 @@ def main() -> None:
     parser.add_argument("--fail-at-start", action="store_true", help="print a message and exit 3")
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--startup-delay-s", type=float, default=0.0)
+    parser.add_argument("--kind", default="classifier")
+    parser.add_argument("--ref-model", default=None)
+    parser.add_argument("--ref-free", default=None)
+    parser.add_argument("--compat", default="none")
     args, unknown = parser.parse_known_args()
     print(f"stub server argv extras: {unknown}", flush=True)
     if args.fail_at_start:
@@ -205,7 +251,12 @@ def main() -> None:
 
         time.sleep(args.startup_delay_s)
     print(f"stub: serving on {args.host}:{args.port}", flush=True)
-    web.run_app(make_stub_app(), host=args.host, port=args.port, print=None, handle_signals=not args.ignore_sigterm)
+    state = StubState()
+    if args.kind == "dpo":
+        mode = "reference" if args.ref_model is not None else args.ref_free
+        state.model = stub_dpo_model(mode, ref_model=args.ref_model, compat=args.compat)
+    print(f"stub: serving {state.model.kind} model {state.model.name}", flush=True)
+    web.run_app(make_stub_app(state), host=args.host, port=args.port, print=None, handle_signals=not args.ignore_sigterm)
 
 
 if __name__ == "__main__":
