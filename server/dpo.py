@@ -197,8 +197,8 @@ class DPOEngine:
     :class:`~rmserve.server.protocol.SupportsRestart`,
     :class:`~rmserve.server.protocol.SupportsPrefixCacheStats` and
     :class:`~rmserve.server.protocol.SupportsCheckpointCheck`, each through the policy (and
-    reference) engine's own method: an engine without it raises
-    :class:`~rmserve.errors.EngineError` there.
+    reference) engine's own method: a reload or restart on a policy engine without it raises
+    :class:`~rmserve.errors.EngineError`; an engine without a prefix cache counts zeros.
 
     Build it with :func:`rmserve.server.backends.build_engine`, which passes the class
     ``LOGPROB_ENGINES[config.engine]`` as ``logprob_engine``.
@@ -518,6 +518,7 @@ class DPOEngine:
             await restart(str(folder))
             tokenizer = await asyncio.to_thread(self._tokenizer, str(folder), "path")
             self.config = dataclasses.replace(self.config, model=str(folder))
+            self._reference_fingerprint = None  # hashed again with the new renderer's template
             self._loaded = await asyncio.to_thread(self._build, str(folder), tokenizer, None)
         except Exception as exc:
             self._not_loaded = f"the policy restart on checkpoint {folder.name!r} failed; no model is loaded"

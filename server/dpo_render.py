@@ -240,13 +240,17 @@ class DPORenderer(Renderer):
         return full_text[len(prompt_text) :]
 
     def _split(self, prompt_ids: list[int], full_ids: list[int], index: int, group_id: str) -> _Split:
-        """BPE boundary fix, BOS and EOS (steps 2–3 of the module docstring)."""
+        """BPE boundary fix, BOS and EOS (steps 2–3 of the module docstring).
+
+        The template's own BOS is kept as the only one (``none``) only when it lies in the
+        prompt part, so every answer starts at index ≥ 1 (its first token has a context).
+        """
         self._check_bos(full_ids, index, group_id)
         start = len(prompt_ids)
         if prompt_ids != full_ids[:start]:
             start -= 1
         start = max(0, min(start, len(full_ids)))
-        if self.compat == "none" and full_ids[:1] == [self.sequence_bos_id]:
+        if self.compat == "none" and start >= 1 and full_ids[:1] == [self.sequence_bos_id]:
             head: list[int] = []
         else:
             head = [self.sequence_bos_id]

@@ -18,7 +18,9 @@ a DPO policy and its reference, or a generative judge's text); the app passes ex
 through to the reply's :class:`~rmserve.schema.GroupResult` without reading them.
 
 Optional capabilities are separate protocols (:class:`SupportsPrefixCacheStats`,
-:class:`SupportsWeightReload`, :class:`SupportsRestart`): check them with ``isinstance``.
+:class:`SupportsWeightReload`, :class:`SupportsRestart`, :class:`SupportsCheckpointCheck`):
+check them with ``isinstance``. A DPO engine (:mod:`rmserve.server.dpo`) is built from
+:class:`LogprobEngine` s, which answer per-token log-probabilities instead of rewards.
 """
 
 from __future__ import annotations

@@ -286,3 +286,19 @@ def test_an_engine_error_on_a_score_gives_a_null_reward_in_the_reply():
     assert result.rewards == (None, -1.5)
     assert result.errors == (error, None)
     assert result.extras == {"answer_tokens": (0, 1)}
+
+
+async def test_restart_moves_the_policy_to_another_checkpoint_and_back(ckpts, tmp_path):
+    engine, engines = make_engine(ckpts)
+    first = await engine.start()
+    loaded = await engine.restart(str(ckpts["policy2"]))
+    policy = engines.built[str(ckpts["policy"])]
+    assert policy.restarts == [str(ckpts["policy2"])]
+    assert engines.built[str(ckpts["reference"])].restarts == []
+    assert loaded.info.fingerprint != first.info.fingerprint and loaded.renderer is not first.renderer
+    assert loaded.checkpoint_dir == ckpts["policy2"].resolve()
+    (score,) = await engine.score_group([OK_IDS], "r", answer_starts=[5])
+    assert score.reward == pytest.approx(-4.54 + 1.135)
+    back = await engine.restart(str(ckpts["policy"]))
+    assert back.info.fingerprint == first.info.fingerprint
+    assert engine.prefix_cache_stats().query_tokens == 2 * len(OK_IDS)  # policy + reference
