@@ -129,10 +129,11 @@ class ScoreRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
     truncation: Truncation | None = None
 
 
-RESPONSE_ERROR_TYPES: tuple[str, ...] = ("sequence_too_long", "non_finite_reward")
+RESPONSE_ERROR_TYPES: tuple[str, ...] = ("sequence_too_long", "non_finite_reward", "no_answer_tokens")
 """Why one response of a group could not be scored (``ResponseError.type``):
 ``sequence_too_long`` — its sequence is longer than the model's max length and no truncation
-was asked; ``non_finite_reward`` — the model gave NaN or ±inf for it."""
+was asked; ``non_finite_reward`` — the model gave NaN or ±inf for it; ``no_answer_tokens`` — a
+DPO implicit reward had no answer token to sum over."""
 
 
 class ResponseError(msgspec.Struct, frozen=True):

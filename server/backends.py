@@ -27,6 +27,10 @@ LOGPROB_ENGINES: dict[str, str] = {
 taking ``(config, model)``; a DPO engine (:mod:`rmserve.server.dpo`) builds its policy and
 reference from it."""
 
+DPO_ENGINE = "rmserve.server.dpo:DPOEngine"
+"""``"module:attr"`` of the engine of ``kind="dpo"`` (it wraps the :data:`LOGPROB_ENGINES` of
+``config.engine``)."""
+
 
 def engine_class(name: str) -> type:
     """Import and return the engine class registered as ``name``.
@@ -42,6 +46,28 @@ def engine_class(name: str) -> type:
     return getattr(importlib.import_module(module_name), attr)
 
 
+def logprob_engine_class(name: str) -> type:
+    """Import and return the log-probability engine class registered as ``name``.
+
+    Raises:
+        ValueError: ``name`` is not in :data:`LOGPROB_ENGINES`; the message lists the choices.
+    """
+    try:
+        target = LOGPROB_ENGINES[name]
+    except KeyError:
+        raise ValueError(
+            f"engine: no log-prob engine {name!r}; choose one of {', '.join(sorted(LOGPROB_ENGINES))}"
+        ) from None
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
 def build_engine(config: EngineConfig) -> RewardEngine:
-    """The (not yet started) engine that ``config.engine`` names, built from ``config``."""
+    """The (not yet started) engine for ``config``: for ``kind="dpo"`` a
+    :class:`~rmserve.server.dpo.DPOEngine` over the log-prob engines of ``config.engine``
+    (:data:`LOGPROB_ENGINES`), else the reward engine ``config.engine`` names."""
+    if config.kind == "dpo":
+        module_name, _, attr = DPO_ENGINE.partition(":")
+        dpo_engine = getattr(importlib.import_module(module_name), attr)
+        return dpo_engine(config, logprob_engine=logprob_engine_class(config.engine))
     return engine_class(config.engine)(config)

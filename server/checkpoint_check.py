@@ -8,7 +8,8 @@ the files themselves decide is checked here instead, in milliseconds, on a few K
 - ``config.json`` exists and is a JSON object;
 - for a sequence-classifier reward model: an ``*ForSequenceClassification`` architecture and
   exactly one label (the reward logit), counted as transformers counts it — the length of
-  ``id2label`` when present, else ``num_labels``, else transformers' default of 2;
+  ``id2label`` when present, else ``num_labels``, else transformers' default of 2; for a
+  DPO policy (kind ``dpo``): a causal-LM architecture (``*ForCausalLM`` / ``*LMHeadModel``);
 - tokenizer files: at least one of :data:`~rmserve.fingerprint.TOKENIZER_FILES`, and every
   JSON one among them parses;
 - weights: a ``*.safetensors`` or ``*.bin`` file, or an index (``*.index.json``) whose every
@@ -31,6 +32,9 @@ from rmserve.errors import InvalidCheckpoint
 WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".bin")
 """File suffixes that hold weights (safetensors, PyTorch pickles)."""
 
+CAUSAL_LM_SUFFIXES: tuple[str, ...] = ("ForCausalLM", "LMHeadModel")
+"""Architecture name endings of a causal LM with an LM head (``LlamaForCausalLM``, ``GPT2LMHeadModel``)."""
+
 TRANSFORMERS_DEFAULT_NUM_LABELS = 2
 """What transformers' ``PretrainedConfig`` assumes when a config names neither ``id2label`` nor ``num_labels``."""
 
@@ -47,6 +51,11 @@ def _read_json(folder: Path, name: str) -> Any:
         raise _refuse(folder, "is missing", name) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise _refuse(folder, f"is not readable JSON ({type(exc).__name__}: {exc})", name) from None
+
+
+def is_causal_lm_architecture(name: object) -> bool:
+    """True for an architecture name ending in one of :data:`CAUSAL_LM_SUFFIXES`."""
+    return isinstance(name, str) and name.endswith(CAUSAL_LM_SUFFIXES)
 
 
 def num_labels(config: dict[str, Any]) -> int:
@@ -67,17 +76,29 @@ def check_config(folder: Path, kind: str = "classifier") -> dict[str, Any]:
 
     Args:
         folder: a local checkpoint folder.
-        kind: ``classifier`` (a sequence classifier with one reward logit). Other kinds of
-            reward model have no architecture rule here yet: only readability is checked.
+        kind: ``classifier`` (a sequence classifier with one reward logit) or ``dpo`` (a
+            causal LM: an architecture ending in ``ForCausalLM`` or ``LMHeadModel``). Other
+            kinds have no architecture rule here: only readability is checked.
 
     Raises:
         InvalidCheckpoint (422, field ``path``): missing or unreadable config, not a JSON
             object, or (classifier) no ``*ForSequenceClassification`` architecture or a label
-            count other than 1.
+            count other than 1, or (dpo) no causal-LM architecture.
     """
     config = _read_json(folder, "config.json")
     if not isinstance(config, dict):
         raise _refuse(folder, f"holds a JSON {type(config).__name__}, not an object", "config.json")
+    if kind == "dpo":
+        architectures = config.get("architectures") or []
+        if not any(is_causal_lm_architecture(a) for a in architectures):
+            classifier = any(isinstance(a, str) and a.endswith("ForSequenceClassification") for a in architectures)
+            raise _refuse(
+                folder,
+                f"architectures is {architectures!r}; a DPO policy must be a causal LM with an LM head "
+                "(*ForCausalLM or *LMHeadModel)"
+                + ("; this is a reward classifier, which a --kind dpo server cannot load" if classifier else ""),
+                "config.json",
+            )
     if kind == "classifier":
         architectures = config.get("architectures") or []
         if not any(isinstance(a, str) and a.endswith("ForSequenceClassification") for a in architectures):

@@ -235,18 +235,67 @@ def check_reward_head(model: str) -> None:
     """
     from transformers import AutoConfig
 
+    from rmserve.server.checkpoint_check import is_causal_lm_architecture
+
     try:
         hf_config = AutoConfig.from_pretrained(model)
     except Exception as exc:  # noqa: BLE001
         raise ServerFault(f"cannot read the model config of {model!r}: {type(exc).__name__}: {exc}") from exc
     architectures = list(getattr(hf_config, "architectures", None) or [])
     if not any(a.endswith("ForSequenceClassification") for a in architectures):
+        hint = (
+            "; it is a causal LM: to score a DPO policy by its implicit reward use --kind dpo "
+            "with --ref-model REF or --ref-free avg|sum|norm"
+            if any(is_causal_lm_architecture(a) for a in architectures)
+            else ""
+        )
         raise ServerFault(
-            f"{model!r} has architectures {architectures}; a reward model must be a *ForSequenceClassification"
+            f"{model!r} has architectures {architectures}; a reward model must be a *ForSequenceClassification{hint}"
         )
     num_labels = getattr(hf_config, "num_labels", None)
     if num_labels != 1:
         raise ServerFault(f"{model!r} has num_labels={num_labels}; a reward model must have exactly 1")
+
+
+def check_lm_head(model: str, field: str) -> None:
+    """Fail fast, before any weight is loaded, unless ``model`` is a causal LM (kind ``dpo``).
+
+    A local folder's ``config.json`` is read as JSON; a hub id's config through transformers
+    ``AutoConfig`` (imported only then).
+
+    Args:
+        model: the policy or reference (folder or hub id).
+        field: the config field that named it (``model`` or ``ref_model``), for the message.
+
+    Raises:
+        ServerFault: unreadable config, or no ``*ForCausalLM`` / ``*LMHeadModel`` architecture
+            (a ``*ForSequenceClassification`` reward model is told to use ``--kind classifier``).
+    """
+    import json
+
+    from rmserve.server.checkpoint_check import is_causal_lm_architecture
+
+    try:
+        folder = Path(model)
+        if folder.is_dir():
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8-sig"))
+            architectures = list(config.get("architectures") or []) if isinstance(config, dict) else []
+        else:
+            from transformers import AutoConfig
+
+            architectures = list(getattr(AutoConfig.from_pretrained(model), "architectures", None) or [])
+    except Exception as exc:  # noqa: BLE001
+        raise ServerFault(f"{field}: cannot read the model config of {model!r}: {type(exc).__name__}: {exc}") from exc
+    if any(is_causal_lm_architecture(a) for a in architectures):
+        return
+    if any(isinstance(a, str) and a.endswith("ForSequenceClassification") for a in architectures):
+        fix = "it is a reward classifier: serve it with --kind classifier, or give a DPO-trained causal LM"
+    else:
+        fix = "give a causal LM checkpoint (the DPO policy, or the model it was trained from)"
+    raise ServerFault(
+        f"{field}: {model!r} has architectures {architectures}; kind dpo needs a causal LM with an LM head "
+        f"(*ForCausalLM or *LMHeadModel); {fix}"
+    )
 
 
 # --- the HTTP layer: ServerConfig (the engine has EngineConfig above) -------------------

@@ -1,4 +1,4 @@
-"""The transformers engine: a reference and fallback for :class:`VLLMEngine`.
+"""The transformers engines: a reference and fallback for the vLLM ones.
 
 :class:`HFEngine` loads ``AutoModelForSequenceClassification`` and scores a group's
 sequences in right-padded batches. The reward is the score head applied to the hidden
@@ -9,6 +9,13 @@ pad == EOS. No activation is applied (raw logits), no prefix cache
 event loop stays free. A checkpoint swap is :meth:`HFEngine.reload_weights` (same
 architecture: the tokenizer and renderer are kept) or :meth:`HFEngine.restart` (any
 checkpoint: everything is rebuilt).
+
+:class:`HFLogprobEngine` is the :class:`~rmserve.server.protocol.LogprobEngine` of a DPO
+policy or reference (``AutoModelForCausalLM``), computed the reference harness's way
+(allenai/reward-bench ``rewardbench/dpo.py``, ``concatenated_forward`` and
+``get_batch_logps``): right-padded batches of ``hf_batch_size`` sequences, pad id = EOS (as
+``scripts/run_dpo.py`` sets it), an attention mask, and for every answer token the
+``log_softmax`` of the previous position's logits gathered at the token (in float32).
 """
 
 from __future__ import annotations
@@ -21,16 +28,17 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from rmserve.server.batching import length_sorted_batches
-from rmserve.server.config import EngineConfig, check_reward_head
+from rmserve.server.config import EngineConfig, check_lm_head, check_reward_head
 from rmserve.server.lifecycle import EngineLifecycle
-from rmserve.server.protocol import LoadedModel, SequenceScore, check_token_ids, local_checkpoint
+from rmserve.server.protocol import AnswerLogprobs, LoadedModel, SequenceScore, check_token_ids, local_checkpoint
 from rmserve.server.render import Renderer
 
-from rmserve.errors import EngineError, EngineNotReady, ServerFault
+from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, ServerFault
 from rmserve.schema import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -308,3 +316,225 @@ def length_sorted_rewards(
             for j, value in zip(batch, values, strict=True):
                 rewards[j] = value
     return rewards
+
+
+# --- log-probabilities of a causal LM (DPO policy / reference) ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _LMLoaded:
+    model: Any
+    device: torch.device
+    pad_id: int
+    record: LoadedModel
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.record.info
+
+
+class HFLogprobEngine(EngineLifecycle[_LMLoaded]):
+    """:class:`~rmserve.server.protocol.LogprobEngine` backed by transformers ``AutoModelForCausalLM``.
+
+    Args:
+        config: the engine settings (``dtype``, ``max_model_len``, ``chat_template``,
+            ``hf_batch_size``); ``config.model`` is the policy.
+        model: the folder or hub id to load (``config.model`` or ``config.ref_model``).
+
+    No prefix cache (``num_cached_tokens`` is 0). Forward passes run one at a time in a
+    worker thread. The record's ``renderer`` is None (the DPO engine renders); the
+    fingerprint hashes the chat template a DPO renderer would use (``chat_template`` file,
+    else the tokenizer's).
+    """
+
+    kind = "hf"
+    label = "transformers log-prob engine"
+
+    def __init__(self, config: EngineConfig, model: str) -> None:
+        super().__init__()
+        self.config = config
+        self.model = model
+        self._field = "model" if model == config.model else "ref_model"
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> LoadedModel:
+        """Load the causal LM in a worker thread; a second call returns the same record.
+
+        Raises:
+            ServerFault: no LM head (field ``model`` / ``ref_model``), or loading failed.
+        """
+        if self._loaded is not None:
+            return self._loaded.record
+        started = time.perf_counter()
+        return self._finish_start(await asyncio.to_thread(self._build, self.model), started, log, "ready")
+
+    def _build(self, model_path: str) -> _LMLoaded:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        cfg = self.config
+        dtype = cfg.resolved_dtype()
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        check_lm_head(model_path, self._field)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+            model = AutoModelForCausalLM.from_pretrained(model_path, **_dtype_kwargs(dtype))
+        except Exception as exc:  # noqa: BLE001
+            raise ServerFault(
+                f"{self._field}: transformers could not load {model_path!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        model = model.to(device).eval()
+        model_limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        max_model_len = cfg.max_model_len or model_limit
+        if not max_model_len:
+            raise ServerFault(f"{self._field}: {model_path!r} declares no max_position_embeddings; pass --max-model-len")
+        if model_limit and max_model_len > model_limit:
+            raise ServerFault(
+                f"max_model_len={max_model_len} exceeds the max_position_embeddings={model_limit} of {model_path!r}"
+            )
+        if cfg.chat_template is not None:
+            template: str | None = Path(cfg.chat_template).read_text(encoding="utf-8")
+        else:
+            template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+        pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+        name = Path(model_path).name if Path(model_path).is_dir() else model_path
+        info = self._model_info(name, model_path, template, max_model_len, dtype)
+        return _LMLoaded(model=model, device=device, pad_id=int(pad_id),
+                         record=LoadedModel(info, None, local_checkpoint(model_path)))
+
+    async def shutdown(self) -> None:
+        """Drop the model; idempotent."""
+        self._closing = True
+        self._loaded = None
+
+    def info(self) -> ModelInfo:
+        """Name, max length, dtype, fingerprint, ``engine="hf"``; EngineNotReady before start."""
+        return self._require().info
+
+    async def answer_logprobs(
+        self, token_ids: Sequence[Sequence[int]], answer_starts: Sequence[int], request_id: str
+    ) -> list[AnswerLogprobs]:
+        """Per-token log-probabilities of each sequence's answer tokens (see the class doc).
+
+        Raises:
+            EngineNotReady: not started or shut down.
+            InvalidRequest / SequenceTooLong: an empty or over-long sequence, or an answer
+                start outside ``[1, len]`` (field ``answer_starts[j]``).
+            EngineError: the forward pass failed.
+        """
+        loaded = self._require()
+        check_token_ids(token_ids, loaded.info.max_model_len)
+        for j, (ids, start) in enumerate(zip(token_ids, answer_starts, strict=True)):
+            if not 1 <= start <= len(ids):
+                raise InvalidRequest(
+                    f"answer_starts[{j}] is {start}; it must be between 1 and the sequence length {len(ids)}",
+                    field=f"answer_starts[{j}]", value=start, limit=len(ids),
+                )
+        async with self._lock:
+            loaded = self._require()
+            try:
+                values = await asyncio.to_thread(
+                    length_sorted_logprobs, loaded.model, token_ids, answer_starts, pad_id=loaded.pad_id,
+                    device=loaded.device, max_batch_size=self.config.hf_batch_size,
+                )
+            except (RuntimeError, ValueError) as exc:
+                raise EngineError(f"forward pass failed for {request_id}: {type(exc).__name__}: {exc}") from exc
+        return [AnswerLogprobs(tuple(v), 0) for v in values]
+
+    async def reset_prefix_cache(self) -> bool:
+        """No prefix cache here: nothing to drop; True."""
+        return True
+
+    async def reload_weights(self, path: str) -> LoadedModel:
+        """Replace the model with the causal LM at ``path`` (waits for the forward pass in
+        progress; on failure the loaded model is unchanged). Returns the loaded model.
+
+        Raises:
+            EngineNotReady: not started or shut down.
+            EngineError: the checkpoint could not be loaded or has no LM head.
+        """
+        async with self._lock:
+            self._require()
+            try:
+                self._loaded = await asyncio.to_thread(self._build, path)
+            except (OSError, RuntimeError, ValueError, ServerFault) as exc:
+                reason = exc.message if isinstance(exc, ServerFault) else f"{type(exc).__name__}: {exc}"
+                raise EngineError(f"reloading weights failed: {reason}") from exc
+            self.model = path
+            return self._loaded.record
+
+    async def restart(self, path: str) -> LoadedModel:
+        """Drop the model and load the causal LM in the folder ``path`` (released first: one
+        model in memory at a time). Returns the loaded model.
+
+        Raises:
+            EngineNotReady: shutting down.
+            InvalidRequest: ``path`` is not a folder (the model is kept).
+            EngineError: the checkpoint did not load; no model until a restart succeeds.
+        """
+        folder = self._checkpoint_folder(path)
+        async with self._lock:
+            if self._closing:
+                raise EngineNotReady("the engine is shutting down")
+            self._begin_restart(folder)
+            self.model = str(folder)
+            started = time.perf_counter()
+            try:
+                gc.collect()
+                loaded = await asyncio.to_thread(self._build, str(folder))
+            except Exception as exc:  # noqa: BLE001 - any load failure: no model now
+                raise self._restart_failed(folder, exc) from exc
+            return self._finish_start(loaded, started, log, f"restarted on {folder.name}")
+
+
+def answer_logprobs_batch(
+    model: Any, sequences: Sequence[Sequence[int]], answer_starts: Sequence[int], *, pad_id: int, device: torch.device
+) -> list[list[float]]:
+    """Log-probabilities of the answer tokens of one right-padded batch.
+
+    Source: allenai/reward-bench ``rewardbench/dpo.py`` ``get_batch_logps``: labels shifted by
+    one (``labels[:, 1:]``, ``logits[:, :-1]``), ``log_softmax(-1)`` gathered at the label —
+    here only at answer positions, upcast to float32 before the softmax.
+
+    Args:
+        model: a causal LM returning ``logits`` of shape (batch, seq, vocab).
+        sequences: token-id lists (any lengths ≥ 1).
+        answer_starts: per sequence, the index of its first answer token (≥ 1).
+        pad_id: filler id of the padding (masked; the official script pads with EOS).
+
+    Returns:
+        Per sequence, ``log p(ids[i] | ids[:i])`` for ``i = start … len - 1`` (nats).
+    """
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for b, ids in enumerate(sequences):
+        input_ids[b, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
+        attention_mask[b, : len(ids)] = 1
+    logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
+    out = []
+    for b, (ids, start) in enumerate(zip(sequences, answer_starts, strict=True)):
+        if start >= len(ids):
+            out.append([])
+            continue
+        scores = logits[b, start - 1 : len(ids) - 1].float().log_softmax(-1)
+        targets = input_ids[b, start : len(ids)].to(scores.device)
+        out.append(scores.gather(-1, targets.unsqueeze(-1)).squeeze(-1).tolist())
+    return out
+
+
+def length_sorted_logprobs(
+    model: Any, sequences: Sequence[Sequence[int]], answer_starts: Sequence[int], *, pad_id: int,
+    device: torch.device, max_batch_size: int,
+) -> list[list[float]]:
+    """:func:`answer_logprobs_batch` over batches of at most ``max_batch_size`` sequences,
+    longest first (:func:`length_sorted_batches`); the result is in input order."""
+    values: list[list[float]] = [[] for _ in sequences]
+    batches = length_sorted_batches([len(s) for s in sequences], max_batch_tokens=sys.maxsize, max_batch_size=max_batch_size)
+    with torch.inference_mode():
+        for batch in batches:
+            answers = answer_logprobs_batch(
+                model, [sequences[j] for j in batch], [answer_starts[j] for j in batch], pad_id=pad_id, device=device
+            )
+            for j, value in zip(batch, answers, strict=True):
+                values[j] = value
+    return values

@@ -18,7 +18,7 @@ import asyncio
 from aiohttp import web
 from rmserve.server import scoring, swap, wire
 from rmserve.server.middleware import json_response
-from rmserve.server.state import CONFIG_KEY, EXECUTOR_KEY, METRICS_KEY, STATE_KEY
+from rmserve.server.state import CONFIG_KEY, ENGINE_KEY, EXECUTOR_KEY, METRICS_KEY, STATE_KEY
 
 from rmserve.errors import BodyTooLarge, ModelNotFound
 from rmserve.schema import ScoreRequest
@@ -117,6 +117,6 @@ async def load_model(request: web.Request) -> web.Response:
     request.app[STATE_KEY].require_ready()
     load = wire.decode_load_request(await request.read())
     folder = swap.resolve_checkpoint(load.path, config.checkpoint_roots)
-    await swap.check_files(folder)
+    await swap.check_files(folder, request.app[ENGINE_KEY])
     info, kind = await swap.start_swap(request.app, load, folder)
     return json_response(wire.encode_load_response([info], kind), 200)

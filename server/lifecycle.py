@@ -103,20 +103,25 @@ class EngineLifecycle(Generic[LoadedT]):
         log.info("%s %s in %.1f s: %s", self.label, what, self.start_time_s, loaded.record.info)
         return loaded.record
 
-    def _model_info(self, name: str, model: str, renderer: Renderer, max_model_len: int, dtype: str) -> ModelInfo:
+    def _model_info(
+        self, name: str, model: str, renderer: Renderer | str | None, max_model_len: int, dtype: str
+    ) -> ModelInfo:
         """The :class:`ModelInfo` this engine serves for the weights at ``model``.
 
         Args:
             name: the served model name.
             model: the checkpoint (folder or hub id) the weights came from; it enters the fingerprint.
-            renderer: the model's renderer; its chat template enters the fingerprint.
+            renderer: the model's renderer, whose chat template enters the fingerprint; or, for
+                an engine that does not render (a log-prob engine), the chat template text
+                itself (None: none).
             max_model_len: the resolved context limit, in tokens.
             dtype: the resolved weight dtype (e.g. ``"bfloat16"``); it enters the fingerprint.
         """
+        template = renderer if renderer is None or isinstance(renderer, str) else renderer.chat_template
         return ModelInfo(
             name=name,
             max_model_len=max_model_len,
             dtype=dtype,
-            fingerprint=model_fingerprint(model, renderer.chat_template, dtype),
+            fingerprint=model_fingerprint(model, template, dtype),
             engine=self.kind,
         )

@@ -18,7 +18,9 @@ a DPO policy and its reference, or a generative judge's text); the app passes ex
 through to the reply's :class:`~rmserve.schema.GroupResult` without reading them.
 
 Optional capabilities are separate protocols (:class:`SupportsPrefixCacheStats`,
-:class:`SupportsWeightReload`, :class:`SupportsRestart`): check them with ``isinstance``.
+:class:`SupportsWeightReload`, :class:`SupportsRestart`, :class:`SupportsCheckpointCheck`):
+check them with ``isinstance``. A DPO engine (:mod:`rmserve.server.dpo`) is built from
+:class:`LogprobEngine` s, which answer per-token log-probabilities instead of rewards.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rmserve.errors import InvalidRequest, SequenceTooLong
-from rmserve.schema import ModelInfo
+from rmserve.schema import ModelInfo, ResponseError
 
 if TYPE_CHECKING:  # render imports the tokenizer stack lazily; only its type is needed here
     from rmserve.server.render import Renderer
@@ -52,11 +54,15 @@ class SequenceScore:
             produce (empty for classifiers). Every sequence of a group must carry the same
             names; the app sends them as ``GroupResult.extras`` (one list per name, response
             order) and omits the field when no sequence has any.
+        error: set when the engine could compute no reward for this sequence (e.g. a DPO
+            engine given no answer token: ``no_answer_tokens``); the reply then has a null
+            reward and this error for the response, whatever ``reward`` holds.
     """
 
     reward: float
     num_cached_tokens: int
     extras: Mapping[str, ExtraValue] = field(default_factory=dict)
+    error: ResponseError | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +189,23 @@ class SupportsRestart(Protocol):
             rmserve.errors.EngineNotReady: shutting down.
             rmserve.errors.InvalidRequest: ``path`` is not a folder (nothing was stopped).
             rmserve.errors.EngineError: the new model failed to start.
+        """
+
+
+@runtime_checkable
+class SupportsCheckpointCheck(Protocol):
+    """Optional: an engine with its own file rules for a checkpoint swap.
+
+    Called by the swap's file checks (:func:`rmserve.server.swap.check_files`, in a worker
+    thread) instead of the classifier rules, before anything else is done: a folder it
+    refuses leaves the engine and the served model untouched.
+    """
+
+    def check_checkpoint(self, folder: Path) -> None:
+        """Refuse a checkpoint folder this engine cannot load, from its files alone.
+
+        Raises:
+            rmserve.errors.InvalidCheckpoint: naming the folder, the file and the rule.
         """
 
 

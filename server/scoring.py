@@ -78,8 +78,9 @@ def group_result(group: RequestGroup, rendered: RenderedGroup, scores: Sequence[
     """The reply's record for ``groups[gi]``.
 
     ``scores`` answer the sequences :attr:`RenderedGroup.scorable` sent to the engine, in that
-    order. A response that was not sent (over-length) or whose reward is NaN/±inf gets a null
-    reward and a :class:`~rmserve.schema.ResponseError` in ``errors``; the group's other
+    order. A response that was not sent (over-length), whose score carries an engine
+    ``error`` (e.g. ``no_answer_tokens``) or whose reward is NaN/±inf gets a null reward and a
+    :class:`~rmserve.schema.ResponseError` in ``errors``; the group's other
     responses keep their rewards. ``errors`` is absent when every response was scored.
 
     Raises:
@@ -95,7 +96,9 @@ def group_result(group: RequestGroup, rendered: RenderedGroup, scores: Sequence[
     for j, score in zip(scorable, scores, strict=True):
         cached[j] = int(score.num_cached_tokens)
         reward = float(score.reward)
-        if math.isfinite(reward):
+        if score.error is not None:
+            errors[j] = score.error
+        elif math.isfinite(reward):
             rewards[j] = reward
         else:
             errors[j] = ResponseError("non_finite_reward", f"the model gave a non-finite reward ({reward}) for it")

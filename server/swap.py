@@ -30,7 +30,7 @@ from typing import Literal
 from aiohttp import web
 from rmserve.fingerprint import TOKENIZER_FILES
 from rmserve.server.checkpoint_check import check_checkpoint
-from rmserve.server.protocol import LoadedModel, SupportsRestart, SupportsWeightReload
+from rmserve.server.protocol import LoadedModel, SupportsCheckpointCheck, SupportsRestart, SupportsWeightReload
 from rmserve.server.render import Renderer
 from rmserve.server.state import (
     CONFIG_KEY,
@@ -121,17 +121,23 @@ def resolve_checkpoint(path: str, roots: Sequence[str]) -> Path:
     return resolved
 
 
-async def check_files(folder: Path) -> None:
+async def check_files(folder: Path, engine: object = None) -> None:
     """Refuse a checkpoint folder its own files rule out, before the engine is touched.
 
-    Runs :func:`~rmserve.server.checkpoint_check.check_checkpoint` (config: a one-label
+    Runs the engine's own rules when it has them
+    (:class:`~rmserve.server.protocol.SupportsCheckpointCheck`: a DPO engine wants a causal
+    LM whose vocabulary matches its reference), else
+    :func:`~rmserve.server.checkpoint_check.check_checkpoint` (config: a one-label
     ``*ForSequenceClassification``; tokenizer files present and their JSON parses; weight
-    files present, every shard of an index) in a worker thread: a tokenizer JSON can be
+    files present, every shard of an index), in a worker thread: a tokenizer JSON can be
     several MB. The scoring gate stays open; nothing is counted as a swap.
 
     Raises:
         InvalidCheckpoint (422, field ``path``): the first rule the folder breaks.
     """
+    if isinstance(engine, SupportsCheckpointCheck):
+        await asyncio.to_thread(engine.check_checkpoint, folder)
+        return
     await asyncio.to_thread(check_checkpoint, folder)
 
 
