@@ -25,6 +25,7 @@ T = TypeVar("T")
 RMBenchFilesArg = Annotated[
     list[Path],
     typer.Argument(
+        metavar="FILE",
         help="RM-Bench score files: rmserve score JSONL or the official RM-Bench result JSON (format detected; "
         "several files are concatenated).",
         show_default=False,
@@ -33,6 +34,7 @@ RMBenchFilesArg = Annotated[
 RB2FilesArg = Annotated[
     list[Path],
     typer.Argument(
+        metavar="FILE",
         help="RewardBench 2 score files: rmserve score JSONL or the official per-item JSONL (format detected; "
         "several files are concatenated).",
         show_default=False,
@@ -123,8 +125,8 @@ def rewardbench2(
 
 @metrics_app.command("compare", cls=Command, short_help="Paired difference B − A of two score files.")
 def compare(
-    file_a: Annotated[Path, typer.Argument(help="Score file of A (the baseline).", show_default=False)],
-    file_b: Annotated[Path, typer.Argument(help="Score file of B (compared against A).", show_default=False)],
+    file_a: Annotated[Path, typer.Argument(metavar="FILE_A", help="Score file of A (the baseline).", show_default=False)],
+    file_b: Annotated[Path, typer.Argument(metavar="FILE_B", help="Score file of B (compared against A).", show_default=False)],
     bench: BenchOpt = None,
     as_json: JsonOpt = False,
     resamples: Annotated[int, typer.Option("--resamples", help=resamples_help(1))] = 1000,

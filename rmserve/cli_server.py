@@ -189,7 +189,7 @@ def serve_command(
         raise typer.Exit(code)
 
 def demo_model_command(
-    out: Annotated[Path, typer.Argument(help="Folder to create (must not exist or be empty).", show_default=False)],
+    out: Annotated[Path, typer.Argument(metavar="OUT", help="Folder to create (must not exist or be empty).", show_default=False)],
     corpus: Annotated[
         Path,
         typer.Option(

@@ -103,7 +103,7 @@ def sweep_command(
     checkpoint_args: Annotated[
         Optional[list[str]],
         typer.Argument(
-            metavar="[CHECKPOINT]...",
+            metavar="CHECKPOINT",
             help="More checkpoint folders (what a shell makes of --checkpoints DIR/step-*).",
             show_default=False,
         ),
