@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import ast
+import contextvars
 import dataclasses
 import enum
 import functools
@@ -175,6 +176,10 @@ def write_rows(formatter: Any, rows: list[tuple[str, str]]) -> None:
             formatter.write(f"{' ' * (indent + name_width)}{line}\n")
 
 
+_RUNNING: contextvars.ContextVar[Any] = contextvars.ContextVar("rmserve_running_command", default=None)
+"""The click context of the :class:`Command` running now (None outside one)."""
+
+
 class Command(TyperCommand):
     """Every ``rmserve`` command: plain-text help in sections, plain error messages.
 
@@ -201,6 +206,14 @@ class Command(TyperCommand):
         for heading, records in sorted(sections.items(), key=lambda item: item[0] != "Arguments"):
             with formatter.section(heading):
                 write_rows(formatter, records)
+
+    def invoke(self, ctx: Any) -> Any:
+        """Run the command with its context known to :func:`bad_parameter`."""
+        token = _RUNNING.set(ctx)
+        try:
+            return super().invoke(ctx)
+        finally:
+            _RUNNING.reset(token)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         """click's parsing; a bad parameter (:class:`typer.BadParameter`) loses the validation library's prefix."""
@@ -432,12 +445,41 @@ def guarded(
         raise typer.Exit(code) from None
 
 
+def _blamed_option(message: str) -> tuple[str, str] | None:
+    """(option, rest of the message) when ``message`` starts by naming an option of the
+    running command, as its flag (``--bench 'x' is …``) or as its config field
+    (``resamples must be …``, ``ServerConfig.port is …``); None otherwise (or outside a command)."""
+    ctx = _RUNNING.get()
+    if ctx is None:
+        return None
+    head, sep, rest = message.partition(" ")
+    head = head.rstrip(":")
+    if re.fullmatch(r"[A-Z]\w*\.\w+", head):  # "ServerConfig.port is …": the field of a config
+        head = head.split(".")[1]
+    for param in ctx.command.params:
+        if param.param_type_name != "option" or not param.opts:
+            continue
+        flag = param.opts[0]
+        if head in (flag, param.name) and sep:
+            return flag, rest[len("is ") :] if rest.startswith("is ") else rest
+    return None
+
+
 def bad_parameter(call: Callable[[], T]) -> T:
-    """Run ``call`` (building a config); a ``ValueError`` becomes click's bad-parameter exit (2)."""
+    """Run ``call`` (building a config); a ``ValueError`` becomes click's bad-parameter exit (2).
+
+    A message that starts by naming an option of the command (its flag or its config field
+    name) is reported against that option (``Invalid value for '--resamples': must be …``).
+    """
     try:
         return call()
     except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        message = plain_reason(str(exc))
+        blamed = _blamed_option(message)
+        if blamed is None:
+            raise typer.BadParameter(message) from None
+        flag, rest = blamed
+        raise typer.BadParameter(rest, param_hint=f"'{flag}'") from None
 
 
 # --- options shared by eval, run and sweep -----------------------------------------------

@@ -14,6 +14,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
+from rmserve.schema import BENCHMARKS
 from rmserve.cli_common import SEED_HELP, Command, bad_parameter, guarded, resamples_help, with_default
 
 metrics_app = typer.Typer(
@@ -137,6 +138,8 @@ def compare(
     """Paired difference B − A per figure over the same groups, with its bootstrap interval."""
     from rmserve.metrics.report import compare_files, comparison_dict, render_comparison, to_json
 
+    if bench is not None and bench not in BENCHMARKS:
+        raise typer.BadParameter(f"{bench!r} is not one of {', '.join(map(repr, BENCHMARKS))}.", param_hint="'--bench'")
     if resamples < 1:
         raise typer.BadParameter(
             f"must be at least 1 for a comparison (the paired differences need intervals), got {resamples}",

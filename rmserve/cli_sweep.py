@@ -60,7 +60,7 @@ def parse_data(benches: list[str], data: list[str]) -> tuple[tuple[str, str], ..
     """
     for bench in benches:
         if bench not in BENCHMARKS:
-            raise ValueError(f"--bench {bench!r} is not one of {', '.join(BENCHMARKS)}")
+            raise ValueError(f"--bench {bench!r} is not one of {', '.join(map(repr, BENCHMARKS))}.")
     named: dict[str, str] = {}
     plain: list[str] = []
     for item in data:

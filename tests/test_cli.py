@@ -135,7 +135,7 @@ def test_run_refuses_a_bad_engine_value_before_starting_anything(small_rmbench, 
         "--block-size", "24",
     ])
     assert result.exit_code == 2
-    assert "block_size: 24 must be a power of 2 between 8 and 256" in " ".join(result.output.split())
+    assert "Invalid value for '--block-size': 24 must be a power of 2 between 8 and 256" in " ".join(result.output.split())
     assert not (tmp_path / "server.log").exists()
 
 

@@ -192,3 +192,23 @@ def test_a_bad_choice_has_no_validation_library_prefix(tmp_path):
     assert result.exit_code == 2
     assert "Invalid value for '--bench': 'foo' is not one of 'rm-bench', 'rewardbench2'." in result.stderr
     assert "Value error" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["sweep", "--server", "http://127.0.0.1:1", "--bench", "rm-bench", "--data", "x", "--out", "o",
+          "--resamples", "0", "{tmp}"],
+         "Error: Invalid value for '--resamples': must be an integer ≥ 1 (paired differences need them), got 0"),
+        (["sweep", "--server", "http://127.0.0.1:1", "--bench", "mmlu", "--data", "x", "--out", "o", "{tmp}"],
+         "Error: Invalid value for '--bench': 'mmlu' is not one of 'rm-bench', 'rewardbench2'."),
+        (["metrics", "compare", "a", "b", "--bench", "mmlu"],
+         "Error: Invalid value for '--bench': 'mmlu' is not one of 'rm-bench', 'rewardbench2'."),
+        (["serve", "m", "--port", "99999"],
+         "Error: Invalid value for '--port': 99999; it must be between 0 and 65535"),
+    ],
+)
+def test_a_bad_value_is_reported_against_its_option(argv, line, tmp_path):
+    result = runner.invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in argv])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines()[-1] == line
