@@ -2,7 +2,8 @@
 
 Commands parse options, build a config, call one library function and render its result.
 Heavy imports (vllm, torch, transformers) happen inside the commands that need them.
-Help is plain text wrapped at the terminal width (``rich_markup_mode=None``). Every command follows one exit-code rule (:mod:`rmserve.cli_common`): 0 success, 1 an error
+Help is plain text wrapped at the terminal width (``rich_markup_mode=None``, see
+:class:`rmserve.cli_common.Command`). Every command follows one exit-code rule (:mod:`rmserve.cli_common`): 0 success, 1 an error
 other than bad input, 2 bad user input (option values, data files), 130 interrupted.
 """
 

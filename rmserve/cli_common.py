@@ -7,6 +7,12 @@
   builds that table; :func:`with_engine_options` adds it to a command (``serve``, ``run``) and
   :func:`engine_argv` writes a mapping of option values back as ``rmserve serve`` arguments
   (what ``rmserve run`` starts). Adding an engine option is adding one ``EngineConfig`` field.
+* **Help and messages, one style** (:class:`Command`, used by every command): plain text
+  wrapped at the terminal width, options under their panel heading; help from docstrings
+  loses its reST markup (:func:`plain_text`); a default is always written ``[default: X]``
+  (:func:`field_help`, :func:`with_default`); ``--resamples``, ``--seed``, ``--quiet`` and
+  ``--only`` have one help text everywhere; a bad value is reported against its option
+  (:func:`bad_parameter`), without a validation library's prefix.
 * **The admin token** (``--admin-token-file``, else ``$RMSERVE_ADMIN_TOKEN``).
 * **One exit-code rule** for every command (:func:`exit_code`, :func:`guarded`):
 
@@ -507,7 +513,8 @@ TruncationOpt = Annotated[
 ]
 MaxTokensOpt = Annotated[
     Optional[int],
-    typer.Option("--max-tokens", help="Length each sequence is cut to, with --truncation (from 2 to the model's max length).",
+    typer.Option("--max-tokens",
+                 help="Length each sequence is cut to, with --truncation (from 2 to the model's max length).",
                  show_default=False),
 ]
 StrictOpt = Annotated[

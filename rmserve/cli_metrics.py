@@ -126,8 +126,12 @@ def rewardbench2(
 
 @metrics_app.command("compare", cls=Command, short_help="Paired difference B − A of two score files.")
 def compare(
-    file_a: Annotated[Path, typer.Argument(metavar="FILE_A", help="Score file of A (the baseline).", show_default=False)],
-    file_b: Annotated[Path, typer.Argument(metavar="FILE_B", help="Score file of B (compared against A).", show_default=False)],
+    file_a: Annotated[
+        Path, typer.Argument(metavar="FILE_A", help="Score file of A (the baseline).", show_default=False)
+    ],
+    file_b: Annotated[
+        Path, typer.Argument(metavar="FILE_B", help="Score file of B (compared against A).", show_default=False)
+    ],
     bench: BenchOpt = None,
     as_json: JsonOpt = False,
     resamples: Annotated[int, typer.Option("--resamples", help=resamples_help(1))] = 1000,

@@ -204,8 +204,8 @@ def describe_folder(path: Path) -> str:
     rmbench = [p for p in files if p.name.endswith("_filtered.json") or p.name == "total_dataset.json"]
     parts = []
     if rmbench:
-        parts.append(f"{_plural(len(rmbench), 'RM-Bench release file')} ({', '.join(sorted(p.name for p in rmbench)[:4])}"
-                     f"{', …' if len(rmbench) > 4 else ''})")
+        names = ", ".join(sorted(p.name for p in rmbench)[:4]) + (", …" if len(rmbench) > 4 else "")
+        parts.append(f"{_plural(len(rmbench), 'RM-Bench release file')} ({names})")
     for suffix, label in ((".parquet", "parquet file"), (".jsonl", "JSONL file"), (".json", "other JSON file")):
         n = sum(1 for p in files if p.suffix.lower() == suffix and p not in rmbench)
         if n:
@@ -291,7 +291,8 @@ def _rmbench_group(record: dict[str, Any], *, domain: str | None, path: str, ind
     record_id = _record_id(record, path=path, index=index)
     if "num_correct" in record and record.get("subset") in RB2_SUBSETS:
         raise DataError(
-            f"a RewardBench 2 record (subset {record['subset']!r}, num_correct), not RM-Bench; use --bench rewardbench2",
+            f"a RewardBench 2 record (subset {record['subset']!r}, num_correct), not RM-Bench; "
+            "use --bench rewardbench2",
             path=path, record=index, record_id=record_id, field="subset",
         )
     if domain is None:
