@@ -570,7 +570,7 @@ def only_help() -> str:
 
     return (
         "Score only this RM-Bench domain or RewardBench 2 subset, named as the tables name it "
-        "(repeatable; any case; the other parts are reported as excluded). "
+        "(repeatable; any case; - for a space, as in precise-if; the other parts are reported as excluded). "
         f"RM-Bench: {part_names_text('rm-bench')}. "
         f"RewardBench 2: {part_names_text('rewardbench2')}."
     )
