@@ -87,6 +87,8 @@ class MetricsConfig:
         dpo_reward: recompute the rewards of a DPO run's score records from their extras:
             ``avg``, ``sum``, ``norm`` or ``reference`` (:mod:`rmserve.metrics.dpo`); None
             (default) uses the records' ``rewards`` as scored.
+        excluded: source domains (RM-Bench) or subsets (RewardBench 2) the run left out on
+            purpose (``--only``); the notes name them as excluded rather than missing.
     """
 
     resamples: int = 1000
@@ -95,8 +97,10 @@ class MetricsConfig:
     domain: str | None = None
     benchmark: str | None = None
     dpo_reward: str | None = None
+    excluded: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "excluded", tuple(self.excluded))
         check_resampling(self.resamples, self.seed, self.confidence, least_resamples=0)
         if self.domain is not None and self.domain not in RMBENCH_DOMAINS:
             raise ValueError(f"domain must be one of {', '.join(RMBENCH_DOMAINS)}, got {self.domain!r}")
@@ -161,6 +165,10 @@ class Comparison:
         score_kind_a, score_kind_b: what kind of score each side's records hold (None for
             official result files).
         reward: the reward both sides' figures use (see :attr:`Evaluation.reward`).
+        notes: what the reader of the table must know, one sentence each: groups or domains
+            present on one side only (the comparison is then partial), and A and B being
+            the same model (same fingerprint) or holding identical scores.
+        partial: True when some groups of A or B are not in the comparison.
     """
 
     benchmark: str
@@ -173,6 +181,8 @@ class Comparison:
     score_kind_a: ScoreKind | None = None
     score_kind_b: ScoreKind | None = None
     reward: str = SCORED_REWARDS
+    notes: tuple[str, ...] = ()
+    partial: bool = False
 
 
 # --- evaluation -------------------------------------------------------------------------
@@ -271,12 +281,36 @@ def _table_order(benchmark: str, names: Iterable[str]) -> list[str]:
     return [n for n in head if n in names] + [n for n in names if n not in head]
 
 
-def compare_scores(a: ScoreSet, b: ScoreSet, config: MetricsConfig | None = None) -> Comparison:
-    """Paired comparison B − A over the same groups.
+def _part_of(key: str) -> str:
+    """The domain/subset of a group key ``<benchmark>/<part>/<id>``."""
+    return key.split("/", 2)[1]
+
+
+def _one_side_note(only: np.ndarray, side: str) -> str:
+    """"3 group(s) only in A (chat 2, code 1)": the groups of one side the other lacks, per part."""
+    parts: dict[str, int] = {}
+    for key in only.tolist():
+        parts[_part_of(key)] = parts.get(_part_of(key), 0) + 1
+    return f"{only.size} group(s) only in {side} ({', '.join(f'{p} {n}' for p, n in parts.items())})"
+
+
+def compare_scores(
+    a: ScoreSet,
+    b: ScoreSet,
+    config: MetricsConfig | None = None,
+    *,
+    fingerprints: tuple[frozenset[str], frozenset[str]] | None = None,
+) -> Comparison:
+    """Paired comparison B − A over the groups both sides hold.
+
+    Groups present on one side only are left out and the comparison is marked partial, its
+    notes naming how many groups of each side, and of which domains/subsets, were left out.
+    ``fingerprints`` (the model fingerprints each side's records name, when known) add a
+    note when A and B are the same model; identical scores get a note too.
 
     Raises:
         DataError: a group key repeated on either side (groups are paired by key), different
-            benchmarks, different group key sets (counts and examples given), or a group whose
+            benchmarks, no group in common (counts and examples given), or a group whose
             completion count differs between A and B.
         ValueError: ``config.resamples`` is 0 (a comparison needs intervals).
     """
@@ -300,8 +334,39 @@ def compare_scores(a: ScoreSet, b: ScoreSet, config: MetricsConfig | None = None
             )
     if a.benchmark != b.benchmark:
         raise DataError(f"holds {b.benchmark} scores but {name_a} holds {a.benchmark}", path=name_b, field="benchmark")
+    keys_a, keys_b = a.keys(), b.keys()
+    shared = np.intersect1d(keys_a, keys_b)
+    notes: list[str] = []
+    partial = False
+    if shared.size and (shared.size < keys_a.size or shared.size < keys_b.size):
+        partial = True
+        sides = [
+            _one_side_note(only, side)
+            for only, side in ((np.setdiff1d(keys_a, keys_b), "A"), (np.setdiff1d(keys_b, keys_a), "B"))
+            if only.size
+        ]
+        notes.append(
+            f"Partial comparison: {'; '.join(sides)}; they are left out, and the figures of both sides cover the "
+            f"{shared.size} group(s) both hold."
+        )
+        a = a.take(np.flatnonzero(np.isin(keys_a, shared)))
+        b = b.take(np.flatnonzero(np.isin(keys_b, shared)))
     order_a, order_b = match_groups(a.keys(), b.keys(), name_a=name_a, name_b=name_b)
     a, b = a.take(order_a), b.take(order_b)
+    if fingerprints is not None:
+        fa, fb = fingerprints
+        if len(fa) == 1 and fa == fb:
+            notes.append(
+                f"A and B are the same model (same fingerprint {next(iter(fa))}): differences are only "
+                "scoring noise, 0 when scoring is deterministic."
+            )
+    same_scores = (
+        np.array_equal(a.rewards, b.rewards, equal_nan=True)
+        if isinstance(a, RMBenchScores)
+        else np.array_equal(a.scores, b.scores, equal_nan=True)  # type: ignore[union-attr]
+    )
+    if same_scores:
+        notes.append("A and B hold identical scores for every group: every difference is 0.")
     if isinstance(a, RMBenchScores):
         assert isinstance(b, RMBenchScores)
         paired = paired_rmbench(a.rewards, b.rewards, a.domains, boot)
@@ -318,6 +383,8 @@ def compare_scores(a: ScoreSet, b: ScoreSet, config: MetricsConfig | None = None
             )
         paired = paired_rb2(a.scores, a.lengths, b.scores, b.lengths, a.num_correct, a.subsets, a.ids, boot)
     return Comparison(
+        notes=tuple(notes),
+        partial=partial,
         benchmark=a.benchmark,
         files_a=a.files,
         files_b=b.files,
@@ -340,7 +407,22 @@ def compare_files(path_a: str | Path, path_b: str | Path, config: MetricsConfig 
     config = config or MetricsConfig()
     a = read_score_files([path_a], domain=config.domain, benchmark=config.benchmark, dpo_reward=config.dpo_reward)
     b = read_score_files([path_b], domain=config.domain, benchmark=config.benchmark, dpo_reward=config.dpo_reward)
-    return compare_scores(a, b, config)
+    return compare_scores(a, b, config, fingerprints=(score_file_fingerprints(path_a), score_file_fingerprints(path_b)))
+
+
+def score_file_fingerprints(path: str | Path) -> frozenset[str]:
+    """The model fingerprints an rmserve score file's records name (empty for the official
+    result formats, which carry none, and for lines that are not JSON objects)."""
+    found: set[str] = set()
+    with open(path, "rb") as fh:
+        for line in fh:
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("fingerprint"), str) and record["fingerprint"]:
+                found.add(record["fingerprint"])
+    return frozenset(found)
 
 
 # --- JSON -------------------------------------------------------------------------------
@@ -350,27 +432,50 @@ def _pair(interval: Interval | None) -> list[float] | None:
     return None if interval is None else [interval.low, interval.high]
 
 
+def _absent_sentence(absent: Sequence[str], excluded: Sequence[str], kind: str) -> str:
+    """"Excluded by --only: X. Missing domain(s): Y." for the parts in neither table column."""
+    left_out = [a for a in absent if a in excluded]
+    missing = [a for a in absent if a not in excluded]
+    parts = []
+    if left_out:
+        parts.append(f"Excluded by --only: {', '.join(left_out)}.")
+    if missing:
+        parts.append(f"Missing {kind}(s): {', '.join(missing)}.")
+    return " ".join(parts)
+
+
 def _notes(evaluation: Evaluation) -> list[str]:
     result = evaluation.result
+    excluded = evaluation.config.excluded
     notes = []
     if isinstance(result, RMBenchResult):
         absent = result.missing_report_domains
         present = [d.domain for d in result.domains]
+        # A reported domain counts as excluded when every source domain under it was.
+        excluded_report = [d for d in absent if all(p in excluded for p in DOMAIN_PARTS[d])]
         if absent:
             notes.append(
-                f"Missing domain(s): {', '.join(absent)}. Easy, Normal, Hard and Avg are means over "
+                f"{_absent_sentence(absent, excluded_report, 'domain')} Easy, Normal, Hard and Avg are means over "
                 f"{', '.join(present)} only (partial)."
             )
         for d in result.domains:
             if d.parts != DOMAIN_PARTS[d.domain]:
                 lacking = [p for p in DOMAIN_PARTS[d.domain] if p not in d.parts]
-                notes.append(f"{d.domain} covers {', '.join(d.parts)} only ({', '.join(lacking)} missing); partial.")
+                why = "; ".join(
+                    f"{', '.join(group)} {label}"
+                    for group, label in (
+                        ([p for p in lacking if p in excluded], "excluded by --only"),
+                        ([p for p in lacking if p not in excluded], "missing"),
+                    )
+                    if group
+                )
+                notes.append(f"{d.domain} covers {', '.join(d.parts)} only ({why}); partial.")
         nan_groups = sum(d.n_nan_groups for d in result.domains)
     else:
         if result.missing:
             present = [s.subset for s in result.subsets]
             notes.append(
-                f"Missing subset(s): {', '.join(result.missing)}. "
+                f"{_absent_sentence(result.missing, excluded, 'subset')} "
                 f"Avg is the mean of {', '.join(present)} only (partial)."
             )
         nan_groups = sum(s.n_nan_groups for s in result.subsets)
@@ -499,6 +604,8 @@ def comparison_dict(comparison: Comparison) -> dict[str, Any]:
         "score_kind_b": _score_kind_dict(comparison.score_kind_b),
         "reward": _reward_dict(comparison.reward),
         "warnings": list(comparison.warnings),
+        "notes": list(comparison.notes),
+        "partial": comparison.partial,
         "bootstrap": _bootstrap_dict(comparison.config),
         "figures": {
             f.figure: {
@@ -633,6 +740,8 @@ def render_comparison(comparison: Comparison) -> str:
         "",
         *(f"Warning: {w}" for w in comparison.warnings),
         *([""] if comparison.warnings else []),
+        *(f"Note: {n}" for n in comparison.notes),
+        *([""] if comparison.notes else []),
         *_header(["Figure", "A (%)", "B (%)", "B − A (pp)", f"{level}% CI of B − A", "Excludes 0"]),
     ]
     for f in comparison.figures:

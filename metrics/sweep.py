@@ -96,9 +96,15 @@ class Best:
 
 
 def evaluate_points(
-    points: Sequence[SweepPoint], benchmarks: Sequence[str], config: MetricsConfig
+    points: Sequence[SweepPoint],
+    benchmarks: Sequence[str],
+    config: MetricsConfig,
+    excluded: Mapping[str, Sequence[str]] | None = None,
 ) -> list[dict[str, Evaluation]]:
     """Evaluate every checkpoint on every benchmark; ``result[i][bench]`` is point i's.
+
+    ``excluded``: per benchmark, the domains/subsets the run left out on purpose (``--only``;
+    see :attr:`rmserve.metrics.report.MetricsConfig.excluded`).
 
     Raises:
         rmserve.errors.DataError: invalid records (names the checkpoint and benchmark).
@@ -108,7 +114,8 @@ def evaluate_points(
         per_bench = {}
         for bench in benchmarks:
             bench_config = MetricsConfig(
-                resamples=config.resamples, seed=config.seed, confidence=config.confidence, benchmark=bench
+                resamples=config.resamples, seed=config.seed, confidence=config.confidence, benchmark=bench,
+                excluded=tuple((excluded or {}).get(bench, ())),
             )
             per_bench[bench] = evaluate_records(point.records[bench], bench_config, source=f"{point.name}/{bench}")
         out.append(per_bench)
@@ -246,11 +253,14 @@ def render_summary(
         if best is None:
             lines += ["No checkpoint has a value for this benchmark.", ""]
             continue
-        missing = sorted({m for e in evaluations for m in e[bench].result.missing})
-        if missing:
+        absent = sorted({m for e in evaluations for m in e[bench].result.missing})
+        left_out = [m for m in absent if evaluations and m in evaluations[0][bench].config.excluded]
+        missing = [m for m in absent if m not in left_out]
+        if absent:
+            said = [f"{', '.join(left_out)} excluded by --only"] if left_out else []
+            said += [f"{', '.join(missing)} not in the data"] if missing else []
             lines += [
-                f"**Partial**: {', '.join(missing)} not in the data; the overall figures average the "
-                "domains/subsets present.",
+                f"**Partial**: {'; '.join(said)}; the overall figures average the domains/subsets present.",
                 "",
             ]
         winner = points[best.best]
@@ -303,6 +313,7 @@ def write_sweep(
     notes: Sequence[str] = (),
     refused: Sequence[str] = (),
     extra: Mapping[str, Any] | None = None,
+    excluded: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[list[Path], str, dict[str, Any]]:
     """Evaluate the sweep and write ``sweep.csv``, ``sweep.json``, the PNGs and ``summary.md``.
 
@@ -313,6 +324,8 @@ def write_sweep(
         resamples, seed: bootstrap settings (``resamples`` ≥ 1).
         notes, refused: sentences for the summary (and ``sweep.json``).
         extra: more top-level keys for ``sweep.json`` (e.g. per-server group counts).
+        excluded: per benchmark, the domains/subsets left out by ``--only`` (named as
+            excluded, not as missing, in the summary).
 
     Returns:
         (files written, the summary Markdown, the ``sweep.json`` document).
@@ -328,7 +341,7 @@ def write_sweep(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = MetricsConfig(resamples=resamples, seed=seed)
-    evaluations = evaluate_points(points, benchmarks, config)
+    evaluations = evaluate_points(points, benchmarks, config, excluded)
     bests = {bench: find_best(points, evaluations, bench, config) for bench in benchmarks}
     paths = []
 

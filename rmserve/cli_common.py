@@ -7,6 +7,12 @@
   builds that table; :func:`with_engine_options` adds it to a command (``serve``, ``run``) and
   :func:`engine_argv` writes a mapping of option values back as ``rmserve serve`` arguments
   (what ``rmserve run`` starts). Adding an engine option is adding one ``EngineConfig`` field.
+* **Help and messages, one style** (:class:`Command`, used by every command): plain text
+  wrapped at the terminal width, options under their panel heading; help from docstrings
+  loses its reST markup (:func:`plain_text`); a default is always written ``[default: X]``
+  (:func:`field_help`, :func:`with_default`); ``--resamples``, ``--seed``, ``--quiet`` and
+  ``--only`` have one help text everywhere; a bad value is reported against its option
+  (:func:`bad_parameter`), without a validation library's prefix.
 * **The admin token** (``--admin-token-file``, else ``$RMSERVE_ADMIN_TOKEN``).
 * **One exit-code rule** for every command (:func:`exit_code`, :func:`guarded`):
 
@@ -28,11 +34,14 @@
 from __future__ import annotations
 
 import ast
+import contextvars
 import dataclasses
 import enum
 import functools
 import inspect
 import os
+import re
+import textwrap
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -40,8 +49,9 @@ from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
 
 import typer
+from typer.core import TyperCommand
 
-from rmserve.errors import DataError, RMServeError
+from rmserve.errors import DataError, RMServeError, plain_reason
 
 T = TypeVar("T")
 
@@ -79,15 +89,145 @@ def attribute_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def field_help(cls: type, name: str) -> str:
-    """Help text of a dataclass field: its attribute docstring, plus ``Default: X.`` when the
-    field has a default other than None and the docstring does not already speak of one."""
-    text = attribute_docs(cls).get(name, "")
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-    default = defaults.get(name, dataclasses.MISSING)
-    if default is not dataclasses.MISSING and default is not None and "default" not in text.lower():
-        text = f"{text} Default: {default}."
-    return text
+_ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`~?(?P<target>[^`]+)`")
+"""A Sphinx cross reference (``:mod:`x```, ``:class:`~a.B```)."""
+_LITERAL = re.compile(r"``(?P<text>[^`]+)``|`(?P<single>[^`]+)`")
+"""reStructuredText inline literals (double backticks) and interpreted text (single)."""
+_NONE_MEANS = re.compile(r"(?:^|(?<=[.;] ))None = (?P<text>.+?)\.(?=\s|$)")
+"""An attribute docstring's "None = X." clause: what an unset field means, up to the end of its sentence."""
+_DEFAULT_SENTENCE = re.compile(r"(?:^|(?<=[.;] ))Default: (?P<text>.+?)\.(?=\s|$)")
+"""A "Default: X." sentence of a docstring that names the default in words."""
+
+
+def plain_text(text: str) -> str:
+    """``text`` without reStructuredText markup, for the terminal.
+
+    ``:role:`~a.b.C``` → ``C`` (the last part when the target starts with ``~``, else the
+    target), ````x```` and ```x``` → ``x``. Everything else is kept.
+    """
+
+    def role(match: re.Match[str]) -> str:
+        target = match.group("target")
+        return target.rsplit(".", 1)[-1] if match.group(0).split("`", 1)[1].startswith("~") else target
+
+    text = _ROLE.sub(role, text)
+    return _LITERAL.sub(lambda m: m.group("text") or m.group("single"), text)
+
+
+def with_default(text: str, default: str) -> str:
+    """``text`` followed by ``[default: DEFAULT]``, the one way ``--help`` states a default
+    (the form typer writes for the defaults it shows itself)."""
+    return f"{text}  [default: {default}]" if text else f"[default: {default}]"
+
+
+def field_help(cls: type, name: str, *, flag: str | None = None) -> str:
+    """Help text of a dataclass field: its attribute docstring as plain text, with its default.
+
+    The default is written ``[default: X]`` (:func:`with_default`). It comes from the
+    docstring's "None = X." clause or "Default: X." sentence when it has one (both are taken
+    out of the text: on the command line an option not given is the default, and ``None``
+    cannot be typed), else from the field's default when that is not None. A boolean
+    default is written as the flag that gives it (``--x`` or ``--no-x``; ``flag`` is the
+    option, default ``--`` + the name with dashes).
+    """
+    text = plain_text(attribute_docs(cls).get(name, ""))
+    said: str | None = None
+    for pattern in (_NONE_MEANS, _DEFAULT_SENTENCE):
+        match = pattern.search(text)
+        if match:
+            said = match.group("text")
+            before, after = text[: match.start()].rstrip(), text[match.end() :].lstrip()
+            if before.endswith(";"):
+                before = before[:-1] + "."
+            text = f"{before} {after}".strip()
+            break
+    if said is None:
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        default = defaults.get(name, dataclasses.MISSING)
+        if default is dataclasses.MISSING or default is None:
+            return text
+        if isinstance(default, bool):
+            flag = flag or "--" + name.replace("_", "-")
+            said = flag if default else f"--no-{flag[2:]}"
+        else:
+            said = str(default)
+    return with_default(text, said)
+
+
+# --- commands ------------------------------------------------------------------------------
+
+
+HELP_NAME_COLUMN = 30
+"""Widest option column in ``--help``; a longer option name gets its help on the next line."""
+
+
+def write_rows(formatter: Any, rows: list[tuple[str, str]]) -> None:
+    """Write (option, help) rows as a two-column list that wraps the help at the formatter's
+    width. Lines break at spaces only, never inside a word or after a hyphen, so option
+    names in the help (``--no-enforce-eager``) stay whole."""
+    indent = formatter.current_indent
+    name_width = min(max((len(name) for name, _ in rows), default=0), HELP_NAME_COLUMN) + 2
+    text_width = max(formatter.width - indent - name_width, 20)
+    for name, text in rows:
+        lines = textwrap.wrap(text, text_width, break_on_hyphens=False, break_long_words=False) if text else []
+        if not lines:
+            formatter.write(f"{' ' * indent}{name}\n")
+            continue
+        if len(name) <= name_width - 2:
+            formatter.write(f"{' ' * indent}{name.ljust(name_width)}{lines[0]}\n")
+            lines = lines[1:]
+        else:
+            formatter.write(f"{' ' * indent}{name}\n")
+        for line in lines:
+            formatter.write(f"{' ' * (indent + name_width)}{line}\n")
+
+
+_RUNNING: contextvars.ContextVar[Any] = contextvars.ContextVar("rmserve_running_command", default=None)
+"""The click context of the :class:`Command` running now (None outside one)."""
+
+
+class Command(TyperCommand):
+    """Every ``rmserve`` command: plain-text help in sections, plain error messages.
+
+    * ``--help`` lists the options under their ``rich_help_panel`` heading ("Options" when
+      none), after the arguments, in the plain layout that wraps at the terminal width
+      (the CLI is built with ``rich_markup_mode=None``: rich's panels cut long option
+      names and defaults at 80 columns).
+    * A bad option value is reported without the prefix the validation library puts before
+      a validator's message (:func:`rmserve.errors.plain_reason`).
+    """
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        """Arguments, then one section per help panel, in the order the parameters come."""
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                heading = "Arguments"
+            else:
+                heading = getattr(param, "rich_help_panel", None) or "Options"
+            sections.setdefault(heading, []).append(record)
+        for heading, records in sorted(sections.items(), key=lambda item: item[0] != "Arguments"):
+            with formatter.section(heading):
+                write_rows(formatter, records)
+
+    def invoke(self, ctx: Any) -> Any:
+        """Run the command with its context known to :func:`bad_parameter`."""
+        token = _RUNNING.set(ctx)
+        try:
+            return super().invoke(ctx)
+        finally:
+            _RUNNING.reset(token)
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        """click's parsing; a bad parameter (:class:`typer.BadParameter`) loses the validation library's prefix."""
+        try:
+            return super().parse_args(ctx, args)
+        except typer.BadParameter as exc:
+            exc.message = plain_reason(exc.message)
+            raise
 
 
 # --- engine options -------------------------------------------------------------------------
@@ -311,12 +451,41 @@ def guarded(
         raise typer.Exit(code) from None
 
 
+def _blamed_option(message: str) -> tuple[str, str] | None:
+    """(option, rest of the message) when ``message`` starts by naming an option of the
+    running command, as its flag (``--bench 'x' is …``) or as its config field
+    (``resamples must be …``, ``ServerConfig.port is …``); None otherwise (or outside a command)."""
+    ctx = _RUNNING.get()
+    if ctx is None:
+        return None
+    head, sep, rest = message.partition(" ")
+    head = head.rstrip(":")
+    if re.fullmatch(r"[A-Z]\w*\.\w+", head):  # "ServerConfig.port is …": the field of a config
+        head = head.split(".")[1]
+    for param in ctx.command.params:
+        if param.param_type_name != "option" or not param.opts:
+            continue
+        flag = param.opts[0]
+        if head in (flag, param.name) and sep:
+            return flag, rest[len("is ") :] if rest.startswith("is ") else rest
+    return None
+
+
 def bad_parameter(call: Callable[[], T]) -> T:
-    """Run ``call`` (building a config); a ``ValueError`` becomes click's bad-parameter exit (2)."""
+    """Run ``call`` (building a config); a ``ValueError`` becomes click's bad-parameter exit (2).
+
+    A message that starts by naming an option of the command (its flag or its config field
+    name) is reported against that option (``Invalid value for '--resamples': must be …``).
+    """
     try:
         return call()
     except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        message = plain_reason(str(exc))
+        blamed = _blamed_option(message)
+        if blamed is None:
+            raise typer.BadParameter(message) from None
+        flag, rest = blamed
+        raise typer.BadParameter(rest, param_hint=f"'{flag}'") from None
 
 
 # --- options shared by eval, run and sweep -----------------------------------------------
@@ -333,15 +502,19 @@ TruncationOpt = Annotated[
     Optional[Side],
     typer.Option(
         "--truncation",
-        help="Cut sequences over --max-tokens from this side (left keeps the end, as RM-Bench's harness; right "
-        "keeps the start, as RewardBench 2's). The cut is recorded per response and summarised. Default: no "
-        "cut; a sequence over the model's max length is not scored and its group is named at the end.",
+        help=with_default(
+            "Cut sequences over --max-tokens from this side (left keeps the end, as RM-Bench's harness; right "
+            "keeps the start, as RewardBench 2's). The cut is recorded per response and summarised. Without it, "
+            "a sequence over the model's max length is not scored and its group is named at the end.",
+            "no cut",
+        ),
         show_default=False,
     ),
 ]
 MaxTokensOpt = Annotated[
     Optional[int],
-    typer.Option("--max-tokens", help="Length each sequence is cut to, with --truncation (2 … the model's max length).",
+    typer.Option("--max-tokens",
+                 help="Length each sequence is cut to, with --truncation (from 2 to the model's max length).",
                  show_default=False),
 ]
 StrictOpt = Annotated[
@@ -370,3 +543,51 @@ def truncation_option(side: Side | None, max_tokens: int | None):
     if max_tokens < 2:
         raise typer.BadParameter(f"must be at least 2 tokens, got {max_tokens}", param_hint="'--max-tokens'")
     return Truncation(side=side.value, max_tokens=max_tokens)
+
+
+RESAMPLES_MAX = 1_000_000
+"""Most bootstrap resamples any command accepts (:func:`rmserve.metrics.bootstrap.check_resampling`)."""
+
+
+def resamples_help(least: int) -> str:
+    """Help of ``--resamples``: one meaning in every command (the bootstrap resamples behind
+    each interval), with the command's range: ``least`` 0 where intervals can be turned off,
+    1 where the command reports paired differences, which need them."""
+    why = "0 = no intervals" if least == 0 else "the paired differences need intervals"
+    return f"Bootstrap resamples behind each interval ({least} to {RESAMPLES_MAX:,}; {why})."
+
+
+SEED_HELP = "Bootstrap seed (≥ 0); the same seed and scores give the same intervals."
+"""Help of ``--seed``, the same in every command."""
+
+QUIET_HELP = "No progress bar or run summary on stderr."
+"""Help of ``--quiet`` / ``-q``, the same in every command that scores."""
+
+
+def only_help() -> str:
+    """Help of ``--only`` (eval, run, sweep): what it selects and every valid name."""
+    from rmserve.datasets import part_names_text
+
+    return (
+        "Score only this RM-Bench domain or RewardBench 2 subset, named as the tables name it "
+        "(repeatable; any case; - for a space, as in precise-if; the other parts are reported as excluded). "
+        f"RM-Bench: {part_names_text('rm-bench')}. "
+        f"RewardBench 2: {part_names_text('rewardbench2')}."
+    )
+
+
+def only_option(benchmarks: Iterable[str], names: list[str] | None) -> dict[str, tuple[str, ...]] | None:
+    """The parts ``--only NAME...`` selects per benchmark (None when not given).
+
+    Raises:
+        typer.BadParameter: a name no benchmark of the run has (with the valid names and the
+            closest one) or a benchmark it selects nothing from, blamed on ``--only``.
+    """
+    if not names:
+        return None
+    from rmserve.datasets import select_parts
+
+    try:
+        return select_parts(list(benchmarks), names)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--only'") from None

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from rmserve.cli_common import (
+    Command,
     EXIT_UNSCORED,
     MaxTokensOpt,
     Side,
@@ -28,6 +29,12 @@ from rmserve.cli_common import (
     bad_parameter,
     guarded,
     truncation_option,
+    QUIET_HELP,
+    only_option,
+    only_help,
+    SEED_HELP,
+    resamples_help,
+    with_default,
     with_engine_options,
 )
 
@@ -63,6 +70,8 @@ def _eval_config(
 ):
     from rmserve.pipelines.evaluate import EvalConfig
 
+    selected = only_option([bench.value], only)
+    only = list(selected[bench.value]) if selected else None
     return bad_parameter(lambda: EvalConfig(
             bench=bench.value,
             data=data,
@@ -141,24 +150,27 @@ GroupsPerRequestOpt = Annotated[int, typer.Option("--groups-per-request", help="
 TimeoutOpt = Annotated[float, typer.Option("--timeout-s", help="Limit of one scoring request, seconds.")]
 OnlyOpt = Annotated[
     Optional[list[str]],
-    typer.Option("--only", help="Score only this domain/subset (repeatable).", show_default=False),
+    typer.Option("--only", help=only_help(), show_default=False),
 ]
 ModelOpt = Annotated[
     Optional[str],
-    typer.Option("--model", help="Model name to request (default: the server's only model).", show_default=False),
+    typer.Option("--model", help=with_default("Model name to request.", "the server's only model"), show_default=False),
 ]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Discard stored scores of a different model.")]
 FsyncOpt = Annotated[bool, typer.Option("--fsync", help="fsync the score file after every group.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary line.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_HELP)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print results.json instead of the table.")]
-ResamplesOpt = Annotated[int, typer.Option("--resamples", help="Bootstrap resamples for the intervals (0 = none).")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Bootstrap seed.")]
+ResamplesOpt = Annotated[int, typer.Option("--resamples", help=resamples_help(0))]
+SeedOpt = Annotated[int, typer.Option("--seed", help=SEED_HELP)]
 StoreOpt = Annotated[
     Optional[Path],
     typer.Option(
         "--store",
-        help="Score store (SQLite) shared across runs: groups stored for the server's model fingerprint are not "
-        "sent again, new ones are added. Default: $RMSERVE_STORE when set, else no store.",
+        help=with_default(
+            "Score store (SQLite) shared across runs: groups stored for the server's model fingerprint are not "
+            "sent again, new ones are added.",
+            "$RMSERVE_STORE when set, else no store",
+        ),
         show_default=False,
     ),
 ]
@@ -220,7 +232,7 @@ def run_command(
     out: OutOpt,
     engine_options: dict[str, Any],
     startup_timeout_s: Annotated[
-        float, typer.Option("--startup-timeout-s", help="How long the model may take to load, s.")
+        float, typer.Option("--startup-timeout-s", help="How long the model may take to load, seconds.")
     ] = 1800.0,
     max_in_flight: MaxInFlightOpt = 32,
     groups_per_request: GroupsPerRequestOpt = 1,
@@ -263,5 +275,5 @@ def run_command(
 
 def register(app: typer.Typer) -> None:
     """Add the evaluation commands to ``app``."""
-    app.command("eval")(eval_command)
-    app.command("run")(run_command)
+    app.command("eval", cls=Command, short_help="Score a benchmark on a running server; print its table.")(eval_command)
+    app.command("run", cls=Command, short_help="Start a server for MODEL, score a benchmark, stop it.")(run_command)

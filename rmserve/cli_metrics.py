@@ -14,17 +14,30 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from rmserve.cli_common import bad_parameter, guarded
+from rmserve.schema import BENCHMARKS
+from rmserve.cli_common import SEED_HELP, Command, bad_parameter, guarded, resamples_help, with_default
 
-metrics_app = typer.Typer(help="Compute benchmark figures from score files.", no_args_is_help=True)
+metrics_app = typer.Typer(
+    help="Compute benchmark figures from score files.", no_args_is_help=True, rich_markup_mode=None
+)
 
 T = TypeVar("T")
 
-FilesArg = Annotated[
+RMBenchFilesArg = Annotated[
     list[Path],
     typer.Argument(
-        help="Score files: rmserve score JSONL, official RM-Bench result JSON or RewardBench 2 per-item JSONL "
-        "(format detected; several files are concatenated).",
+        metavar="FILE",
+        help="RM-Bench score files: rmserve score JSONL or the official RM-Bench result JSON (format detected; "
+        "several files are concatenated).",
+        show_default=False,
+    ),
+]
+RB2FilesArg = Annotated[
+    list[Path],
+    typer.Argument(
+        metavar="FILE",
+        help="RewardBench 2 score files: rmserve score JSONL or the official per-item JSONL (format detected; "
+        "several files are concatenated).",
         show_default=False,
     ),
 ]
@@ -33,16 +46,16 @@ OutOpt = Annotated[
     Path | None,
     typer.Option("--out", help="Folder for results.json, table.md and (RM-Bench) heatmap PNGs.", show_default=False),
 ]
-ResamplesOpt = Annotated[
-    int, typer.Option("--resamples", help="Bootstrap resamples per figure (0 = no intervals; at most 1,000,000).")
-]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Bootstrap seed (>= 0).")]
+ResamplesOpt = Annotated[int, typer.Option("--resamples", help=resamples_help(0))]
+SeedOpt = Annotated[int, typer.Option("--seed", help=SEED_HELP)]
 ConfidenceOpt = Annotated[float, typer.Option("--confidence", help="Interval coverage, in (0, 1).")]
 DomainOpt = Annotated[
     str | None,
     typer.Option(
         "--domain",
-        help="RM-Bench domain of result records without a 'domain' field (default: from the file name).",
+        help=with_default(
+            "RM-Bench domain of result records without a 'domain' field.", "from the file name, <domain>_filtered.json"
+        ),
         show_default=False,
     ),
 ]
@@ -58,7 +71,9 @@ DpoRewardOpt = Annotated[
 ]
 BenchOpt = Annotated[
     str | None,
-    typer.Option("--bench", help="Expected benchmark: rm-bench or rewardbench2 (default: detect).", show_default=False),
+    typer.Option(
+        "--bench", help=with_default("Expected benchmark: rm-bench or rewardbench2.", "detected"), show_default=False
+    ),
 ]
 
 
@@ -86,9 +101,9 @@ def _emit(evaluation, as_json: bool, out: Path | None) -> None:
     typer.echo(to_json(result_dict(evaluation)) if as_json else render_markdown(evaluation), nl=as_json)
 
 
-@metrics_app.command("rm-bench")
+@metrics_app.command("rm-bench", cls=Command, short_help="RM-Bench accuracy table of score files.")
 def rm_bench(
-    files: FilesArg,
+    files: RMBenchFilesArg,
     as_json: JsonOpt = False,
     out: OutOpt = None,
     resamples: ResamplesOpt = 1000,
@@ -106,9 +121,9 @@ def rm_bench(
     _emit(_guard(lambda: evaluate_files(files, config)), as_json, out)
 
 
-@metrics_app.command("rewardbench2")
+@metrics_app.command("rewardbench2", cls=Command, short_help="RewardBench 2 score table of score files.")
 def rewardbench2(
-    files: FilesArg,
+    files: RB2FilesArg,
     as_json: JsonOpt = False,
     out: OutOpt = None,
     resamples: ResamplesOpt = 1000,
@@ -125,13 +140,17 @@ def rewardbench2(
     _emit(_guard(lambda: evaluate_files(files, config)), as_json, out)
 
 
-@metrics_app.command("compare")
+@metrics_app.command("compare", cls=Command, short_help="Paired difference B − A of two score files.")
 def compare(
-    file_a: Annotated[Path, typer.Argument(help="Score file of A (the baseline).", show_default=False)],
-    file_b: Annotated[Path, typer.Argument(help="Score file of B (compared against A).", show_default=False)],
+    file_a: Annotated[
+        Path, typer.Argument(metavar="FILE_A", help="Score file of A (the baseline).", show_default=False)
+    ],
+    file_b: Annotated[
+        Path, typer.Argument(metavar="FILE_B", help="Score file of B (compared against A).", show_default=False)
+    ],
     bench: BenchOpt = None,
     as_json: JsonOpt = False,
-    resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples (1 … 1,000,000).")] = 1000,
+    resamples: Annotated[int, typer.Option("--resamples", help=resamples_help(1))] = 1000,
     seed: SeedOpt = 0,
     confidence: ConfidenceOpt = 0.95,
     domain: DomainOpt = None,
@@ -140,8 +159,13 @@ def compare(
     """Paired difference B − A per figure over the same groups, with its bootstrap interval."""
     from rmserve.metrics.report import compare_files, comparison_dict, render_comparison, to_json
 
+    if bench is not None and bench not in BENCHMARKS:
+        raise typer.BadParameter(f"{bench!r} is not one of {', '.join(map(repr, BENCHMARKS))}.", param_hint="'--bench'")
     if resamples < 1:
-        raise typer.BadParameter(f"resamples must be >= 1 for a comparison, got {resamples}", param_hint="--resamples")
+        raise typer.BadParameter(
+            f"must be at least 1 for a comparison (the paired differences need intervals), got {resamples}",
+            param_hint="'--resamples'",
+        )
     config = _config(
         resamples=resamples, seed=seed, confidence=confidence, domain=domain, benchmark=bench, dpo_reward=dpo_reward
     )

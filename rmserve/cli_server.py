@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from rmserve.cli_common import bad_parameter, field_help, read_admin_token, with_engine_options
+from rmserve.cli_common import Command, bad_parameter, field_help, read_admin_token, with_default, with_engine_options
 from rmserve.server.config import EngineConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -98,7 +98,7 @@ def _stop_self(server_was_serving: bool) -> None:
 
 @with_engine_options
 def serve_command(
-    model: Annotated[str, typer.Argument(help=field_help(EngineConfig, "model"), show_default=False)],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help=field_help(EngineConfig, "model"), show_default=False)],
     engine_options: dict[str, Any],
     host: Annotated[Optional[str], typer.Option("--host", help=_server_help("host"), show_default=False)] = None,
     port: Annotated[Optional[int], typer.Option("--port", help=_server_help("port"), show_default=False)] = None,
@@ -113,8 +113,10 @@ def serve_command(
         Optional[Path],
         typer.Option(
             "--admin-token-file",
-            help="File holding the admin token for POST /v1/models/load (else env RMSERVE_ADMIN_TOKEN; "
-            "neither = endpoint disabled).",
+            help=with_default(
+                "File holding the admin token for POST /v1/models/load.",
+                "the token in $RMSERVE_ADMIN_TOKEN; neither: the endpoint is disabled",
+            ),
             show_default=False,
         ),
     ] = None,
@@ -187,7 +189,7 @@ def serve_command(
         raise typer.Exit(code)
 
 def demo_model_command(
-    out: Annotated[Path, typer.Argument(help="Folder to create (must not exist or be empty).", show_default=False)],
+    out: Annotated[Path, typer.Argument(metavar="OUT", help="Folder to create (must not exist or be empty).", show_default=False)],
     corpus: Annotated[
         Path,
         typer.Option(
@@ -201,7 +203,7 @@ def demo_model_command(
     heads: Annotated[int, typer.Option("--heads", help="Attention heads.")] = 4,
     kv_heads: Annotated[int, typer.Option("--kv-heads", help="Key/value heads (divides heads).")] = 2,
     intermediate: Annotated[int, typer.Option("--intermediate", help="MLP size.")] = 352,
-    vocab: Annotated[int, typer.Option("--vocab", help="Tokenizer vocabulary target (300…65536).")] = 2000,
+    vocab: Annotated[int, typer.Option("--vocab", help="Tokenizer vocabulary target (300 to 65536).")] = 2000,
     seed: Annotated[int, typer.Option("--seed", help="Weight seed; same seed and corpus give identical files.")] = 0,
     max_len: Annotated[int, typer.Option("--max-len", help="Max positions / tokenizer model_max_length (≥ 16).")] = 4096,
     kind: Annotated[
@@ -237,5 +239,7 @@ def demo_model_command(
 
 def register(app: typer.Typer) -> None:
     """Add the server commands to ``app``."""
-    app.command("serve")(serve_command)
-    app.command("demo-model")(demo_model_command)
+    app.command("serve", cls=Command, short_help="Serve a reward model over HTTP.")(serve_command)
+    app.command("demo-model", cls=Command, short_help="Build a tiny random-weight model for tests.")(
+        demo_model_command
+    )

@@ -16,6 +16,7 @@ from typing import Annotated, Optional
 import typer
 
 from rmserve.cli_common import (
+    Command,
     EXIT_UNSCORED,
     MaxTokensOpt,
     StrictOpt,
@@ -23,7 +24,13 @@ from rmserve.cli_common import (
     bad_parameter,
     guarded,
     read_admin_token,
+    QUIET_HELP,
+    only_help,
+    only_option,
+    SEED_HELP,
+    resamples_help,
     truncation_option,
+    with_default,
 )
 from rmserve.schema import BENCHMARKS
 
@@ -53,7 +60,7 @@ def parse_data(benches: list[str], data: list[str]) -> tuple[tuple[str, str], ..
     """
     for bench in benches:
         if bench not in BENCHMARKS:
-            raise ValueError(f"--bench {bench!r} is not one of {', '.join(BENCHMARKS)}")
+            raise ValueError(f"--bench {bench!r} is not one of {', '.join(map(repr, BENCHMARKS))}.")
     named: dict[str, str] = {}
     plain: list[str] = []
     for item in data:
@@ -96,7 +103,7 @@ def sweep_command(
     checkpoint_args: Annotated[
         Optional[list[str]],
         typer.Argument(
-            metavar="[CHECKPOINT]...",
+            metavar="CHECKPOINT",
             help="More checkpoint folders (what a shell makes of --checkpoints DIR/step-*).",
             show_default=False,
         ),
@@ -113,14 +120,18 @@ def sweep_command(
         Optional[Path],
         typer.Option(
             "--store",
-            help="SQLite score store (default: $RMSERVE_STORE, else ~/.local/share/rmserve/scores.sqlite).",
+            help=with_default(
+                "SQLite score store; scores are kept there as they arrive.",
+                "$RMSERVE_STORE when set, else ~/.local/share/rmserve/scores.sqlite",
+            ),
             show_default=False,
         ),
     ] = None,
     admin_token_file: Annotated[
         Optional[Path],
         typer.Option(
-            "--admin-token-file", help="File holding the servers' admin token (else env RMSERVE_ADMIN_TOKEN).",
+            "--admin-token-file",
+            help=with_default("File holding the servers' admin token.", "the token in $RMSERVE_ADMIN_TOKEN"),
             show_default=False,
         ),
     ] = None,
@@ -136,11 +147,11 @@ def sweep_command(
     ] = 600.0,
     only: Annotated[
         Optional[list[str]],
-        typer.Option("--only", help="Only this domain/subset (repeatable).", show_default=False),
+        typer.Option("--only", help=only_help(), show_default=False),
     ] = None,
-    resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples (≥ 1).")] = 1000,
-    seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar or run summary on stderr.")] = False,
+    resamples: Annotated[int, typer.Option("--resamples", help=resamples_help(1))] = 1000,
+    seed: Annotated[int, typer.Option("--seed", help=SEED_HELP)] = 0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_HELP)] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print sweep.json instead of summary.md.")] = False,
     truncation: TruncationOpt = None,
     max_tokens: MaxTokensOpt = None,
@@ -178,6 +189,7 @@ def sweep_command(
             truncation=truncation_option(truncation, max_tokens),
             strict=strict,
         )
+        only_option(benches, only)
         order_checkpoints(config.checkpoints)
         return config
 
@@ -212,4 +224,6 @@ def sweep_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``rmserve sweep`` to ``app``."""
-    app.command("sweep")(sweep_command)
+    app.command("sweep", cls=Command, short_help="Score every checkpoint of a training run; report the sweep.")(
+        sweep_command
+    )

@@ -12,6 +12,7 @@ id and field.
 from __future__ import annotations
 
 import codecs
+import difflib
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -112,7 +113,9 @@ class Dataset:
         groups: the groups in source order.
         source: the path or hub id it came from.
         domains: domains (RM-Bench) or subsets (RewardBench 2) present, in canonical order.
-        missing: canonical domains/subsets with no group in this source.
+        missing: canonical domains/subsets asked for with no group in this source.
+        excluded: canonical domains/subsets left out by the selection (``only``), present
+            in the source or not.
     """
 
     benchmark: str
@@ -120,6 +123,7 @@ class Dataset:
     source: str
     domains: tuple[str, ...] = field(default=())
     missing: tuple[str, ...] = field(default=())
+    excluded: tuple[str, ...] = field(default=())
 
 
 # --- file reading -----------------------------------------------------------------------
@@ -188,6 +192,30 @@ def _hub_snapshot(repo_id: str, patterns: Sequence[str]) -> Path:
     return Path(local)
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def describe_folder(path: Path) -> str:
+    """What a data folder holds, in words, for messages: RM-Bench release files, then
+    parquet, JSONL and other JSON files (searched recursively), e.g. ``"4 RM-Bench
+    *_filtered.json files"``; ``"no files"`` when empty."""
+    files = [p for p in path.rglob("*") if p.is_file()]
+    rmbench = [p for p in files if p.name.endswith("_filtered.json") or p.name == "total_dataset.json"]
+    parts = []
+    if rmbench:
+        names = ", ".join(sorted(p.name for p in rmbench)[:4]) + (", …" if len(rmbench) > 4 else "")
+        parts.append(f"{_plural(len(rmbench), 'RM-Bench release file')} ({names})")
+    for suffix, label in ((".parquet", "parquet file"), (".jsonl", "JSONL file"), (".json", "other JSON file")):
+        n = sum(1 for p in files if p.suffix.lower() == suffix and p not in rmbench)
+        if n:
+            parts.append(_plural(n, label))
+    others = sum(1 for p in files if p.suffix.lower() not in {".parquet", ".jsonl", ".json"})
+    if others:
+        parts.append(_plural(others, "other file"))
+    return ", ".join(parts) if parts else "no files"
+
+
 def _looks_like_hub_id(source: str) -> bool:
     return not Path(source).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", source) is not None
 
@@ -227,6 +255,9 @@ def _messages(value: Any, *, path: str, index: int, record_id: str, field_name: 
 
 
 def _strings(value: Any, *, path: str, index: int, record_id: str, field_name: str, count: int | None) -> tuple[str, ...]:
+    if value is None:
+        what = f"a list of {count} strings" if count is not None else "a list of strings"
+        raise DataError(f"missing (must be {what})", path=path, record=index, record_id=record_id, field=field_name)
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
         raise DataError("must be a list of strings", path=path, record=index, record_id=record_id, field=field_name)
     if count is not None and len(value) != count:
@@ -258,6 +289,12 @@ def _check_unique(groups: Iterable[Group], source: str) -> None:
 
 def _rmbench_group(record: dict[str, Any], *, domain: str | None, path: str, index: int) -> Group:
     record_id = _record_id(record, path=path, index=index)
+    if "num_correct" in record and record.get("subset") in RB2_SUBSETS:
+        raise DataError(
+            f"a RewardBench 2 record (subset {record['subset']!r}, num_correct), not RM-Bench; "
+            "use --bench rewardbench2",
+            path=path, record=index, record_id=record_id, field="subset",
+        )
     if domain is None:
         domain = record.get("domain")
         if not isinstance(domain, str):
@@ -320,8 +357,12 @@ def load_rmbench(source: str | Path, domains: Sequence[str] | None = None) -> Da
         else:
             files = sorted(path.rglob("*_filtered.json"))
             if not files:
+                holds = describe_folder(path)
+                hint = "; RewardBench 2 data? use --bench rewardbench2" if re.search(r"parquet|JSONL", holds) else ""
                 raise DataError(
-                    "folder holds neither total_dataset.json nor <domain>_filtered.json files", path=source_str
+                    f"no RM-Bench data: the folder holds {holds}, but neither total_dataset.json nor "
+                    f"<domain>_filtered.json files{hint}",
+                    path=source_str,
                 )
             groups = [g for f in files for g in _rmbench_file(f)]
     else:
@@ -342,6 +383,12 @@ def _int_field(record: dict[str, Any], name: str, *, path: str, index: int, reco
 def _rb2_group(record: dict[str, Any], *, path: str, index: int) -> Group:
     record_id = _record_id(record, path=path, index=index)
     subset = record.get("subset")
+    if "num_correct" not in record and (record.get("domain") in RMBENCH_DOMAINS or path.endswith("_filtered.json")):
+        raise DataError(
+            "an RM-Bench record (no num_correct; a domain or a <domain>_filtered.json file), not RewardBench 2; "
+            "use --bench rm-bench",
+            path=path, record=index, record_id=record_id, field="num_correct",
+        )
     if subset not in RB2_SUBSETS:
         raise DataError(
             f"unknown RewardBench 2 subset {subset!r}; expected one of {', '.join(RB2_SUBSETS)}",
@@ -404,7 +451,11 @@ def load_rewardbench2(source: str | Path, subsets: Sequence[str] | None = None) 
         files = sorted(p for p in path.rglob("*") if p.suffix in {".parquet", ".jsonl"} and "test" in p.name)
         files = files or sorted(p for p in path.rglob("*") if p.suffix in {".parquet", ".jsonl"})
         if not files:
-            raise DataError("folder holds no parquet or JSONL files", path=source_str)
+            holds = describe_folder(path)
+            hint = "; use --bench rm-bench" if "RM-Bench" in holds else ""
+            raise DataError(
+                f"no RewardBench 2 data: the folder holds {holds}, but no parquet or JSONL files{hint}", path=source_str
+            )
     else:
         files = [path]
     groups = [_rb2_group(r, path=str(f), index=i) for f in files for i, r in enumerate(read_records(f))]
@@ -413,6 +464,77 @@ def load_rewardbench2(source: str | Path, subsets: Sequence[str] | None = None) 
 
 _NAMING = {"rm-bench": ("RM-Bench", "domain"), "rewardbench2": ("RewardBench 2", "subset")}
 """How messages name each benchmark and its parts."""
+
+PART_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
+    "rm-bench": {
+        "chat": ("chat",),
+        "math": ("math",),
+        "code": ("code",),
+        "safety": ("safety-refuse", "safety-response"),
+        "safety-refuse": ("safety-refuse",),
+        "safety-response": ("safety-response",),
+    },
+    "rewardbench2": {name: (name,) for name in RB2_SUBSETS},
+}
+"""The names a selection (``--only``) accepts per benchmark, as the tables write them →
+the domains or subsets each stands for. RM-Bench's ``safety`` column averages its two
+source domains, so ``safety`` selects both. Matching ignores case, and spaces, ``-`` and
+``_`` are the same (``precise-if`` is ``Precise IF``)."""
+
+
+def _name_key(name: str) -> str:
+    """The form names are matched in: case folded, runs of spaces, ``-`` and ``_`` as one ``-``."""
+    return re.sub(r"[\s_-]+", "-", name.strip().casefold())
+
+
+def part_names_text(benchmark: str) -> str:
+    """The names :data:`PART_NAMES` accepts for ``benchmark``, for messages and help
+    (``safety (safety-refuse and safety-response)`` for a name standing for several parts)."""
+    return ", ".join(
+        f"{name} ({' and '.join(parts)})" if len(parts) > 1 else name for name, parts in PART_NAMES[benchmark].items()
+    )
+
+
+def select_parts(benchmarks: Sequence[str], names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """The domains/subsets of each benchmark that ``names`` select.
+
+    Args:
+        benchmarks: the benchmarks of the run (``rm-bench``, ``rewardbench2``).
+        names: the names given (see :data:`PART_NAMES`; case-insensitive).
+
+    Returns:
+        Benchmark → its selected parts, in table order.
+
+    Raises:
+        ValueError: a name that no benchmark of the run has (the message lists the valid
+            names and suggests the closest one, when one is close), or a benchmark that none
+            of ``names`` selects from.
+    """
+    keys = {bench: {_name_key(n): parts for n, parts in PART_NAMES[bench].items()} for bench in benchmarks}
+    shown = {_name_key(n): n for bench in benchmarks for n in PART_NAMES[bench]}
+    for name in names:
+        if not any(_name_key(name) in keys[bench] for bench in benchmarks):
+            what = " or ".join(f"{_NAMING[b][0]} {_NAMING[b][1]}" for b in benchmarks)
+            close = difflib.get_close_matches(_name_key(name), list(shown), n=1, cutoff=0.6)
+            hint = f"; did you mean {shown[close[0]]!r}?" if close else "."
+            if len(benchmarks) == 1:
+                valid = part_names_text(benchmarks[0])
+            else:
+                valid = "; ".join(f"{_NAMING[b][0]}: {part_names_text(b)}" for b in benchmarks)
+            article = "an" if what.startswith("RM") else "a"
+            raise ValueError(f"{name!r} is not {article} {what}{hint} Valid names (any case): {valid}")
+    selected = {}
+    for bench in benchmarks:
+        wanted = {part for name in names for part in keys[bench].get(_name_key(name), ())}
+        all_parts = RMBENCH_DOMAINS if bench == "rm-bench" else RB2_SUBSETS
+        selected[bench] = tuple(p for p in all_parts if p in wanted)
+        if not selected[bench]:
+            title, part = _NAMING[bench]
+            raise ValueError(
+                f"{', '.join(map(repr, names))} selects no {title} {part}; add one of {part_names_text(bench)}"
+                + (f", or leave {bench} out of the run" if len(benchmarks) > 1 else "")
+            )
+    return selected
 
 
 def _selected(
@@ -430,7 +552,7 @@ def _selected(
         groups: every group read, in file order.
         benchmark: ``"rm-bench"`` or ``"rewardbench2"``.
         names: all parts (domains or subsets) of the benchmark, in table order.
-        only: the parts to keep; None keeps all.
+        only: names of the parts to keep (:data:`PART_NAMES`, any case); None keeps all.
         source: the data source as given, for messages and :attr:`Dataset.source`.
         field_name: the argument that carried ``only``, named in its error.
 
@@ -439,22 +561,24 @@ def _selected(
             duplicate (domain, id) keys.
     """
     title, part = _NAMING[benchmark]
+    wanted = names
     if only is not None:
-        unknown = sorted(set(only) - set(names))
-        if unknown:
-            raise DataError(f"unknown {title} {part}(s) {unknown}; expected {list(names)}", path=source, field=field_name)
-        groups = [g for g in groups if g.domain in only]
+        try:
+            wanted = select_parts([benchmark], only)[benchmark]
+        except ValueError as exc:
+            raise DataError(str(exc), path=source, field=field_name) from None
+        groups = [g for g in groups if g.domain in wanted]
     if not groups:
         raise DataError(f"no {title} groups found", path=source)
     _check_unique(groups, source)
     present = {g.domain for g in groups}
-    wanted = names if only is None else tuple(n for n in names if n in only)
     return Dataset(
         benchmark=benchmark,
         groups=tuple(groups),
         source=source,
         domains=tuple(n for n in names if n in present),
         missing=tuple(n for n in wanted if n not in present),
+        excluded=tuple(n for n in names if n not in wanted),
     )
 
 

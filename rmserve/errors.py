@@ -319,9 +319,23 @@ def validation_reason(exc: msgspec.ValidationError) -> str:
     (``"Expected `float`, got `str` - at `$.rewards[0]`"``); this returns the part before it
     (``"Expected `float`, got `str`"``), or the whole text when there is no location.
     """
-    text = str(exc)
+    text = plain_reason(str(exc))
     cut = text.rfind(_MSGSPEC_AT)
     return text[:cut] if cut >= 0 and text.endswith("`") else text
+
+
+_VALIDATOR_PREFIXES = ("Value error, ", "Assertion failed, ")
+"""What pydantic (behind typer's option parsing) puts before the message of a validator that
+raised ``ValueError`` or failed an ``assert``."""
+
+
+def plain_reason(message: str) -> str:
+    """A user message without a validation library's prefix: ``"Value error, 'x' is not one
+    of …"`` → ``"'x' is not one of …"``. Other messages are returned unchanged."""
+    for prefix in _VALIDATOR_PREFIXES:
+        if message.startswith(prefix):
+            return message[len(prefix) :]
+    return message
 
 
 def field_path(exc: msgspec.ValidationError) -> str | None:

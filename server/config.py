@@ -74,7 +74,7 @@ class EngineConfig:
     """DPO only, without a reference model: reward = ``avg`` (mean answer-token log-prob, the official default), ``sum``, or ``norm`` (minus the L2 norm of the per-token log-probs)."""
 
     compat: CompatMode = "none"
-    """``official`` reproduces the official DPO script: a BOS prepended even when the template writes one, and its truncation (2048 tokens, keeping the prompt's last 128). ``none`` (default): one BOS, no silent truncation."""
+    """``official`` reproduces the official DPO script: a BOS prepended even when the template writes one, and its truncation (2048 tokens, keeping the prompt's last 128). ``none``: one BOS, no silent truncation."""
 
     engine: EngineKind = "vllm"
     """Backend name: ``vllm`` (embedded AsyncLLM, prefix cache) or ``hf`` (transformers)."""
@@ -86,7 +86,7 @@ class EngineConfig:
     """Longest scored sequence in tokens, template included (≥ 16); None = the model's own limit."""
 
     block_size: int | None = None
-    """KV-cache block size in tokens (vLLM); prefix sharing happens in whole blocks. A power of 2 in 8…256; None = 16 on GPU, 32 on the CPU build (its attention needs a multiple of 32, and its own default of 128 shares little of short prompts)."""
+    """KV-cache block size in tokens (vLLM); prefix sharing happens in whole blocks. A power of 2 from 8 to 256; None = 16 on GPU, 32 on the CPU build (its attention needs a multiple of 32, and its own default of 128 shares little of short prompts)."""
 
     gpu_memory_utilization: float = 0.9
     """Fraction of accelerator memory vLLM may use, in (0, 1]."""
@@ -318,16 +318,16 @@ class ServerConfig:
     """
 
     host: str = "127.0.0.1"
-    """Interface to listen on; default 127.0.0.1 (this machine only); 0.0.0.0 accepts remote clients."""
+    """Interface to listen on: 127.0.0.1 (this machine only) or 0.0.0.0 (accepts remote clients). Default: 127.0.0.1."""
 
     port: int = 8000
-    """TCP port, 0-65535; default 8000 (0 lets the OS pick a free port)."""
+    """TCP port, 0-65535 (0 lets the OS pick a free port). Default: 8000."""
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    """Largest request body accepted, bytes (≥ 1024); default 32 MiB. Larger bodies get 413 body_too_large."""
+    """Largest request body accepted, bytes (≥ 1024); larger bodies get 413 body_too_large. Default: 32 MiB."""
 
     max_inflight_groups: int = 0
-    """Most groups admitted at once over all requests (≥ 0); beyond it 429 overloaded. 0 (default) = no limit."""
+    """Most groups admitted at once over all requests (≥ 0); beyond it 429 overloaded; 0 = no limit. Default: 0."""
 
     served_model_name: str | None = None
     """Name reported in replies and matched against a request's model; None (default) = the engine's name."""
@@ -348,13 +348,13 @@ class ServerConfig:
     """Folders a checkpoint swap may load from (after resolving symlinks); empty = none (403)."""
 
     swap_wait_s: float = 30.0
-    """Seconds a scoring request waits for a checkpoint swap to finish before 503 (≥ 0); default 30."""
+    """Seconds a scoring request waits for a checkpoint swap to finish before 503 (≥ 0). Default: 30."""
 
     result_cache_groups: int = 100_000
     """Recent group results kept so a group sent again (a resumed or retrying client) is answered without engine work; ≥ 0, 0 = off. Keyed by fingerprint and token ids (:mod:`rmserve.server.result_cache`)."""
 
     swap_drain_timeout_s: float = 600.0
-    """Seconds a checkpoint swap waits for in-flight scoring to finish (≥ 0); default 600. Past it the load fails with 503, nothing is loaded and scoring resumes."""
+    """Seconds a checkpoint swap waits for in-flight scoring to finish (≥ 0); past it the load fails with 503, nothing is loaded and scoring resumes. Default: 600."""
 
     def __post_init__(self) -> None:
         if not self.host:

@@ -55,10 +55,15 @@ def test_serve_and_run_declare_every_engine_field_with_the_same_option_and_help(
         assert serve[name].help == run[name].help, name
         assert serve[name].help, f"{name} has no attribute docstring"
         assert serve[name].default is None and run[name].default is None, name  # not given = EngineConfig default
-    # Help comes from the attribute docstring, plus the default when the docstring names none.
-    assert serve["max_num_seqs"].help == "Most sequences in one engine step (vLLM, ≥ 1); None = vLLM's default."
+    # Help comes from the attribute docstring, its "None = X" clause or the field's default
+    # written as [default: X]; reST markup is dropped.
+    assert serve["max_num_seqs"].help == "Most sequences in one engine step (vLLM, ≥ 1).  [default: vLLM's default]"
     assert serve["gpu_memory_utilization"].help == (
-        "Fraction of accelerator memory vLLM may use, in (0, 1]. Default: 0.9."
+        "Fraction of accelerator memory vLLM may use, in (0, 1].  [default: 0.9]"
+    )
+    assert serve["enforce_eager"].help.endswith("[default: --no-enforce-eager]")
+    assert serve["engine"].help == (
+        "Backend name: vllm (embedded AsyncLLM, prefix cache) or hf (transformers).  [default: vllm]"
     )
     # Switches can be given either way.
     assert serve["enable_prefix_caching"].secondary_opts == ["--no-enable-prefix-caching"]
@@ -130,7 +135,7 @@ def test_run_refuses_a_bad_engine_value_before_starting_anything(small_rmbench, 
         "--block-size", "24",
     ])
     assert result.exit_code == 2
-    assert "block_size: 24 must be a power of 2 between 8 and 256" in " ".join(result.output.split())
+    assert "Invalid value for '--block-size': 24 must be a power of 2 between 8 and 256" in " ".join(result.output.split())
     assert not (tmp_path / "server.log").exists()
 
 

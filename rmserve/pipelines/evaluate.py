@@ -295,7 +295,9 @@ async def _report(
     notes = [*notes, *([sentence] if sentence else []), *([cut.sentence()] if cut else [])]
     for note in notes:
         logger.info("%s", note)
-    metrics_config = MetricsConfig(resamples=config.resamples, seed=config.seed, benchmark=config.bench)
+    metrics_config = MetricsConfig(
+        resamples=config.resamples, seed=config.seed, benchmark=config.bench, excluded=dataset.excluded
+    )
     evaluation = await asyncio.to_thread(evaluate_records, records, metrics_config, source=str(scores_path))
     paths = await asyncio.to_thread(write_outputs, evaluation, config.out_dir)
     return EvalResult(

@@ -128,7 +128,9 @@ class SweepConfig:
     """How long to wait for a server that stopped answering before giving up on it, seconds. Default 600; > 0."""
 
     only: tuple[str, ...] | None = None
-    """Only these domains (RM-Bench) / subsets (RewardBench 2), for every benchmark. Default: all."""
+    """Only these domains (RM-Bench) / subsets (RewardBench 2), named as the tables name them
+    (any case; RM-Bench ``safety`` is both safety domains; :func:`rmserve.datasets.select_parts`);
+    each benchmark keeps the names that are its own. Default: all."""
 
     resamples: int = 1000
     """Bootstrap resamples for intervals and paired differences (≥ 1). Default 1000."""
@@ -682,13 +684,14 @@ async def sweep_async(config: SweepConfig) -> SweepResult:
     """:func:`sweep` on the running event loop."""
     from rmserve.metrics.sweep import SweepPoint, write_sweep
 
-    from rmserve.datasets import load_benchmark
+    from rmserve.datasets import load_benchmark, select_parts
 
     checkpoints = order_checkpoints(config.checkpoints)
     datasets = {}
     notes: list[str] = []
+    selected = select_parts([b for b, _ in config.data], config.only) if config.only is not None else {}
     for bench, data in config.data:
-        dataset = await asyncio.to_thread(load_benchmark, bench, data, config.only)
+        dataset = await asyncio.to_thread(load_benchmark, bench, data, selected.get(bench))
         datasets[bench] = dataset
         if dataset.missing:
             notes.append(f"{bench}: not in the data ({dataset.source}): {', '.join(dataset.missing)}")
@@ -747,7 +750,7 @@ async def sweep_async(config: SweepConfig) -> SweepResult:
     }
     paths, summary, document = await asyncio.to_thread(
         write_sweep, points, list(datasets), config.out_dir, resamples=config.resamples, seed=config.seed,
-        notes=notes, refused=refused, extra=extra,
+        notes=notes, refused=refused, extra=extra, excluded={bench: ds.excluded for bench, ds in datasets.items()},
     )
     return SweepResult(
         runs=tuple(runs), paths=tuple(paths), summary_md=summary, refused=refused, notes=tuple(notes), document=document

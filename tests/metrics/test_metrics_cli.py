@@ -117,4 +117,4 @@ def test_bad_option_value_exits_2(jsonl_writer):
     path = jsonl_writer("s.jsonl", [rmbench_record("chat", "1", [1] * 6)])
     result = run("rm-bench", path, "--confidence", "1.5")
     assert result.exit_code == 2
-    assert "confidence must lie in (0, 1)" in result.stderr
+    assert "Invalid value for '--confidence': must lie in (0, 1), got 1.5" in result.stderr

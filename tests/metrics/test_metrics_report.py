@@ -168,9 +168,25 @@ def test_compare_reorders_groups_and_finds_a_difference(jsonl_writer):
     assert overall.a == pytest.approx(expected_a)
 
 
-def test_compare_rejects_different_groups(jsonl_writer):
-    a = jsonl_writer("a.jsonl", [rmbench_record("chat", str(i), [1] * 6) for i in range(5)])
-    b = jsonl_writer("b.jsonl", [rmbench_record("chat", str(i), [1] * 6) for i in range(2, 6)])
+def test_compare_over_the_shared_groups_is_marked_partial(jsonl_writer):
+    # A: chat 0-4 and code 0; B: chat 2-5. Shared: chat 2, 3, 4.
+    a = jsonl_writer("a.jsonl", [rmbench_record("chat", str(i), [1] * 6) for i in range(5)]
+                     + [rmbench_record("code", "0", [1] * 6)])
+    b = jsonl_writer("b.jsonl", [rmbench_record("chat", str(i), [2, 2, 2, 1, 1, 1]) for i in range(2, 6)])
+    comparison = compare_files(a, b, MetricsConfig(resamples=10))
+    assert comparison.partial and comparison.n_groups == 3
+    assert comparison.notes == (
+        "Partial comparison: 3 group(s) only in A (chat 2, code 1); 1 group(s) only in B (chat 1); they are left "
+        "out, and the figures of both sides cover the 3 group(s) both hold.",
+    )
+    chat = {f.figure: f for f in comparison.figures}["chat.score"]
+    assert (chat.a, chat.b) == (0.0, pytest.approx(1.0))  # ties lose in A; B's chosen beat its rejected everywhere
+    assert "Note: Partial comparison: 3 group(s) only in A" in render_comparison(comparison)
+
+
+def test_compare_rejects_groups_with_nothing_in_common(jsonl_writer):
+    a = jsonl_writer("a.jsonl", [rmbench_record("chat", str(i), [1] * 6) for i in range(2)])
+    b = jsonl_writer("b.jsonl", [rmbench_record("chat", str(i), [1] * 6) for i in range(2, 3)])
     with pytest.raises(
         DataError, match=r"2 group\(s\) only in .*a.jsonl \(e.g. rm-bench/chat/0, rm-bench/chat/1\); 1 group"
     ):

@@ -67,8 +67,8 @@ def test_eval_fingerprint_mismatch_is_one_line_exit_1(scoring_server, small_rmbe
     ("args", "words"),
     [
         (["--bench", "mmlu"], "'mmlu' is not one of"),
-        (["--max-in-flight", "0"], "max_in_flight must be an integer in [1, 4096]"),
-        (["--server", "localhost:8000"], "server URL must be http(s)://host[:port]"),
+        (["--max-in-flight", "0"], "Invalid value for '--max-in-flight': must be an integer in [1, 4096], got 0"),
+        (["--server", "localhost:8000"], "Invalid value for '--server': URL must be http(s)://host[:port]"),
         (["--data", "/nonexistent/rm-bench"], "'--data'"),
     ],
 )

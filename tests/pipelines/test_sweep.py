@@ -467,3 +467,22 @@ async def test_groups_that_cannot_be_scored_are_stored_named_and_counted(checkpo
         wins += sum(r[i] > r[3 + j] for i in range(3) for j in range(3))
     rows = list(csv.DictReader((tmp_path / "out" / "sweep.csv").read_text().splitlines()))
     assert float(rows[1]["rm-bench:chat.score"]) == pytest.approx(wins / (9 * len(groups)))
+
+
+def test_cli_sweep_only_names_the_other_domains_as_excluded(checkpoints, tmp_path):
+    root, start, _ = checkpoints
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=3, n_code=2)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    with start_server(root, engine_on(start)) as one:
+        result = CliRunner().invoke(cli_app, [
+            "sweep", "--server", one.url, "--checkpoints", str(root / "step-3"), "--bench", "rm-bench",
+            "--data", str(data), "--out", str(tmp_path / "out"), "--store", str(tmp_path / "s.sqlite"),
+            "--admin-token-file", str(token_file), "--resamples", "20", "-q", "--only", "CHAT",
+        ])
+    assert result.exit_code == 0, result.output
+    assert (
+        "**Partial**: code, math, safety-refuse, safety-response excluded by --only; the overall figures average "
+        "the domains/subsets present."
+    ) in result.stdout
+    assert "not in the data" not in result.output

@@ -169,8 +169,8 @@ def test_cli_serve_defaults(captured):
     [
         (["--port", "70000"], "port"),
         (["--engine", "tgi"], "'tgi' is not one of 'vllm', 'hf'"),
-        (["--block-size", "24"], "block_size"),
-        (["--max-body-bytes", "10"], "max_body_bytes"),
+        (["--block-size", "24"], "Invalid value for '--block-size': 24 must be a power of 2 between 8 and 256"),
+        (["--max-body-bytes", "10"], "Invalid value for '--max-body-bytes': 10; it must be at least 1024"),
     ],
 )
 def test_cli_serve_rejects_bad_values(captured, args, fragment):
