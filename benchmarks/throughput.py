@@ -28,6 +28,21 @@ and the peak RSS of the path's process tree. Rendering is not inside the timings
 Rewards of ``b``, ``c``, ``d`` must equal ``a``'s within ``--atol`` (1e-4, float32); the run
 exits with status 1 and names the worst group otherwise (after writing the results).
 
+``--kind dpo --ref-model REF`` (or ``--ref-free avg|sum|norm``) measures a DPO policy scored by
+its implicit reward instead, two ways (paths ``a`` and ``d`` only):
+
+* ``a`` — the reference-harness way of allenai/reward-bench ``scripts/run_dpo.py`` (as
+  RM-Bench's ``run_dpo.sh`` drives it): transformers ``AutoModelForCausalLM`` for the policy
+  and the reference, rows (chosen k, rejected k) per response style over the dataset in order,
+  ``--batch-size`` rows per forward (chosen and rejected concatenated, right-padded with EOS,
+  attention mask), answer-token log-probs gathered from a float32 log-softmax, the reward of
+  ``rewardbench/dpo.py``.
+* ``d`` — the full rmserve path: RewardClient → HTTP → ``rmserve serve --kind dpo`` (two vLLM
+  generate engines with prompt log-probs, the sequences of a group submitted together).
+
+Both score the token ids rmserve's :class:`~rmserve.server.dpo_render.DPORenderer` renders
+(``--compat`` as on the server), so their rewards must agree within ``--atol``.
+
 Results: ``<out>/<date>-<machine>[-<tag>].json`` and ``.md`` (also printed), with machine,
 versions and the command line. Run from the repository root, for example::
 
@@ -71,6 +86,11 @@ PATH_TITLES: dict[str, str] = {
     "d": "rmserve: RewardClient → HTTP → rmserve serve (engine as c)",
     "hf": "rmserve transformers engine, length-sorted dynamic batches",
 }
+DPO_PATHS: tuple[str, ...] = ("a", "d")
+DPO_PATH_TITLES: dict[str, str] = {
+    "a": "transformers policy + reference, official pairwise padded batches (reference harness)",
+    "d": "rmserve: RewardClient → HTTP → rmserve serve --kind dpo (vLLM, prompt log-probs)",
+}
 KV_CACHE_BYTES = 1 << 30
 """KV-cache size of every vLLM engine here (1 GiB: the benchmark machine has little memory)."""
 
@@ -110,6 +130,25 @@ def render_groups(model: str, groups: Sequence[Group], max_model_len: int) -> li
         rendered = renderer.render_group(group.messages, group.responses, group_id=str(group.key))
         out.append([list(ids) for ids in rendered.token_ids])
     return out
+
+
+def render_groups_dpo(
+    model: str, groups: Sequence[Group], max_model_len: int, compat: str
+) -> tuple[list[list[list[int]]], list[list[int]]]:
+    """Token ids and answer starts of every sequence (``[group][response]``), rendered as a
+    ``--kind dpo`` server renders them (:class:`~rmserve.server.dpo_render.DPORenderer`)."""
+    from transformers import AutoTokenizer
+
+    from rmserve.server.dpo_render import DPORenderer
+
+    renderer = DPORenderer(AutoTokenizer.from_pretrained(model), max_model_len=max_model_len, compat=compat)
+    ids, starts = [], []
+    for group in groups:
+        rendered = renderer.render_group(group.messages, group.responses, group_id=str(group.key))
+        ids.append([list(seq) for seq in rendered.token_ids])
+        assert rendered.answer_start is not None
+        starts.append(list(rendered.answer_start))
+    return ids, starts
 
 
 def warmup_group(domain: str = "code") -> Group:
@@ -337,6 +376,96 @@ def run_reference(spec: dict[str, Any]) -> PathResult:
     return PathResult(rewards, zeros, wall_s, latencies, startup_s)
 
 
+def dpo_reward(policy: Any, reference: Any | None, mode: str) -> float:
+    """Reward of one response from its answer tokens' log-probs (1-D float64 arrays), as
+    allenai/reward-bench ``rewardbench/dpo.py`` computes it (``get_batch_logps``, no β)."""
+    if mode == "reference":
+        return float(policy.sum() - reference.sum())
+    if mode == "avg":
+        return float(policy.sum() / policy.size)
+    if mode == "sum":
+        return float(policy.sum())
+    return float(-np.sqrt((policy * policy).sum()))
+
+
+def score_reference_dpo(
+    models: Sequence[Any], token_ids: list[list[list[int]]], answer_starts: list[list[int]], *, mode: str,
+    batch_size: int, pad_id: int, warmup: list[list[int]] | None = None, warmup_starts: list[int] | None = None,
+) -> tuple[list[list[float]], float, list[float]]:
+    """The reference-harness DPO loop: rows (chosen k, rejected k) per style k over all groups,
+    ``batch_size`` rows per forward of every model (chosen then rejected, right-padded).
+
+    ``models``: the policy, then the reference when ``mode`` is ``reference``. A group of n
+    responses pairs response k with k + n/2 (RM-Bench: 3 chosen, 3 rejected).
+
+    Returns:
+        (rewards ``[group][response]``, wall seconds, per-group latencies in seconds).
+    """
+    import torch
+
+    def logprobs(model: Any, batch: list[list[int]], starts: list[int]) -> list[Any]:
+        width = max(len(s) for s in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, seq in enumerate(batch):
+            ids[row, : len(seq)] = torch.tensor(seq)
+            mask[row, : len(seq)] = 1
+        with torch.inference_mode():
+            logits = model(input_ids=ids, attention_mask=mask).logits.float()
+            per_token = torch.log_softmax(logits[:, :-1], dim=-1).gather(2, ids[:, 1:].unsqueeze(2)).squeeze(2)
+        out = per_token.double().numpy()
+        return [out[row, start - 1 : len(seq) - 1] for row, (seq, start) in enumerate(zip(batch, starts))]
+
+    def forward(batch: list[list[int]], starts: list[int]) -> list[float]:
+        per_model = [logprobs(model, batch, starts) for model in models]
+        ref = per_model[1] if len(per_model) > 1 else [None] * len(batch)
+        return [dpo_reward(p, r, mode) for p, r in zip(per_model[0], ref)]
+
+    if warmup:
+        forward(warmup[:batch_size], (warmup_starts or [])[:batch_size])
+    n = len(token_ids)
+    rewards = [[0.0] * len(g) for g in token_ids]
+    first_start, last_done = [float("inf")] * n, [0.0] * n
+    t0 = time.perf_counter()
+    half = max(len(g) for g in token_ids) // 2
+    for k in range(half):
+        rows = [i for i in range(n) if len(token_ids[i]) // 2 > k]
+        for s in range(0, len(rows), batch_size):
+            chunk = rows[s : s + batch_size]
+            pairs = [(i, k) for i in chunk] + [(i, k + len(token_ids[i]) // 2) for i in chunk]
+            begin = time.perf_counter()
+            values = forward([token_ids[i][j] for i, j in pairs], [answer_starts[i][j] for i, j in pairs])
+            end = time.perf_counter()
+            for (i, j), value in zip(pairs, values, strict=True):
+                rewards[i][j] = value
+                first_start[i] = min(first_start[i], begin)
+                last_done[i] = end
+    wall_s = time.perf_counter() - t0
+    return rewards, wall_s, _latencies(first_start, last_done)
+
+
+def run_reference_dpo(spec: dict[str, Any]) -> PathResult:
+    """DPO path a: ``AutoModelForCausalLM`` policy (and reference), :func:`score_reference_dpo`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    started = time.perf_counter()
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[spec["dtype"]]
+    names = [spec["model"]] + ([spec["ref_model"]] if spec.get("ref_model") else [])
+    models = [AutoModelForCausalLM.from_pretrained(name, dtype=dtype).eval() for name in names]
+    startup_s = time.perf_counter() - started
+    token_ids: list[list[list[int]]] = spec["token_ids"]
+    mode = "reference" if spec.get("ref_model") else spec["ref_free"]
+    eos = models[0].config.eos_token_id
+    rewards, wall_s, latencies = score_reference_dpo(
+        models, token_ids, spec["answer_starts"], mode=mode, batch_size=spec["batch_size"],
+        pad_id=int(eos[0] if isinstance(eos, list) else eos),
+        warmup=spec["warmup_token_ids"], warmup_starts=spec["warmup_answer_starts"],
+    )
+    zeros = [[0] * len(g) for g in token_ids]
+    return PathResult(rewards, zeros, wall_s, latencies, startup_s)
+
+
 def engine_options(spec: dict[str, Any]) -> dict[str, Any]:
     """The engine options of a path spec: every spec key that names an ``EngineConfig`` field
     (``rmserve serve``'s option table), None values left out, on the vLLM engine."""
@@ -477,7 +606,7 @@ def run_server_path(spec: dict[str, Any]) -> PathResult:
 def run_path(name: str, spec: dict[str, Any]) -> PathResult:
     """Run path ``name`` (a, b, c or d) in this process."""
     if name == "a":
-        return run_reference(spec)
+        return run_reference_dpo(spec) if spec.get("kind") == "dpo" else run_reference(spec)
     if name == "b":
         return asyncio.run(_run_engine(spec, grouped=False))
     if name == "c":
@@ -589,6 +718,12 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Scoring throughput — {report['date']} — {report['machine_name']}",
         "",
+        *(
+            [f"DPO policy scored by its implicit reward: reference `{report['ref_model']}`"
+             if report.get("ref_model") else f"DPO policy, reference-free reward `{report.get('ref_free')}`",
+             f"(compat {report.get('compat')}); tokens counted once per sequence (both models read them).", ""]
+            if report.get("kind") == "dpo" else []
+        ),
         f"Model `{report['model']}` ({report['dtype']}), data {report['selection']}, "
         f"block size {report['block_size']}, batch size (a) {report['batch_size']}, "
         f"{report['max_groups_in_flight']} groups in flight (b–d).",
@@ -656,6 +791,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help=engine_help("max_num_batched_tokens", "Paths b–d."))
     parser.add_argument("--cpu-threads-bind", default=None, help=engine_help("cpu_threads_bind", "Paths b–d."))
+    parser.add_argument("--kind", default="classifier", choices=("classifier", "dpo"),
+                        help="classifier (paths a-d) or dpo: a DPO policy's implicit reward (paths a and d)")
+    parser.add_argument("--ref-model", default=None, help=engine_help("ref_model", ""))
+    parser.add_argument("--ref-free", default=None, choices=("avg", "sum", "norm"), help=engine_help("ref_free", ""))
+    parser.add_argument("--compat", default="none", choices=("none", "official"), help=engine_help("compat", ""))
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results", help="results folder")
     parser.add_argument("--machine", default=f"cpu{len(os.sched_getaffinity(0))}", help="machine name in the file name")
     parser.add_argument("--tag", default=None, help="suffix of the results file name (e.g. the data selection)")
@@ -666,10 +806,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.worker is None:
         if not args.model:
             parser.error("--model is required")
+        if args.kind == "dpo":
+            if (args.ref_model is None) == (args.ref_free is None):
+                parser.error("--kind dpo needs exactly one of --ref-model REF and --ref-free avg|sum|norm")
+            if args.paths == "a,b,c,d":
+                args.paths = "a,d"
+            if args.ref_model:
+                args.ref_model = str(Path(args.ref_model).resolve())
+        elif args.ref_model or args.ref_free or args.compat != "none":
+            parser.error("--ref-model, --ref-free and --compat need --kind dpo")
+        allowed = DPO_PATHS if args.kind == "dpo" else PATHS
         paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-        bad = [p for p in paths if p not in PATHS]
+        bad = [p for p in paths if p not in allowed]
         if bad or not paths:
-            parser.error(f"--paths: {args.paths!r}: each must be one of {', '.join(PATHS)}")
+            parser.error(f"--paths: {args.paths!r}: each must be one of {', '.join(allowed)}")
         args.path_list = paths
         if args.domains:
             args.domain_list = [d.strip() for d in args.domains.split(",") if d.strip()]
@@ -701,10 +851,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     max_len = model_max_len(model)
     groups = load_groups(args.data, args.domain_list, args.limit_groups)
     render_start = time.perf_counter()
-    token_ids = render_groups(model, groups, max_len)
-    render_s = time.perf_counter() - render_start
     warm = warmup_group()
-    (warm_ids,) = render_groups(model, [warm], max_len)
+    dpo: dict[str, Any] = {}
+    if args.kind == "dpo":
+        token_ids, answer_starts = render_groups_dpo(model, groups, max_len, args.compat)
+        render_s = time.perf_counter() - render_start
+        (warm_ids,), (warm_starts,) = render_groups_dpo(model, [warm], max_len, args.compat)
+        dpo = {
+            "kind": "dpo", "ref_model": args.ref_model, "ref_free": args.ref_free, "compat": args.compat,
+            "answer_starts": answer_starts, "warmup_answer_starts": warm_starts,
+        }
+    else:
+        token_ids = render_groups(model, groups, max_len)
+        render_s = time.perf_counter() - render_start
+        (warm_ids,) = render_groups(model, [warm], max_len)
+    titles = DPO_PATH_TITLES if args.kind == "dpo" else PATH_TITLES
     bound = sum(trie_bound_tokens(g, args.block_size) for g in token_ids)
     domains = sorted({g.domain for g in groups}, key=RMBENCH_DOMAINS.index)
     counts = {d: sum(g.domain == d for g in groups) for d in domains}
@@ -721,6 +882,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "token_ids": token_ids, "warmup_token_ids": warm_ids,
         "groups_json": msgspec.json.encode(list(groups)).decode(),
         "warmup_group_json": msgspec.json.encode(warm).decode(),
+        **dpo,
     }
     results: dict[str, PathResult] = {}
     rows: dict[str, dict[str, Any]] = {}
@@ -731,11 +893,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec_path.write_text(json.dumps(spec))
         peaks = {}
         for name in args.path_list:
-            print(f"path {name}: {PATH_TITLES[name]} …", flush=True)
+            print(f"path {name}: {titles[name]} …", flush=True)
             results[name], peaks[name] = run_path_in_child(name, spec_path, work_dir)
             print(f"path {name}: {results[name].wall_s:.1f} s", flush=True)
     for name in args.path_list:
         rows[name] = summarize(name, results[name], peaks[name], token_ids, bound, results.get("a"))
+        rows[name]["what"] = titles[name]
     failures = parity_failures(results, groups, args.atol)
     report = {
         "benchmark": "throughput",
@@ -743,6 +906,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine_name": args.machine,
         "command": command,
         "model": model,
+        "kind": args.kind,
+        "ref_model": args.ref_model,
+        "ref_free": args.ref_free,
+        "compat": args.compat,
         "dtype": args.dtype,
         "selection": selection,
         "domains": counts,

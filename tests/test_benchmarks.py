@@ -182,3 +182,31 @@ def test_benchmark_engine_options_come_from_the_serve_declaration():
         "--block-size", "32", "--enforce-eager", "--max-num-batched-tokens", "256", "--parent-pid", str(os.getpid()),
     ]
     assert throughput._engine_config(spec, prefix_caching=False).enable_prefix_caching is False
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("mode", ["reference", "norm"])
+def test_dpo_reference_harness_path_equals_the_independent_reference(mode, demo_policy_dir, demo_reference_dir, rmbench_dir):
+    """Path a of ``throughput.py --kind dpo`` (padded pairwise batches) against
+    ``testkit.dpo_reference`` (one unpadded forward per sequence, from the text)."""
+    from testkit.dpo_reference import reference_group_scores
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    throughput = _load("throughput")
+    groups = throughput.load_groups(rmbench_dir, ["chat", "code"], 2)
+    token_ids, starts = throughput.render_groups_dpo(str(demo_policy_dir), groups, 4096, "none")
+    policy = AutoModelForCausalLM.from_pretrained(demo_policy_dir).eval()
+    reference = AutoModelForCausalLM.from_pretrained(demo_reference_dir).eval()
+    models = [policy, reference] if mode == "reference" else [policy]
+    tokenizer = AutoTokenizer.from_pretrained(demo_policy_dir)
+    rewards, _, latencies = throughput.score_reference_dpo(
+        models, token_ids, starts, mode=mode, batch_size=3, pad_id=tokenizer.eos_token_id
+    )
+    assert len(latencies) == len(groups) == 4
+    for group, ids, got in zip(groups, token_ids, rewards, strict=True):
+        messages = [{"role": m.role, "content": m.content} for m in group.messages]
+        expected = reference_group_scores(
+            policy, reference if mode == "reference" else None, tokenizer, messages, list(group.responses)
+        )
+        assert [e.input_ids for e in expected] == ids
+        assert got == pytest.approx([e.rewards[mode] for e in expected], abs=1e-4)
