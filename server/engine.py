@@ -506,8 +506,9 @@ class LogprobCounters:
         sequences: sequences answered (each once, however it was computed).
         submitted_tokens: tokens of every engine request, resubmissions included.
         cached_tokens: of those, tokens read from the prefix cache (not computed).
-        resubmitted_sequences: sequences whose first request read too much from the cache
-            (or was preempted) and were sent again without reading it.
+        resubmitted_sequences: sequences with answer rows that neither their first request
+            (it read them from the cache, or it was preempted) nor a sibling computed; the
+            prefix up to the last such row was sent again without reading the cache.
         resubmitted_tokens: tokens of those second requests (all computed).
         borrowed_rows: answer-token log-probs taken from another sequence of the same group
             that computed them over the identical preceding tokens.
@@ -603,7 +604,7 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 def assemble_answers(
     token_ids: Sequence[Sequence[int]], answer_starts: Sequence[int], rows: Sequence[PromptRows]
-) -> tuple[list[tuple[float, ...] | None], int]:
+) -> tuple[list[list[float | None]], int]:
     """Every sequence's answer log-probs from its own computed rows, or borrowed ones.
 
     Sequence ``k`` needs the rows of tokens ``answer_starts[k] … len - 1``. A row it did not
@@ -612,28 +613,22 @@ def assemble_answers(
     tokens only, so the value is the same up to floating-point summation order).
 
     Returns:
-        (per sequence the answer log-probs, or None where some row has no source — resubmit
-        it without reading the prefix cache; the number of rows borrowed by the sequences
-        that are complete).
+        (per sequence its answer log-probs, None where a row has no source; the number of
+        rows borrowed).
     """
-    answers: list[tuple[float, ...] | None] = []
+    answers: list[list[float | None]] = []
     borrowed = 0
     prefix: dict[tuple[int, int], int] = {}
     for k, (ids, start) in enumerate(zip(token_ids, answer_starts, strict=True)):
         own = rows[k].logprobs
-        values: list[float] = []
-        taken = 0
+        values: list[float | None] = []
         for t in range(start, len(ids)):
             value = own.get(t)
             if value is None:
                 value = _borrow(k, t, token_ids, rows, prefix)
-                if value is None:
-                    break
-                taken += 1
+                borrowed += value is not None
             values.append(value)
-        complete = len(values) == len(ids) - start
-        answers.append(tuple(values) if complete else None)
-        borrowed += taken if complete else 0
+        answers.append(values)
     return answers, borrowed
 
 
@@ -710,11 +705,13 @@ class VLLMLogprobEngine(_VLLMAdapter):
       (:func:`computed_rows`); a sequence with ``c ≤ answer_start - 1`` has all its answer
       rows. For one with more cached tokens (its answer begins like an earlier sibling's),
       the missing rows are borrowed from a sibling that computed them over identical
-      preceding tokens (:func:`assemble_answers`); a sequence still missing rows, or whose
-      request was preempted (re-prefilled from another cache state, so its rows cannot be
-      attributed), is resubmitted on the plain path. Checked against the plain path and a
-      transformers forward pass on RM-Bench groups (tests/server/test_engine_logprobs_vllm.py;
-      counts in benchmarks/results/2026-11-30-cpu2-dpo-prefix-cache.md).
+      preceding tokens (:func:`assemble_answers`). Rows still missing (or all rows of a
+      request that was preempted: re-prefilled from another cache state, its rows cannot be
+      attributed) come from a plain request over the sequence's prefix up to the last
+      missing token (row ``t`` depends on tokens ``0 … t`` only). Checked against the plain
+      path and a transformers forward pass on RM-Bench groups
+      (tests/server/test_engine_logprobs_vllm.py; token counts in
+      benchmarks/results/2026-11-30-cpu2-dpo-prefix-cache.md).
 
     Args:
         config: engine settings (dtype, lengths, cache, parallelism); ``config.model`` is
@@ -776,7 +773,7 @@ class VLLMLogprobEngine(_VLLMAdapter):
     ) -> list[AnswerLogprobs]:
         """Log-probabilities of the answer tokens of every sequence of one group.
 
-        Engine request ids are ``f"{request_id}-{j}"`` (``-{j}-plain`` for a resubmission).
+        Engine request ids are ``f"{request_id}-{j}"`` (``-{j}-plain`` for a resubmitted prefix).
         If the caller is cancelled (client disconnect), the group's engine requests are aborted.
 
         Args:
@@ -787,8 +784,8 @@ class VLLMLogprobEngine(_VLLMAdapter):
 
         Returns:
             One :class:`AnswerLogprobs` per sequence: ``log p`` in nats of tokens
-            ``answer_start … len - 1``, and the cached tokens of the request the values came
-            from (0 for a resubmitted sequence).
+            ``answer_start … len - 1``, and the tokens its (first) request read from the
+            prefix cache (a resubmitted prefix is counted in :meth:`counters`).
 
         Raises:
             EngineNotReady: not started, shutting down or swapping weights.
@@ -806,23 +803,30 @@ class VLLMLogprobEngine(_VLLMAdapter):
             request_ids = [f"{request_id}-{j}" for j in range(len(token_ids))]
             first = await self._prompt_rows(loaded.engine, token_ids, answer_starts, request_ids, read_cache)
             answers, borrowed = assemble_answers(token_ids, answer_starts, first)
-            again = [j for j, answer in enumerate(answers) if answer is None]
+            # per sequence with a row missing: the prefix up to its last missing token
+            again = {
+                j: answer_starts[j] + max(i for i, value in enumerate(values) if value is None) + 1
+                for j, values in enumerate(answers)
+                if None in values
+            }
             if again:
                 if not read_cache:
                     raise EngineError(
-                        f"vLLM computed only part of the prompt of request {request_ids[again[0]]} without "
-                        "reading the prefix cache"
+                        f"vLLM computed only part of the prompt of request {request_ids[next(iter(again))]} "
+                        "without reading the prefix cache"
                     )
+                prefixes = [list(token_ids[j][:end]) for j, end in again.items()]
                 plain_ids = [f"{request_id}-{j}-plain" for j in again]
                 redo = await self._prompt_rows(
-                    loaded.engine, [token_ids[j] for j in again], [answer_starts[j] for j in again], plain_ids, False
+                    loaded.engine, prefixes, [answer_starts[j] for j in again], plain_ids, False
                 )
                 for j, rows, rid in zip(again, redo, plain_ids, strict=True):
                     if rows.num_cached_tokens or not rows.trusted:
                         raise EngineError(f"vLLM read the prefix cache for request {rid}, which asked not to")
-                    answers[j] = tuple(rows.logprobs[t] for t in range(answer_starts[j], len(token_ids[j])))
-        cached = [0 if j in again else first[j].num_cached_tokens for j in range(len(token_ids))]
-        submitted = sum(len(ids) for ids in token_ids) + sum(len(token_ids[j]) for j in again)
+                    start = answer_starts[j]
+                    answers[j] = [rows.logprobs[start + i] if v is None else v for i, v in enumerate(answers[j])]
+        resubmitted_tokens = sum(again.values())
+        submitted = sum(len(ids) for ids in token_ids) + resubmitted_tokens
         first_cached = sum(rows.num_cached_tokens for rows in first)
         self._count(submitted, first_cached)
         c = self._counters
@@ -831,12 +835,12 @@ class VLLMLogprobEngine(_VLLMAdapter):
             submitted_tokens=c.submitted_tokens + submitted,
             cached_tokens=c.cached_tokens + first_cached,
             resubmitted_sequences=c.resubmitted_sequences + len(again),
-            resubmitted_tokens=c.resubmitted_tokens + sum(len(token_ids[j]) for j in again),
+            resubmitted_tokens=c.resubmitted_tokens + resubmitted_tokens,
             borrowed_rows=c.borrowed_rows + borrowed,
         )
         return [
-            AnswerLogprobs(logprobs=answer, num_cached_tokens=n)  # type: ignore[arg-type]
-            for answer, n in zip(answers, cached, strict=True)
+            AnswerLogprobs(logprobs=tuple(values), num_cached_tokens=rows.num_cached_tokens)  # type: ignore[arg-type]
+            for values, rows in zip(answers, first, strict=True)
         ]
 
     async def _prompt_rows(

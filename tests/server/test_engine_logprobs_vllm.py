@@ -159,22 +159,26 @@ async def test_cache_path_reads_the_cache_and_equals_transformers(logprob_engine
 
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="session")
-async def test_sequence_with_cached_answer_tokens_is_resubmitted(logprob_engine, dpo_groups, policy_logprobs):
-    """The same sequence twice: the second request finds its answer blocks cached, and no
-    sibling computed them, so it is sent again without reading the cache."""
+async def test_cached_answer_rows_come_from_a_plain_request_over_the_prefix(logprob_engine, dpo_groups,
+                                                                            policy_logprobs):
+    """The same sequence twice: the second request finds answer blocks cached that no sibling
+    computed, so the prefix up to its last cached token is sent again without reading the cache."""
     token_ids, starts = dpo_groups[2]  # a code group: long prompt and answers
     ids, start = token_ids[1], starts[1]
-    assert len(ids) - start > 2 * logprob_engine.config.block_size
+    block = logprob_engine.config.block_size
+    assert len(ids) - start > 2 * block
     logprob_engine.read_prefix_cache = True
     assert await logprob_engine.reset_prefix_cache()
     (first,) = await logprob_engine.answer_logprobs([ids], [start], "twice-1")
     before = logprob_engine.counters()
     (second,) = await logprob_engine.answer_logprobs([ids], [start], "twice-2")
     after = logprob_engine.counters()
+    cached = (len(ids) - 1) // block * block  # everything but the last token, in whole blocks
+    assert first.num_cached_tokens == 0 and second.num_cached_tokens == cached
     assert after.resubmitted_sequences - before.resubmitted_sequences == 1
-    assert after.resubmitted_tokens - before.resubmitted_tokens == len(ids)
-    assert after.cached_tokens - before.cached_tokens >= start  # the first request read into the answer
-    assert second.num_cached_tokens == 0  # the values come from the plain resubmission
+    # rows start … cached were not computed: the plain request covers tokens 0 … cached
+    assert after.resubmitted_tokens - before.resubmitted_tokens == cached + 1 < len(ids)
+    assert after.borrowed_rows == before.borrowed_rows
     expected = policy_logprobs[2][1]
     assert _max_diff([[first], [second]], [[expected], [expected]]) <= ATOL
 
@@ -302,17 +306,18 @@ def test_assemble_borrows_only_rows_computed_over_identical_tokens():
         PromptRows({5: 35.0, 6: 36.0}, 4),  # c read 4: rows 3, 4 missing
     ]
     answers, borrowed = assemble_answers([a, b, c], starts, rows)
-    assert answers[0] == (13.0, 14.0, 15.0, 16.0)
-    assert answers[1] == (13.0, 14.0, 15.0, 26.0)  # rows 3…5 from a (tokens 0…5 equal)
-    assert answers[2] is None  # row 4 (token 2 after 1,5,6,7) was computed by nobody
-    assert borrowed == 3  # b's three rows (c's row 3 does not count: c is resubmitted)
+    assert answers[0] == [13.0, 14.0, 15.0, 16.0]
+    assert answers[1] == [13.0, 14.0, 15.0, 26.0]  # rows 3…5 from a (tokens 0…5 equal)
+    # row 3 from a (tokens 0…3 equal); row 4 (token 2 after 1, 5, 6, 7) was computed by nobody
+    assert answers[2] == [13.0, None, 35.0, 36.0]
+    assert borrowed == 3 + 1
 
     # a donor's row must be one it computed (not one it read from the cache itself)
     rows[0] = PromptRows({t: 10.0 + t for t in range(5, 7)}, 4)
-    answers, _ = assemble_answers([a, b], starts[:2], rows[:2])
-    assert answers == [None, None]
+    answers, borrowed = assemble_answers([a, b], starts[:2], rows[:2])
+    assert answers == [[None, None, 15.0, 16.0], [None, None, 15.0, 26.0]] and borrowed == 1
     # an untrusted (preempted) request lends nothing
-    answers, _ = assemble_answers(
+    answers, borrowed = assemble_answers(
         [a, b], starts[:2], [PromptRows({}, 0, trusted=False), PromptRows({6: 26.0}, 5)]
     )
-    assert answers == [None, None]
+    assert answers == [[None, None, None, None], [None, None, None, 26.0]] and borrowed == 0
