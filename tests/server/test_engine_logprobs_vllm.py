@@ -121,6 +121,21 @@ async def test_info_serves_one_token_less_than_the_engine_length(logprob_engine,
 
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="session")
+async def test_registered_and_implements_the_protocols(logprob_engine):
+    import importlib
+
+    from rmserve.server import protocol
+    from rmserve.server.backends import LOGPROB_ENGINES
+
+    module, _, attr = LOGPROB_ENGINES["vllm"].partition(":")
+    assert type(logprob_engine) is getattr(importlib.import_module(module), attr)
+    for capability in (protocol.LogprobEngine, protocol.SupportsWeightReload, protocol.SupportsRestart,
+                       protocol.SupportsPrefixCacheStats):
+        assert isinstance(logprob_engine, capability), capability.__name__
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="session")
 async def test_plain_path_equals_transformers(logprob_engine, dpo_groups, policy_logprobs):
     answers = await _score(logprob_engine, dpo_groups, read_cache=False, tag="plain")
     diff = _max_diff(answers, policy_logprobs)
@@ -181,6 +196,34 @@ async def test_cached_answer_rows_come_from_a_plain_request_over_the_prefix(logp
     assert after.borrowed_rows == before.borrowed_rows
     expected = policy_logprobs[2][1]
     assert _max_diff([[first], [second]], [[expected], [expected]]) <= ATOL
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="session")
+async def test_cancelling_a_group_aborts_its_engine_requests(logprob_engine, dpo_groups, policy_logprobs):
+    import asyncio
+    import time
+
+    heavy = max(range(len(dpo_groups)), key=lambda i: sum(len(ids) for ids in dpo_groups[i][0]))
+    token_ids, starts = dpo_groups[heavy]
+    logprob_engine.read_prefix_cache = True
+    assert await logprob_engine.reset_prefix_cache()
+    assert logprob_engine.num_unfinished_requests() == 0
+    task = asyncio.create_task(logprob_engine.answer_logprobs(token_ids, starts, "cancel-me"))
+    deadline = time.monotonic() + 30
+    while logprob_engine.num_unfinished_requests() == 0 and not task.done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.001)
+    assert not task.done(), "the group finished before it could be cancelled"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    deadline = time.monotonic() + 10
+    while logprob_engine.num_unfinished_requests() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert logprob_engine.num_unfinished_requests() == 0
+    # the engine still serves, and correctly
+    answers = await logprob_engine.answer_logprobs(*dpo_groups[0], "after-cancel")
+    assert _max_diff([answers], policy_logprobs[:1]) <= ATOL
 
 
 def test_tolerance_is_meaningful(dpo_groups, policy_logprobs, demo_policy_dir, demo_reference_dir):
