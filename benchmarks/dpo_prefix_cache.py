@@ -135,7 +135,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# DPO prompt log-probs and the prefix cache — {report['date']} — {report['machine_tag']}",
         "",
-        f"{r['groups']} RM-Bench groups (every {r['every']}th of 798: "
+        (f"All {r['groups']} RM-Bench groups (" if r["every"] == 1 else
+         f"{r['groups']} RM-Bench groups (every {r['every']}th of the 798: ")
         + ", ".join(f"{d} {n}" for d, n in r["domains"].items())
         + f"), {r['sequences']} sequences, {total:,} tokens ({r['answer_tokens']:,} answer tokens); "
         f"block size {r['block_size']}; demo causal LM, float32, one group at a time.",
@@ -156,9 +157,13 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"Trie bound (block {r['block_size']}): {r['trie_bound_tokens']:,} tokens ({pct(r['trie_bound_tokens'])}); "
-        f"first-pass cache hits of b reach {100 * cache['cached_tokens'] / max(1, r['trie_bound_tokens']):.1f} % of it; "
+        f"first-pass cache hits of b reach {100 * cache['cached_tokens'] / max(1, r['trie_bound_tokens']):.1f} % of it "
+        "(over 100 %: hits on blocks of earlier groups, which the bound does not count); "
         f"b computes {saved:,} tokens fewer than a ({100 * saved / total:.1f} % of all tokens, "
         "resubmissions included).",
+        "A resubmission is a plain request over the sequence's prefix up to its last answer row that neither "
+        "its first request nor a sibling computed; borrowed rows come from a sibling that computed them over "
+        "identical preceding tokens.",
         f"Answer log-probs, b vs a: max |Δ| {r['max_abs_diff_cache_vs_plain']:.1e} (atol {r['atol']:g}; "
         f"worst {r['worst']}): {'PASS' if r['max_abs_diff_cache_vs_plain'] <= r['atol'] else 'FAIL'}.",
         "",
