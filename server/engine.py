@@ -149,8 +149,8 @@ def _served_name(cfg: EngineConfig, model: str) -> str:
     return path.name if path.exists() else model
 
 
-def _start_async_llm(cfg: EngineConfig, args: AsyncEngineArgs) -> Any:
-    """Bind the CPU threads (CPU build) and build the ``AsyncLLM``.
+def _start_async_llm(cfg: EngineConfig, model: str, args: AsyncEngineArgs) -> Any:
+    """Bind the CPU threads (CPU build) and build the ``AsyncLLM`` of ``model`` from ``args``.
 
     Raises:
         ServerFault: vLLM failed to start (the message carries vLLM's reason).
@@ -159,7 +159,7 @@ def _start_async_llm(cfg: EngineConfig, args: AsyncEngineArgs) -> Any:
     try:
         return AsyncLLM.from_engine_args(args)
     except Exception as exc:  # noqa: BLE001 - any start failure is a server fault
-        raise ServerFault(f"vLLM could not start the model {args.model!r}: {type(exc).__name__}: {exc}") from exc
+        raise ServerFault(f"vLLM could not start the model {model!r}: {type(exc).__name__}: {exc}") from exc
 
 
 class _VLLMAdapter(EngineLifecycle[_Loaded]):
@@ -424,7 +424,7 @@ class VLLMEngine(_VLLMAdapter):
         args = engine_args(
             cfg, cfg.model, runner="pooling", convert="classify", pooler_config=PoolerConfig(use_activation=False)
         )
-        engine = _start_async_llm(cfg, args)
+        engine = _start_async_llm(cfg, cfg.model, args)
 
         def describe(engine: Any) -> _Loaded:
             max_model_len = int(engine.model_config.max_model_len)
@@ -743,7 +743,7 @@ class VLLMLogprobEngine(_VLLMAdapter):
         cfg, model = self.config, self.model
         check_causal_lm(model)
         args = engine_args(cfg, model, runner="generate", logprobs_mode="raw_logprobs")
-        engine = _start_async_llm(cfg, args)
+        engine = _start_async_llm(cfg, model, args)
 
         def describe(engine: Any) -> _Loaded:
             max_model_len = int(engine.model_config.max_model_len) - 1
