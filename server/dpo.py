@@ -190,6 +190,33 @@ class _Loaded:
         return self.record.info
 
 
+def memory_share(config: EngineConfig) -> EngineConfig:
+    """The engine settings of each of the two engines of a reference-mode DPO server: half
+    the accelerator memory fraction and half an explicit KV-cache size each, so the policy
+    and the reference fit on one device side by side. Reference-free: ``config`` unchanged.
+
+    (``gpu_memory_utilization`` is the fraction of the device one vLLM instance may use; two
+    instances at the default 0.9 would ask for 180 %.)
+    """
+    if config.ref_model is None:
+        return config
+    kv = config.kv_cache_memory_bytes
+    return dataclasses.replace(
+        config,
+        gpu_memory_utilization=config.gpu_memory_utilization / 2,
+        kv_cache_memory_bytes=None if kv is None else max(kv // 2, 1 << 20),
+    )
+
+
+def _accelerator_present() -> bool:
+    """True when torch sees a CUDA device (torch imported here; False without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
 class DPOEngine:
     """:class:`~rmserve.server.protocol.RewardEngine` scoring a DPO policy by its implicit reward.
 
@@ -226,8 +253,9 @@ class DPOEngine:
         factory = logprob_engine
         self.config = config
         self.mode: str = config.dpo_mode or ""
-        self.policy: LogprobEngine = factory(config, config.model)
-        self.reference: LogprobEngine | None = None if config.ref_model is None else factory(config, config.ref_model)
+        shared = memory_share(config)
+        self.policy: LogprobEngine = factory(shared, config.model)
+        self.reference: LogprobEngine | None = None if config.ref_model is None else factory(shared, config.ref_model)
         self._load_tokenizer = load_tokenizer or load_auto_tokenizer
         self._loaded: _Loaded | None = None
         self._reference_tokenizer: Any | None = None
@@ -266,13 +294,22 @@ class DPOEngine:
             return self._loaded.record
         tokenizer, ref_tokenizer = await asyncio.to_thread(self._check_models)
         try:
-            async with asyncio.TaskGroup() as tg:
+            if await asyncio.to_thread(_accelerator_present):
+                # One after the other: each engine sizes its share of accelerator memory from
+                # what is free when it starts, so concurrent starts would both count the
+                # whole device.
                 for engine in self._engines():
-                    tg.create_task(engine.start())
-        except BaseExceptionGroup as eg:
+                    await engine.start()
+            else:
+                async with asyncio.TaskGroup() as tg:
+                    for engine in self._engines():
+                        tg.create_task(engine.start())
+        except BaseException as exc:
             for engine in self._engines():
                 await engine.shutdown()
-            raise _first_error(eg) from None
+            if isinstance(exc, BaseExceptionGroup):
+                raise _first_error(exc) from None
+            raise
         self._reference_tokenizer = ref_tokenizer
         self._loaded = await asyncio.to_thread(self._build, self.config.model, tokenizer, None)
         log.info("DPO engine ready: %s", self._loaded.info)

@@ -302,3 +302,16 @@ async def test_restart_moves_the_policy_to_another_checkpoint_and_back(ckpts, tm
     back = await engine.restart(str(ckpts["policy"]))
     assert back.info.fingerprint == first.info.fingerprint
     assert engine.prefix_cache_stats().query_tokens == 2 * len(OK_IDS)  # policy + reference
+
+
+def test_reference_mode_splits_the_accelerator_memory_between_the_two_engines():
+    from rmserve.server.config import EngineConfig
+    from rmserve.server.dpo import memory_share
+
+    both = EngineConfig(model="p", kind="dpo", ref_model="r", gpu_memory_utilization=0.8, kv_cache_memory_bytes=6 << 20)
+    half = memory_share(both)
+    assert half.gpu_memory_utilization == pytest.approx(0.4)
+    assert half.kv_cache_memory_bytes == 3 << 20
+    assert (half.model, half.ref_model, half.kind) == ("p", "r", "dpo")
+    alone = EngineConfig(model="p", kind="dpo", ref_free="avg", gpu_memory_utilization=0.8)
+    assert memory_share(alone) is alone
