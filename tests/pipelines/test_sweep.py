@@ -302,7 +302,7 @@ class ScriptedServer:
     async def __aexit__(self, *exc_info):
         return None
 
-    async def wait_until_ready(self, timeout_s, poll_interval_s=1.0):
+    async def wait_until_ready(self, timeout_s, poll_interval_s=1.0, wait_for_server=False):
         self.polls += 1
         self.polled.set()
         if not self.comes_back:
