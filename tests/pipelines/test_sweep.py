@@ -12,12 +12,14 @@ import csv
 import json
 import logging
 import math
+import socket
+import time
 from pathlib import Path
 
 import pytest
 from rmserve.client.score_store import ScoreStore
 from rmserve.server.protocol import SequenceScore
-from rmserve.pipelines.sweep import SweepConfig, checkpoint_step, order_checkpoints, sweep_async
+from rmserve.pipelines.sweep import SweepConfig, SweepTally, checkpoint_step, order_checkpoints, sweep_async
 from testkit import fakes
 from testkit.servers import ThreadedServer, write_rmbench_data
 from typer.testing import CliRunner
@@ -467,3 +469,35 @@ async def test_groups_that_cannot_be_scored_are_stored_named_and_counted(checkpo
         wins += sum(r[i] > r[3 + j] for i in range(3) for j in range(3))
     rows = list(csv.DictReader((tmp_path / "out" / "sweep.csv").read_text().splitlines()))
     assert float(rows[1]["rm-bench:chat.score"]) == pytest.approx(wins / (9 * len(groups)))
+
+
+def test_cli_sweep_with_nothing_listening_fails_in_seconds_and_keeps_nothing(checkpoints, tmp_path):
+    root, _, _ = checkpoints
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=2, n_code=0)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store = tmp_path / "s.sqlite"
+    started = time.monotonic()
+    result = CliRunner().invoke(cli_app, [
+        "sweep", "--server", f"http://127.0.0.1:{port}", "--checkpoints", str(root / "step-*"), "--bench", "rm-bench",
+        "--data", str(data), "--out", str(tmp_path / "out"), "--store", str(store), "--server-wait-s", "1",
+    ])
+    elapsed_s = time.monotonic() - started
+    assert result.exit_code == 1
+    assert elapsed_s < 10, f"took {elapsed_s:.1f} s"
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith(f"waiting for http://127.0.0.1:{port}/health: connection refused, retrying for ")
+    assert lines[-1].startswith(f"error: connection_failed: nothing answers at http://127.0.0.1:{port}/health: connection refused")
+    assert "resume" not in result.stderr  # nothing was scored: no resume hint
+    assert not store.exists() and not (tmp_path / "out").exists()
+
+
+async def test_tally_counts_the_groups_kept_for_the_sweeps_checkpoints(checkpoints, tmp_path):
+    root, start, folders = checkpoints
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=2, n_code=1)
+    with start_server(root, engine_on(start)) as one:
+        first, again = SweepTally(), SweepTally()
+        await sweep_async(config([one.url], folders[:1], tmp_path, data), tally=first)  # scores 3 groups
+        await sweep_async(config([one.url], folders[:1], tmp_path, data), tally=again)  # finds 3 stored
+    assert first.groups_kept == again.groups_kept == 3
