@@ -12,7 +12,14 @@ computes every figure and writes ``results.json``, ``table.md`` and the heatmaps
 computes a figure.
 
 A run killed at any point keeps every group already answered; running the same command
-again scores exactly the groups that are missing.
+again scores exactly the groups that are missing. A run that stops before its first group is
+scored leaves no score file behind.
+
+Waiting for the server (:func:`wait_for_server`): a server that answers 503 (engine loading)
+is waited for up to ``ready_timeout_s``; an address where nothing accepts connections fails
+after a few seconds, naming it (``wait_for_server`` waits for it instead). A status line on
+stderr says what is waited for; scoring shows a progress bar on a terminal and a plain
+progress line every few seconds elsewhere (:mod:`rmserve.pipelines.progress`).
 
 With a score store (``EvalConfig.store``: SQLite, :mod:`rmserve.client.score_store`) the groups
 stored under the server's fingerprint by any earlier run are not sent either. Keeping the score

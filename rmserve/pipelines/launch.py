@@ -9,6 +9,12 @@ Ctrl-C or SIGTERM alike. If the launcher itself dies without cleaning up (SIGKIL
 still stops: on Linux it gets SIGTERM from the kernel (a parent-death signal), and the server
 watches the launcher's pid itself (``rmserve serve --parent-pid``).
 
+While it waits, a status line on stderr says so (``starting server for NAME (log:
+OUT/server.log)… 35 s``, then ``… ready after 212 s``); ``quiet`` silences it.
+
+Before starting anything, :func:`run` computes the fingerprint the server would report for a
+local checkpoint folder (:func:`local_fingerprint`); when ``OUT/scores.jsonl`` already holds
+every selected group under it, the figures come from that file and no server is started.
 With a score store (``EvalConfig.store``) and a local checkpoint folder, :func:`run` first
 hashes the folder (:func:`~rmserve.client.score_store.checkpoint_signature`); when the store
 remembers the fingerprint a server reported for it and holds every group of the data under

@@ -128,7 +128,9 @@ async def test_two_servers_share_the_groups_and_rerun_scores_nothing(checkpoints
     data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=12, n_code=8)
     engines = [engine_on(start), engine_on(start)]
     with start_server(root, engines[0]) as one, start_server(root, engines[1]) as two:
-        result = await sweep_async(config([one.url, two.url], folders, tmp_path, data, max_in_flight=4))
+        first, again = SweepTally(), SweepTally()
+        result = await sweep_async(config([one.url, two.url], folders, tmp_path, data, max_in_flight=4), tally=first)
+        assert first.groups_kept == 3 * 20  # every group this sweep stored
         assert [r.checkpoint.step for r in result.runs] == [3, 20, 100]
         assert all(r.n_scored == 20 and r.loaded for r in result.runs)
         for run in result.runs:
@@ -141,7 +143,8 @@ async def test_two_servers_share_the_groups_and_rerun_scores_nothing(checkpoints
         assert sum(calls) == 60
         check_store(tmp_path, data, result.runs)
 
-        rerun = await sweep_async(config([one.url, two.url], folders, tmp_path, data))
+        rerun = await sweep_async(config([one.url, two.url], folders, tmp_path, data), tally=again)
+        assert again.groups_kept == 3 * 20  # found stored
         assert [e.n_score_calls for e in engines] == calls  # nothing scored twice
         assert [len(e.reloads) for e in engines] == [3, 3]  # stored checkpoints are not loaded again
         assert all(r.n_stored == 20 and not r.loaded for r in rerun.runs)
@@ -492,12 +495,3 @@ def test_cli_sweep_with_nothing_listening_fails_in_seconds_and_keeps_nothing(che
     assert "resume" not in result.stderr  # nothing was scored: no resume hint
     assert not store.exists() and not (tmp_path / "out").exists()
 
-
-async def test_tally_counts_the_groups_kept_for_the_sweeps_checkpoints(checkpoints, tmp_path):
-    root, start, folders = checkpoints
-    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=2, n_code=1)
-    with start_server(root, engine_on(start)) as one:
-        first, again = SweepTally(), SweepTally()
-        await sweep_async(config([one.url], folders[:1], tmp_path, data), tally=first)  # scores 3 groups
-        await sweep_async(config([one.url], folders[:1], tmp_path, data), tally=again)  # finds 3 stored
-    assert first.groups_kept == again.groups_kept == 3
