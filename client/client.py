@@ -121,10 +121,10 @@ class Waiting:
 
     def sentence(self) -> str:
         """``waiting for URL: connection refused, retrying for 4 s`` or ``waiting for URL:
-        engine not ready (the engine is still loading), waiting up to 590 s more``."""
+        engine not ready (the engine is still loading) after 10 s, waiting up to 590 s more``."""
         if self.answering:
             return (
-                f"waiting for {self.url}: engine not ready ({self.last.message}), "
+                f"waiting for {self.url}: engine not ready ({self.last.message}) after {self.elapsed_s:.0f} s, "
                 f"waiting up to {self.retry_for_s:.0f} s more"
             )
         return f"waiting for {self.url}: {connection_reason(self.last)}, retrying for {self.retry_for_s:.0f} s"

@@ -265,7 +265,7 @@ async def wait_for_server(
 
     The line (:class:`~rmserve.pipelines.progress.StatusLine`) says what the wait is on:
     ``waiting for URL/health: connection refused, retrying for 4 s`` or ``… engine not ready
-    (…), waiting up to 590 s more``; when the server turns ready after a wait, ``URL/health
+    (…) after 10 s, waiting up to 590 s more``; when the server turns ready after a wait, ``URL/health
     ready after 212 s``. Nothing is written when the first probe answers 200, or with ``quiet``.
 
     Raises:
@@ -275,7 +275,7 @@ async def wait_for_server(
     started = time.monotonic()
 
     def on_wait(waiting: Waiting) -> None:
-        status.show(f"{waiting.sentence()} ({waiting.elapsed_s:.0f} s)", kind="loading" if waiting.answering else "unreachable")
+        status.show(waiting.sentence(), kind="loading" if waiting.answering else "unreachable")
 
     try:
         health = await client.wait_until_ready(
