@@ -17,6 +17,7 @@ No torch or vllm here: this module must import on a machine without them.
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import math
 import random
@@ -48,10 +49,13 @@ from rmserve.schema import (
 )
 
 __all__ = [
+    "CONNECT_GRACE_S",
     "Concurrency",
     "RewardClient",
     "Retry",
     "Timeouts",
+    "Waiting",
+    "connection_reason",
     "error_from_reply",
     "record_from_result",
 ]
@@ -67,6 +71,64 @@ def _check_positive(owner: str, name: str, value: float, *, upper: float | None 
 def _check_int(owner: str, name: str, value: int, *, lower: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < lower:
         raise ValueError(f"{owner}.{name} must be an integer ≥ {lower}, got {value!r}")
+
+
+CONNECT_GRACE_S = 4.0
+"""How long :meth:`RewardClient.wait_until_ready` retries a server that does not accept
+connections before saying so, seconds: long enough for a server that is just starting to
+listen, short enough that a wrong address fails at once."""
+
+
+def connection_reason(exc: BaseException) -> str:
+    """Why a request got no reply, in words: ``connection refused``, ``no reply within 5 s`` …
+
+    ``exc`` is a :class:`~rmserve.errors.ConnectionFailed` (its chained transport error is
+    read) or the transport error itself.
+    """
+    cause = exc.__cause__ if isinstance(exc, errors.ConnectionFailed) and exc.__cause__ is not None else exc
+    if isinstance(cause, aiohttp.ClientConnectorError):
+        os_error = cause.os_error
+        if isinstance(os_error, ConnectionRefusedError) or getattr(os_error, "errno", None) == errno.ECONNREFUSED:
+            return "connection refused"
+        return os_error.strerror or str(os_error) or type(os_error).__name__
+    if isinstance(cause, TimeoutError):
+        return "no reply in time"
+    if isinstance(cause, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection"
+    return str(exc) if isinstance(exc, errors.RMServeError) else f"{type(cause).__name__}: {cause}"
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Where a :meth:`RewardClient.wait_until_ready` stands after a probe that did not answer 200.
+
+    Attributes:
+        url: the ``/health`` URL probed.
+        elapsed_s: seconds since the wait began.
+        last: the probe's failure: :class:`~rmserve.errors.ConnectionFailed` (nothing
+            answered) or :class:`~rmserve.errors.EngineNotReady` (503, loading).
+        retry_for_s: seconds the wait goes on before giving up, from now.
+    """
+
+    url: str
+    elapsed_s: float
+    last: errors.RMServeError
+    retry_for_s: float
+
+    @property
+    def answering(self) -> bool:
+        """Whether the server answered (503) rather than not at all."""
+        return not isinstance(self.last, errors.ConnectionFailed)
+
+    def sentence(self) -> str:
+        """``waiting for URL: connection refused, retrying for 4 s`` or ``waiting for URL:
+        engine not ready (the engine is still loading) after 10 s, waiting up to 590 s more``."""
+        if self.answering:
+            return (
+                f"waiting for {self.url}: engine not ready ({self.last.message}) after {self.elapsed_s:.0f} s, "
+                f"waiting up to {self.retry_for_s:.0f} s more"
+            )
+        return f"waiting for {self.url}: {connection_reason(self.last)}, retrying for {self.retry_for_s:.0f} s"
 
 
 # --- configuration ----------------------------------------------------------------------
@@ -494,20 +556,51 @@ class RewardClient:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise errors.ServerFault(f"GET /health: invalid reply ({exc})") from None
 
-    async def wait_until_ready(self, timeout_s: float, *, poll_interval_s: float = 0.5) -> HealthReply:
-        """Poll ``/health`` until it answers 200 or ``timeout_s`` seconds pass.
+    async def wait_until_ready(
+        self,
+        timeout_s: float,
+        *,
+        poll_interval_s: float = 0.5,
+        wait_for_server: bool = False,
+        connect_grace_s: float = CONNECT_GRACE_S,
+        on_wait: Callable[[Waiting], None] | None = None,
+    ) -> HealthReply:
+        """Poll ``/health`` until it answers 200.
 
-        Connection failures and 503 count as "not ready yet"; anything else is raised at once.
+        A server that answers 503 (engine loading, restarting) is waited for, up to
+        ``timeout_s`` seconds in all. A failure to connect (refused, unreachable, no reply
+        within ``Timeouts.probe_s``) means no server answers at this address: it is retried
+        for ``connect_grace_s`` seconds (a server just started may not listen yet), counted
+        from the first failure in a row, then raised. With ``wait_for_server`` it is waited
+        for like a 503, up to ``timeout_s``. Anything else is raised at once.
+
+        Args:
+            timeout_s: longest wait in all, seconds; > 0.
+            poll_interval_s: pause between probes, seconds.
+            wait_for_server: keep waiting while nothing answers (a server being started
+                elsewhere). Default False.
+            connect_grace_s: how long a failure to connect is retried without
+                ``wait_for_server``, seconds. Default :data:`CONNECT_GRACE_S`; > 0.
+            on_wait: called after every probe that did not answer 200, with a
+                :class:`Waiting` (for a status line; the client prints nothing).
 
         Returns:
             The ready server's :class:`~rmserve.schema.HealthReply` (see :meth:`health`).
 
         Raises:
+            rmserve.errors.ConnectionFailed: nothing answered for ``connect_grace_s``
+                (without ``wait_for_server``); names the address and the reason
+                (``connection refused`` …).
             rmserve.errors.EngineNotReady: not ready after ``timeout_s`` (names the URL and the
                 last failure).
+            ValueError: ``timeout_s`` or ``connect_grace_s`` not > 0.
         """
         _check_positive("wait_until_ready", "timeout_s", timeout_s)
-        deadline = time.monotonic() + timeout_s
+        _check_positive("wait_until_ready", "connect_grace_s", connect_grace_s)
+        started = time.monotonic()
+        deadline = started + timeout_s
+        unreachable_since: float | None = None
+        health_url = self._url("/health")
         while True:
             try:
                 return await self.health()
@@ -515,11 +608,26 @@ class RewardClient:
                 if not exc.retryable:
                     raise
                 last = exc
-            remaining_s = deadline - time.monotonic()
+            now = time.monotonic()
+            reachable = not isinstance(last, errors.ConnectionFailed)
+            if reachable:
+                unreachable_since = None
+            elif unreachable_since is None:
+                unreachable_since = now
+            remaining_s = deadline - now
+            if not reachable and (remaining_s <= 0 or (not wait_for_server and now - unreachable_since >= connect_grace_s)):
+                raise errors.ConnectionFailed(
+                    f"nothing answers at {health_url}: {connection_reason(last)} (retried for "
+                    f"{now - unreachable_since:.1f} s); start the server or check the address"
+                    + ("" if wait_for_server else " (--wait-for-server waits for a server that is still being started)")
+                ) from last.__cause__
             if remaining_s <= 0:
                 raise errors.EngineNotReady(
                     f"server {self.base_url} not ready after {timeout_s:g} s (last: {last.type}: {last})"
                 )
+            if on_wait is not None:
+                limit_s = remaining_s if reachable or wait_for_server else connect_grace_s - (now - unreachable_since)
+                on_wait(Waiting(url=str(health_url), elapsed_s=now - started, last=last, retry_for_s=max(0.0, limit_s)))
             await asyncio.sleep(min(poll_interval_s, remaining_s))
 
     async def models(self) -> tuple[ModelInfo, ...]:

@@ -415,7 +415,7 @@ def guarded(
     *,
     own_files: Iterable[Path | str | None] = (),
     input_option: str | None = None,
-    kept: str | None = None,
+    kept: str | Callable[[], str | None] | None = None,
     resume_hint: Callable[[RMServeError], bool] = lambda exc: False,
     with_type: bool = True,
 ) -> T:
@@ -427,7 +427,8 @@ def guarded(
             reported as click reports a bad option value (usage line, then the message).
             None: one ``error:`` line, as for any other error.
         kept: where scored work is kept (``OUT/scores.jsonl``, the store), named when the
-            command is interrupted and when ``resume_hint(exc)`` holds.
+            command is interrupted and when ``resume_hint(exc)`` holds; a callable is asked
+            when the error happens and returns None when nothing was kept (no resume hint).
         resume_hint: which errors get the "run the same command again to resume" line.
         with_type: whether the ``error:`` line names the error type.
 
@@ -435,10 +436,15 @@ def guarded(
         typer.Exit: with the status; typer.BadParameter: bad data under ``input_option``.
     """
     own = list(own_files)
+
+    def kept_now() -> str | None:
+        return kept() if callable(kept) else kept
+
     try:
         return call()
     except KeyboardInterrupt:
-        where = f"; scored groups are kept in {kept}; run again to resume" if kept else ""
+        where_kept = kept_now()
+        where = f"; scored groups are kept in {where_kept}; run again to resume" if where_kept else ""
         typer.echo(f"interrupted{where}", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except RMServeError as exc:
@@ -446,8 +452,9 @@ def guarded(
         if code == EXIT_BAD_INPUT and input_option is not None and isinstance(exc, DataError) and exc.path is not None:
             raise typer.BadParameter(str(exc), param_hint=f"'{input_option}'") from None
         typer.echo(error_line(exc, with_type=with_type), err=True)
-        if kept and resume_hint(exc):
-            typer.echo(f"scored groups are kept in {kept}; run the same command again to resume", err=True)
+        where_kept = kept_now()
+        if where_kept and resume_hint(exc):
+            typer.echo(f"scored groups are kept in {where_kept}; run the same command again to resume", err=True)
         raise typer.Exit(code) from None
 
 

@@ -67,6 +67,7 @@ def _eval_config(
     truncation: Side | None = None,
     max_tokens: int | None = None,
     strict: bool = False,
+    wait_for_server: bool = False,
 ):
     from rmserve.pipelines.evaluate import EvalConfig
 
@@ -91,6 +92,7 @@ def _eval_config(
             store=store,
             truncation=truncation_option(truncation, max_tokens),
             strict=strict,
+            wait_for_server=wait_for_server,
         )
     )
 
@@ -108,12 +110,21 @@ def _store_path(store: Path | None, no_store: bool) -> Path | None:
     return configured_store_path()
 
 
+def _kept(scores_path: Path) -> str | None:
+    """``scores_path`` when it holds scored groups (something to resume), else None."""
+    try:
+        return str(scores_path) if scores_path.stat().st_size > 0 else None
+    except OSError:
+        return None
+
+
 def _call(fn, config, *, scores_path: Path, store_path: Path | None = None):
     """Run ``fn(config)`` under the one exit-code rule (:func:`rmserve.cli_common.guarded`):
     bad ``--data`` exits 2; a corrupt score file or store of the run's own, or any other
-    rmserve error, exits 1; Ctrl-C exits 130."""
+    rmserve error, exits 1; Ctrl-C exits 130. The resume hint names the score file only when
+    it holds scored groups."""
     return guarded(
-        lambda: fn(config), own_files=(scores_path, store_path), input_option="--data", kept=str(scores_path)
+        lambda: fn(config), own_files=(scores_path, store_path), input_option="--data", kept=lambda: _kept(scores_path)
     )
 
 
@@ -191,6 +202,14 @@ def eval_command(
     ready_timeout_s: Annotated[
         float, typer.Option("--ready-timeout-s", help="How long to wait for /health, seconds.")
     ] = 600.0,
+    wait_for_server: Annotated[
+        bool,
+        typer.Option(
+            "--wait-for-server",
+            help="Wait (up to --ready-timeout-s) for a server that does not accept connections yet. Default: a "
+            "refused connection fails after a few seconds.",
+        ),
+    ] = False,
     only: OnlyOpt = None,
     model: ModelOpt = None,
     overwrite: OverwriteOpt = False,
@@ -217,6 +236,7 @@ def eval_command(
         groups_per_request=groups_per_request, timeout_s=timeout_s, ready_timeout_s=ready_timeout_s,
         only=only, model=model, overwrite=overwrite, fsync=fsync, quiet=quiet, resamples=resamples, seed=seed,
         store=_store_path(store, no_store), truncation=truncation, max_tokens=max_tokens, strict=strict,
+        wait_for_server=wait_for_server,
     )
     result = _call(evaluate, config, scores_path=config.out_dir / "scores.jsonl", store_path=config.store)
     _render(result, as_json=as_json, quiet=quiet)

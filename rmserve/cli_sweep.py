@@ -152,6 +152,14 @@ def sweep_command(
     resamples: Annotated[int, typer.Option("--resamples", help=resamples_help(1))] = 1000,
     seed: Annotated[int, typer.Option("--seed", help=SEED_HELP)] = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_HELP)] = False,
+    wait_for_server: Annotated[
+        bool,
+        typer.Option(
+            "--wait-for-server",
+            help="At the start, wait (up to --server-wait-s) for a server that does not accept connections yet. "
+            "Default: a refused connection fails after a few seconds.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print sweep.json instead of summary.md.")] = False,
     truncation: TruncationOpt = None,
     max_tokens: MaxTokensOpt = None,
@@ -164,7 +172,7 @@ def sweep_command(
     from rmserve.client.score_store import default_store_path
     from rmserve.errors import FingerprintMismatch
     from rmserve.metrics.report import to_json
-    from rmserve.pipelines.sweep import SweepConfig, order_checkpoints, sweep
+    from rmserve.pipelines.sweep import SweepConfig, SweepTally, order_checkpoints, sweep
 
     def build() -> SweepConfig:
         benches = [b.strip() for b in bench.split(",") if b.strip()]
@@ -188,16 +196,18 @@ def sweep_command(
             quiet=quiet,
             truncation=truncation_option(truncation, max_tokens),
             strict=strict,
+            wait_for_server=wait_for_server,
         )
         only_option(benches, only)
         order_checkpoints(config.checkpoints)
         return config
 
     config = bad_parameter(build)
+    tally = SweepTally()
     result = guarded(
-        lambda: sweep(config),
+        lambda: sweep(config, tally=tally),
         own_files=(config.store,),
-        kept=str(config.store),
+        kept=lambda: str(config.store) if tally.groups_kept else None,
         resume_hint=lambda exc: exc.retryable or isinstance(exc, FingerprintMismatch),
     )
     for note in result.notes:

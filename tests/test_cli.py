@@ -184,10 +184,18 @@ def test_guarded_interrupt_exits_130_naming_what_is_kept(capsys):
     assert capsys.readouterr().err == "interrupted; scored groups are kept in /runs/out/scores.jsonl; run again to resume\n"
 
 
-def test_eval_interrupted_exits_130(monkeypatch, small_rmbench, tmp_path):
+@pytest.mark.parametrize("scored", [True, False])
+def test_eval_interrupted_exits_130_with_a_resume_hint_only_when_something_was_scored(
+    monkeypatch, small_rmbench, tmp_path, scored
+):
     import rmserve.pipelines.evaluate as evaluate_module
 
+    scores = tmp_path / "o" / "scores.jsonl"
+
     def interrupted(config):
+        if scored:
+            scores.parent.mkdir()
+            scores.write_text('{"benchmark":"rm-bench","domain":"chat","id":"0","num_chosen":1,"rewards":[1,0]}\n')
         raise KeyboardInterrupt
 
     monkeypatch.setattr(evaluate_module, "evaluate", interrupted)
@@ -196,7 +204,10 @@ def test_eval_interrupted_exits_130(monkeypatch, small_rmbench, tmp_path):
         "--out", str(tmp_path / "o"), "--quiet",
     ])
     assert result.exit_code == 130
-    assert result.stderr == f"interrupted; scored groups are kept in {tmp_path / 'o' / 'scores.jsonl'}; run again to resume\n"
+    if scored:
+        assert result.stderr == f"interrupted; scored groups are kept in {scores}; run again to resume\n"
+    else:
+        assert result.stderr == "interrupted\n"
 
 
 def _sweep_args(tmp_path):
@@ -216,7 +227,7 @@ def test_sweep_corrupt_store_exits_1_and_bad_data_exits_2(monkeypatch, tmp_path)
         DataError("bad record", path=str(tmp_path / "chat.json"), line=2),
     ])
 
-    def failing(config):
+    def failing(config, *, tally):
         raise next(errors)
 
     monkeypatch.setattr(sweep_module, "sweep", failing)
@@ -233,7 +244,7 @@ def test_sweep_json_prints_the_returned_document(monkeypatch, tmp_path):
 
     document = {"benchmarks": ["rm-bench"], "checkpoints": [], "notes": ["from the result"]}
     result = sweep_module.SweepResult(runs=(), paths=(), summary_md="# summary\n", document=document)
-    monkeypatch.setattr(sweep_module, "sweep", lambda config: result)
+    monkeypatch.setattr(sweep_module, "sweep", lambda config, *, tally: result)
     printed = runner.invoke(app, [*_sweep_args(tmp_path), "--json", "--quiet"])
     assert printed.exit_code == 0, printed.output
     assert json.loads(printed.stdout) == document

@@ -12,7 +12,14 @@ computes every figure and writes ``results.json``, ``table.md`` and the heatmaps
 computes a figure.
 
 A run killed at any point keeps every group already answered; running the same command
-again scores exactly the groups that are missing.
+again scores exactly the groups that are missing. A run that stops before its first group is
+scored leaves no score file behind.
+
+Waiting for the server (:func:`wait_for_server`): a server that answers 503 (engine loading)
+is waited for up to ``ready_timeout_s``; an address where nothing accepts connections fails
+after a few seconds, naming it (``wait_for_server`` waits for it instead). A status line on
+stderr says what is waited for; scoring shows a progress bar on a terminal and a plain
+progress line every few seconds elsewhere (:mod:`rmserve.pipelines.progress`).
 
 With a score store (``EvalConfig.store``: SQLite, :mod:`rmserve.client.score_store`) the groups
 stored under the server's fingerprint by any earlier run are not sent either. Keeping the score
@@ -29,20 +36,21 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
-from rmserve.client.score_file import SCORES_FILENAME
+from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts, Waiting
+from rmserve.client.score_file import SCORES_FILENAME, read_scores
 from rmserve.client.score_log import Resumed, ScoreLog
 from rmserve.client.score_store import ScoreStore
 
 from rmserve import errors
+from rmserve.pipelines.progress import ProgressLine, StatusLine, duration_text
 from rmserve.pipelines.outcome import TruncationSummary, Unscored, strict_stop, truncation_summary, unscored
-from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreKind, ScoreRecord, Truncation
+from rmserve.schema import BENCHMARKS, Group, HealthReply, ModelInfo, ScoreKind, ScoreRecord, Truncation
 
 if TYPE_CHECKING:  # the metrics stage (numpy) is imported when a run reports, not before
     from rmserve.metrics.report import Evaluation
@@ -78,7 +86,13 @@ class EvalConfig:
     """Limit of one scoring request, seconds (connect to last byte). Default 900; > 0."""
 
     ready_timeout_s: float = 600.0
-    """How long to wait for the server's ``/health`` to answer 200, seconds. Default 600; > 0."""
+    """How long to wait for the server's ``/health`` to answer 200 while it answers 503 (engine
+    loading), seconds. Default 600; > 0."""
+
+    wait_for_server: bool = False
+    """Also wait (up to ``ready_timeout_s``) while nothing answers at ``server_url`` (a server
+    still being started). Default False: a refused connection fails after a few seconds of
+    retries (:data:`~rmserve.client.client.CONNECT_GRACE_S`), naming the address."""
 
     max_attempts: int = 5
     """Attempts per request on connection errors, timeouts, 429 and 503. Default 5; ≥ 1."""
@@ -96,7 +110,9 @@ class EvalConfig:
     """fsync the score file after every group (guards against machine crashes). Default False."""
 
     quiet: bool = False
-    """No progress bar. Default False (the bar shows only on a terminal anyway)."""
+    """No status or progress lines on stderr. Default False: a status line while waiting for
+    the server, then a progress bar on a terminal, or a plain progress line every few seconds
+    elsewhere."""
 
     resamples: int = 1000
     """Bootstrap resamples for the intervals (0 = none). Default 1000."""
@@ -217,18 +233,59 @@ def pick_model(models: Sequence[ModelInfo], name: str | None) -> ModelInfo:
     return models[0]
 
 
-def _progress(total: int, initial: int, quiet: bool):
+def progress_bar(total: int, initial: int, quiet: bool, label: str = "scoring"):
+    """The scoring progress display: a tqdm bar on a terminal, a
+    :class:`~rmserve.pipelines.progress.ProgressLine` every few seconds elsewhere, nothing
+    with ``quiet``. Both take ``update(n)``, ``set_postfix_str(text, refresh=False)`` and
+    ``close()``."""
+    if not sys.stderr.isatty():
+        return ProgressLine(total, initial, label=label, quiet=quiet)
     from tqdm.auto import tqdm
 
     return tqdm(
         total=total,
         initial=initial,
         unit="group",
-        desc="scoring",
-        disable=quiet or not sys.stderr.isatty(),
+        desc=label,
+        disable=quiet,
         file=sys.stderr,
         dynamic_ncols=True,
     )
+
+
+async def wait_for_server(
+    client: RewardClient,
+    timeout_s: float,
+    *,
+    quiet: bool,
+    wait_for_server: bool = False,
+    poll_interval_s: float = 0.5,
+) -> HealthReply:
+    """``client.wait_until_ready`` with a status line on stderr while it waits.
+
+    The line (:class:`~rmserve.pipelines.progress.StatusLine`) says what the wait is on:
+    ``waiting for URL/health: connection refused, retrying for 4 s`` or ``… engine not ready
+    (…) after 10 s, waiting up to 590 s more``; when the server turns ready after a wait, ``URL/health
+    ready after 212 s``. Nothing is written when the first probe answers 200, or with ``quiet``.
+
+    Raises:
+        The errors of :meth:`~rmserve.client.client.RewardClient.wait_until_ready`.
+    """
+    status = StatusLine(quiet=quiet)
+    started = time.monotonic()
+
+    def on_wait(waiting: Waiting) -> None:
+        status.show(waiting.sentence(), kind="loading" if waiting.answering else "unreachable")
+
+    try:
+        health = await client.wait_until_ready(
+            timeout_s, poll_interval_s=poll_interval_s, wait_for_server=wait_for_server, on_wait=on_wait
+        )
+    except BaseException:
+        status.end()
+        raise
+    status.finish(f"{client.base_url.joinpath('health')} ready after {duration_text(time.monotonic() - started)}")
+    return health
 
 
 async def _score_pending(
@@ -242,7 +299,7 @@ async def _score_pending(
     server_version: str = "",
 ) -> None:
     """Stream ``pending`` through the client, appending each record to ``log`` as it arrives."""
-    bar = _progress(n_total, n_total - len(pending), config.quiet)
+    bar = progress_bar(n_total, n_total - len(pending), config.quiet)
     tokens = 0
     started = time.monotonic()
     try:
@@ -340,31 +397,57 @@ async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession |
     dataset, notes = await _load_data(config)
     scores_path = config.out_dir / SCORES_FILENAME
     timeouts, concurrency, retry = config.client_settings()
-    with contextlib.ExitStack() as stack:
-        store = stack.enter_context(ScoreStore(config.store)) if config.store is not None else None
-        with ScoreLog(scores_path, store=store, fsync=config.fsync) as log:
-            async with RewardClient(
-                config.server_url, session=session, timeouts=timeouts, concurrency=concurrency, retry=retry
-            ) as client:
-                health = await client.wait_until_ready(config.ready_timeout_s)
-                info = pick_model(await client.models(), config.model)
-                resumed = log.resume(info, dataset.groups, overwrite=config.overwrite, truncation=config.truncation)
-                notes += log.notes
-                pending = log.missing()
-                if resumed.n_resumed:
-                    notes.append(f"resumed: {resumed.n_resumed} groups already in {scores_path}, {len(pending)} to score")
-                if resumed.n_extra:
-                    notes.append(f"{resumed.n_extra} stored groups are not in this data and are left out of the figures")
-                if pending:
-                    server_version = health.version
-                    await _score_pending(
-                        client, log, pending, info, config, len(dataset.groups), server_version=server_version
-                    )
-            records = log.records()
-            log.finish()
+    with _no_empty_outputs(scores_path):
+        async with RewardClient(
+            config.server_url, session=session, timeouts=timeouts, concurrency=concurrency, retry=retry
+        ) as client:
+            # Nothing is opened or created before the server has answered.
+            health = await wait_for_server(
+                client, config.ready_timeout_s, quiet=config.quiet, wait_for_server=config.wait_for_server
+            )
+            info = pick_model(await client.models(), config.model)
+            with contextlib.ExitStack() as stack:
+                store = stack.enter_context(ScoreStore(config.store)) if config.store is not None else None
+                with ScoreLog(scores_path, store=store, fsync=config.fsync) as log:
+                    resumed = log.resume(info, dataset.groups, overwrite=config.overwrite, truncation=config.truncation)
+                    notes += log.notes
+                    pending = log.missing()
+                    if resumed.n_resumed:
+                        notes.append(f"resumed: {resumed.n_resumed} groups already in {scores_path}, {len(pending)} to score")
+                    if resumed.n_extra:
+                        notes.append(f"{resumed.n_extra} stored groups are not in this data and are left out of the figures")
+                    if pending:
+                        await _score_pending(
+                            client, log, pending, info, config, len(dataset.groups), server_version=health.version
+                        )
+                    records = log.records()
+                    log.finish()
     return await _report(
         config, dataset, records, resumed=resumed, scores_path=scores_path, notes=notes, n_scored=len(pending)
     )
+
+
+@contextlib.contextmanager
+def _no_empty_outputs(scores_path: Path):
+    """Remove, on the way out, a score file this block created and left empty, and its folder
+    when this block created it and it is empty: a run that scored no group leaves no output
+    behind. A file that existed before is left as it is (a resumed file stays)."""
+    created_dirs = []
+    for folder in (scores_path.parent, *scores_path.parent.parents):
+        if folder.exists():
+            break
+        created_dirs.append(folder)
+    created_file = not scores_path.exists()
+    try:
+        yield
+    finally:
+        if created_file:
+            with contextlib.suppress(OSError):
+                if scores_path.stat().st_size == 0:
+                    scores_path.unlink()
+        for folder in created_dirs:  # innermost first
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty
 
 
 async def evaluate_from_store_async(config: EvalConfig, info: ModelInfo) -> EvalResult | None:
@@ -384,6 +467,62 @@ async def evaluate_from_store_async(config: EvalConfig, info: ModelInfo) -> Eval
             records = log.records()
             log.finish()
     return await _report(config, dataset, records, resumed=resumed, scores_path=scores_path, notes=notes, n_scored=0)
+
+
+async def evaluate_from_file_async(
+    config: EvalConfig, fingerprint: str, model_info: Callable[[str], ModelInfo]
+) -> EvalResult | None:
+    """:func:`evaluate_from_file` on the running event loop."""
+    dataset, notes = await _load_data(config)
+    scores_path = config.out_dir / SCORES_FILENAME
+    if not scores_path.is_file():
+        return None
+    existing = await asyncio.to_thread(read_scores, scores_path)
+    if existing.fingerprint != fingerprint or existing.model is None:
+        return None
+    by_key = {r.key: r for r in existing.records}
+    for group in dataset.groups:
+        record = by_key.get(group.key)
+        # A group that failed under other options would be scored again (ScoreLog.resume).
+        if record is None or (not record.scored and record.truncation != config.truncation):
+            return None
+    info = model_info(existing.model)
+    with contextlib.ExitStack() as stack:
+        store = stack.enter_context(ScoreStore(config.store)) if config.store is not None else None
+        with ScoreLog(scores_path, store=store, fsync=config.fsync) as log:
+            resumed = log.resume(info, dataset.groups, overwrite=False, truncation=config.truncation)
+            if log.missing():  # the file changed since it was read
+                return None
+            notes += log.notes
+            records = log.records()
+            log.finish()
+    return await _report(config, dataset, records, resumed=resumed, scores_path=scores_path, notes=notes, n_scored=0)
+
+
+def evaluate_from_file(
+    config: EvalConfig, fingerprint: str, model_info: Callable[[str], ModelInfo]
+) -> EvalResult | None:
+    """Report ``config.bench`` from the score file ``OUT/scores.jsonl`` alone, no server, when
+    it already holds every data group under ``fingerprint``.
+
+    Used by ``rmserve run`` for a finished run: ``fingerprint`` is the one the server would
+    report, computed locally. A group recorded as not scored counts as done only under the
+    same truncation (as :meth:`~rmserve.client.score_log.ScoreLog.resume` decides). With a
+    score store the file's records are added to it, as :func:`evaluate` does.
+
+    Args:
+        config: the run (``server_url`` is not used).
+        fingerprint: the model fingerprint the file's records must carry.
+        model_info: builds the reported :class:`ModelInfo` from the model name the records carry.
+
+    Returns:
+        The :class:`EvalResult` (``n_scored`` 0), or None when the file is absent, holds
+        another fingerprint, or lacks a group (nothing is written then).
+
+    Raises:
+        rmserve.errors.DataError: bad benchmark data, an invalid score file or score store.
+    """
+    return asyncio.run(evaluate_from_file_async(config, fingerprint, model_info))
 
 
 def evaluate_from_store(config: EvalConfig, info: ModelInfo) -> EvalResult | None:
@@ -414,11 +553,13 @@ def evaluate_from_store(config: EvalConfig, info: ModelInfo) -> EvalResult | Non
 def evaluate(config: EvalConfig, *, session: aiohttp.ClientSession | None = None) -> EvalResult:
     """Score ``config.bench`` on the server at ``config.server_url`` and report the figures.
 
-    Steps: load the data → wait for ``/health`` (``ready_timeout_s``) → read the model
-    fingerprint from ``/v1/models`` → check it against the score file ``OUT/scores.jsonl`` →
-    with a score store, copy the groups it holds under that fingerprint into the score file →
-    score the groups the score file lacks (at most ``max_in_flight`` in flight; progress bar on
-    a terminal) → with a score store, rewrite the score file from it (the data's groups, data
+    Steps: load the data → wait for ``/health`` (a 503 up to ``ready_timeout_s``; a refused
+    connection a few seconds unless ``wait_for_server``; a status line on stderr meanwhile) →
+    read the model fingerprint from ``/v1/models`` → open the score file ``OUT/scores.jsonl``
+    and check it against the fingerprint → with a score store, copy the groups it holds under
+    that fingerprint into the score file → score the groups the score file lacks (at most
+    ``max_in_flight`` in flight; a progress bar on a terminal, a progress line every few
+    seconds elsewhere) → with a score store, rewrite the score file from it (the data's groups, data
     order) → compute and write the figures with :mod:`rmserve.metrics.report`. The file/store
     steps are :class:`~rmserve.client.score_log.ScoreLog`'s.
 
@@ -432,8 +573,13 @@ def evaluate(config: EvalConfig, *, session: aiohttp.ClientSession | None = None
             holds other rewards for a group than the score file).
         rmserve.errors.FingerprintMismatch: the score file holds another model's scores and
             ``overwrite`` is False, or the server's model changed during the run.
+        rmserve.errors.ConnectionFailed: nothing answers at ``server_url`` (names the address
+            and the reason, e.g. connection refused), after a few seconds of retries.
         rmserve.errors.EngineNotReady: the server was not ready within ``ready_timeout_s``.
         rmserve.errors.RMServeError: a scoring request failed for good (the records of the
             groups answered before it are kept).
+
+    A run that stops before its first group is scored leaves no score file behind (one that
+    existed before is left as it was).
     """
     return asyncio.run(evaluate_async(config, session=session))

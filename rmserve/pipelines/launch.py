@@ -9,6 +9,12 @@ Ctrl-C or SIGTERM alike. If the launcher itself dies without cleaning up (SIGKIL
 still stops: on Linux it gets SIGTERM from the kernel (a parent-death signal), and the server
 watches the launcher's pid itself (``rmserve serve --parent-pid``).
 
+While it waits, a status line on stderr says so (``starting server for NAME (log:
+OUT/server.log)… 35 s``, then ``… ready after 212 s``); ``quiet`` silences it.
+
+Before starting anything, :func:`run` computes the fingerprint the server would report for a
+local checkpoint folder (:func:`local_fingerprint`); when ``OUT/scores.jsonl`` already holds
+every selected group under it, the figures come from that file and no server is started.
 With a score store (``EvalConfig.store``) and a local checkpoint folder, :func:`run` first
 hashes the folder (:func:`~rmserve.client.score_store.checkpoint_signature`); when the store
 remembers the fingerprint a server reported for it and holds every group of the data under
@@ -36,11 +42,14 @@ from rmserve.pipelines.evaluate import (
     EvalConfig,
     EvalResult,
     evaluate,
+    evaluate_from_file,
     evaluate_from_store,
 )
 from rmserve.client.score_store import ScoreStore, checkpoint_signature
+from rmserve.pipelines.progress import StatusLine, duration_text
 
 from rmserve import errors
+from rmserve.schema import ModelInfo
 
 SERVER_LOG_FILENAME = "server.log"
 """Name of the child server's log inside the output folder."""
@@ -192,6 +201,8 @@ class ServerProcess:
         startup_timeout_s: longest wait for ``/health`` 200 in :meth:`wait_ready`.
         stop_grace_s: seconds between SIGTERM and SIGKILL in :meth:`stop`.
         poll_interval_s: pause between health checks.
+        name: what the status line calls the model (default: the log's folder name).
+        quiet: no status line on stderr while waiting.
     """
 
     def __init__(
@@ -203,8 +214,14 @@ class ServerProcess:
         startup_timeout_s: float,
         stop_grace_s: float,
         poll_interval_s: float = 0.25,
+        name: str | None = None,
+        quiet: bool = False,
     ) -> None:
         self.argv = list(argv)
+        self.name = name or Path(log_path).parent.name
+        self.quiet = quiet
+        self.ready_after_s: float | None = None
+        """Seconds :meth:`wait_ready` waited until ``/health`` answered 200 (None before)."""
         self.url = url
         self.log_path = Path(log_path)
         self.startup_timeout_s = startup_timeout_s
@@ -254,6 +271,13 @@ class ServerProcess:
     def wait_ready(self) -> None:
         """Block until ``GET /health`` answers 200.
 
+        The server was started here, so a refused connection is expected while it starts
+        (it listens only once it has begun loading): it is waited for as long as the child
+        is alive. Meanwhile a status line on stderr (:class:`~rmserve.pipelines.progress.StatusLine`,
+        unless ``quiet``) says ``starting server for NAME (log: OUT/server.log)… 35 s``,
+        rewritten in place on a terminal and repeated every 15 s elsewhere, and ends with
+        ``… ready after 212 s`` (also kept in :attr:`ready_after_s`).
+
         Raises:
             rmserve.errors.ServerFault: the child exited first (quotes the log's last lines).
             rmserve.errors.EngineNotReady: not ready after ``startup_timeout_s`` (quotes the
@@ -262,24 +286,36 @@ class ServerProcess:
         asyncio.run(self._wait_ready())
 
     async def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
+        started = time.monotonic()
+        deadline = started + self.startup_timeout_s
+        status = StatusLine(quiet=self.quiet)
+        what = f"starting server for {self.name} (log: {self.log_path})…"
         probe = Timeouts(connect_s=2.0, sock_read_s=5.0, total_s=5.0, probe_s=5.0)
-        async with RewardClient(self.url, timeouts=probe) as client:
-            while True:
-                if self.returncode is not None:
-                    raise self._exited_error("before it was ready")
-                try:
-                    await client.health()
-                    return
-                except errors.RMServeError as exc:
-                    if not exc.retryable:
-                        raise
-                if time.monotonic() >= deadline:
-                    raise errors.EngineNotReady(
-                        f"the server at {self.url} was not ready after {self.startup_timeout_s:g} s; "
-                        f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
-                    )
-                await asyncio.sleep(self.poll_interval_s)
+        try:
+            async with RewardClient(self.url, timeouts=probe) as client:
+                while True:
+                    if self.returncode is not None:
+                        raise self._exited_error("before it was ready")
+                    try:
+                        await client.health()
+                        break
+                    except errors.RMServeError as exc:
+                        if not exc.retryable:
+                            raise
+                        state = "engine loading" if isinstance(exc, errors.EngineNotReady) else "not listening yet"
+                    elapsed_s = time.monotonic() - started
+                    if elapsed_s >= self.startup_timeout_s:
+                        raise errors.EngineNotReady(
+                            f"the server at {self.url} was not ready after {self.startup_timeout_s:g} s; "
+                            f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+                        )
+                    status.show(f"{what} {duration_text(elapsed_s)} ({state})", kind=state)
+                    await asyncio.sleep(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
+        except BaseException:
+            status.end()
+            raise
+        self.ready_after_s = time.monotonic() - started
+        status.finish(f"{what} ready after {duration_text(self.ready_after_s)}", always=True)
 
     def _signal_group(self, sig: signal.Signals) -> None:
         assert self.process is not None
@@ -374,6 +410,108 @@ def store_signature(config: RunConfig) -> str | None:
     return dpo_fingerprint(policy, reference, mode, str(options.get("compat") or "none"))
 
 
+def _tokenizer_chat_template(folder: Path) -> str | None:
+    """The chat template a tokenizer loaded from ``folder`` carries, read from its files as
+    transformers reads them: ``chat_template.jinja``, else ``chat_template.json``'s
+    ``chat_template``, else ``tokenizer_config.json``'s (a list of named templates gives the
+    one named ``default``). None when there is none or a file cannot be read."""
+    import json
+
+    jinja = folder / "chat_template.jinja"
+    try:
+        if jinja.is_file():
+            return jinja.read_text(encoding="utf-8")
+        template = None
+        for name in ("chat_template.json", "tokenizer_config.json"):
+            file = folder / name
+            if file.is_file():
+                template = json.loads(file.read_text(encoding="utf-8")).get("chat_template")
+                if template is not None:
+                    break
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def local_fingerprint(serve: ServeOptions) -> str | None:
+    """The fingerprint a server started with ``serve`` would report, computed here without
+    loading the model, or None when it cannot be.
+
+    :func:`rmserve.fingerprint.model_fingerprint` of the checkpoint folder with the chat
+    template the server would use (``--chat-template``'s file, else the tokenizer's, read by
+    :func:`_tokenizer_chat_template`) and the dtype it would compute in (``--dtype``, else its
+    ``auto`` rule, :func:`rmserve.server.config.resolve_dtype`). For ``--kind dpo`` the
+    policy's and the reference's fingerprints (same template and dtype) go through
+    :func:`rmserve.fingerprint.dpo_fingerprint` with the reward mode and compat mode.
+
+    None when the model (or the DPO reference) is not a local folder (a hub id would need
+    the hub), ``--chat-template`` is passed in ``extra_args``, no template can be read, torch
+    is needed for ``auto`` and missing, or hashing fails (the server will say why). A value
+    that differs from the server's only costs the shortcut: :func:`run` starts the server.
+    """
+    from rmserve.fingerprint import dpo_fingerprint, model_fingerprint
+    from rmserve.server.config import resolve_dtype
+
+    options = serve.engine_options
+    folder = Path(serve.model)
+    if "--chat-template" in serve.extra_args or not folder.is_dir():
+        return None
+    try:
+        dtype = resolve_dtype(str(options.get("dtype") or "auto"))
+    except ImportError:
+        return None
+    override = options.get("chat_template")
+    try:
+        template = Path(str(override)).read_text(encoding="utf-8") if override is not None else _tokenizer_chat_template(folder)
+    except OSError:
+        return None
+    if template is None:
+        return None
+    try:
+        policy = model_fingerprint(folder, template, dtype)
+        if options.get("kind", "classifier") != "dpo":
+            return policy
+        ref_model = options.get("ref_model")
+        reference = None
+        if ref_model is not None:
+            if not Path(str(ref_model)).is_dir():
+                return None
+            reference = model_fingerprint(str(ref_model), template, dtype)
+        mode = "reference" if ref_model is not None else str(options.get("ref_free"))
+        return dpo_fingerprint(policy, reference, mode, str(options.get("compat") or "none"))
+    except (errors.RMServeError, OSError, ValueError):
+        return None
+
+
+def _local_model_info(serve: ServeOptions, fingerprint: str, name: str) -> ModelInfo:
+    """The :class:`ModelInfo` reported for a run answered from its score file: the name the
+    records carry, the local fingerprint, the dtype and engine the server would use, and the
+    context limit ``--max-model-len`` sets (else ``max_position_embeddings`` of ``config.json``,
+    the limit vLLM derives by default; 0 when neither is known)."""
+    import json
+
+    from rmserve.server.config import resolve_dtype
+
+    options = serve.engine_options
+    max_model_len = options.get("max_model_len")
+    if max_model_len is None:
+        try:
+            max_model_len = json.loads((Path(serve.model) / "config.json").read_text()).get("max_position_embeddings", 0)
+        except (OSError, ValueError, AttributeError):
+            max_model_len = 0
+    return ModelInfo(
+        name=name,
+        max_model_len=int(max_model_len or 0),
+        dtype=resolve_dtype(str(options.get("dtype") or "auto")),
+        fingerprint=fingerprint,
+        engine=str(options.get("engine") or "vllm"),
+        kind=str(options.get("kind") or "classifier"),
+    )
+
+
 def run(config: RunConfig) -> EvalResult:
     """Start a server for ``config.serve.model``, evaluate on it, and stop it.
 
@@ -386,6 +524,11 @@ def run(config: RunConfig) -> EvalResult:
     server (:func:`~rmserve.pipelines.evaluate.evaluate_from_store`; note "answered from the
     store, no server started"); after a run that started one, the store remembers the folder's
     fingerprint.
+
+    Without a store, when the score file ``OUT/scores.jsonl`` already holds every selected
+    group under the fingerprint the server would report (:func:`local_fingerprint`, computed
+    here from the checkpoint folder), no server is started either: the figures are computed
+    from the file (note "scores.jsonl already holds every group …, no server started").
 
     Raises:
         rmserve.errors.ServerFault: the server exited before it was ready or during the
@@ -407,6 +550,15 @@ def run(config: RunConfig) -> EvalResult:
             if stored is not None:
                 note = f"answered from the store, no server started (checkpoint {signature} = fingerprint {info.fingerprint})"
                 return replace(stored, notes=(*stored.notes, note))
+    fingerprint = local_fingerprint(config.serve)
+    if fingerprint is not None:
+        done = evaluate_from_file(config.evaluation, fingerprint, lambda name: _local_model_info(config.serve, fingerprint, name))
+        if done is not None:
+            note = (
+                f"{done.scores_path} already holds every group for this checkpoint (fingerprint {fingerprint}): "
+                "no server started"
+            )
+            return replace(done, notes=(*done.notes, note))
     out_dir = config.evaluation.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     host = "127.0.0.1"
@@ -418,6 +570,8 @@ def run(config: RunConfig) -> EvalResult:
         log_path=out_dir / SERVER_LOG_FILENAME,
         startup_timeout_s=config.serve.startup_timeout_s,
         stop_grace_s=config.serve.stop_grace_s,
+        name=Path(config.serve.model).name or config.serve.model,
+        quiet=config.evaluation.quiet,
     )
     with _sigterm_raises(), server:
         server.wait_ready()

@@ -24,7 +24,6 @@ import contextlib
 import logging
 import math
 import re
-import sys
 import time
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts, record_from_result
+from rmserve.pipelines.evaluate import progress_bar, wait_for_server
 from rmserve.pipelines.outcome import strict_stop, unscored
 from rmserve.client.score_store import ScoreStore, checkpoint_signature
 
@@ -125,7 +125,14 @@ class SweepConfig:
     """Limit of one checkpoint load on one server, seconds. Default 1800; > 0."""
 
     server_wait_s: float = 600.0
-    """How long to wait for a server that stopped answering before giving up on it, seconds. Default 600; > 0."""
+    """How long to wait for a server that is loading, or that stopped answering during the
+    sweep, before giving up on it, seconds. Default 600; > 0."""
+
+    wait_for_server: bool = False
+    """At the start, also wait (up to ``server_wait_s``) for a server that does not accept
+    connections yet. Default False: a refused connection at the start fails after a few
+    seconds, naming the address (a server that stops answering during the sweep is always
+    waited for)."""
 
     only: tuple[str, ...] | None = None
     """Only these domains (RM-Bench) / subsets (RewardBench 2), named as the tables name them
@@ -139,7 +146,8 @@ class SweepConfig:
     """Bootstrap seed. Default 0."""
 
     quiet: bool = False
-    """No progress bar. Default False."""
+    """No status or progress lines on stderr. Default False (a bar on a terminal, a plain
+    line every few seconds elsewhere)."""
 
     truncation: Truncation | None = None
     """Cut sequences over ``truncation.max_tokens`` from ``truncation.side`` (sent with every
@@ -209,6 +217,19 @@ class CheckpointRun:
     n_unscored: int = 0
 
 
+@dataclass
+class SweepTally:
+    """What a sweep has kept so far, filled in while it runs (so a failed sweep can say whether
+    running it again resumes anything).
+
+    Attributes:
+        groups_kept: groups of this sweep's checkpoints in the score store: those found stored
+            when a checkpoint came up, plus those this sweep stored since.
+    """
+
+    groups_kept: int = 0
+
+
 @dataclass(frozen=True)
 class SweepResult:
     """What a sweep produced: one :class:`CheckpointRun` per checkpoint (step order), the
@@ -274,9 +295,12 @@ def _refusal(server: _Server, checkpoint: Checkpoint, got: str, expected: str, s
 class _Sweep:
     """State of one sweep run; see :func:`sweep`."""
 
-    def __init__(self, config: SweepConfig, db: ScoreStore, datasets: dict[str, Any]) -> None:
+    def __init__(
+        self, config: SweepConfig, db: ScoreStore | None, datasets: dict[str, Any], tally: SweepTally | None = None
+    ) -> None:
         self.config = config
-        self.db = db
+        self._db = db
+        self.tally = tally if tally is not None else SweepTally()
         self.datasets = datasets
         self.groups: list[Group] = [g for ds in datasets.values() for g in ds.groups]
         timeouts = Timeouts(connect_s=min(10.0, config.timeout_s), sock_read_s=config.timeout_s, total_s=config.timeout_s)
@@ -309,6 +333,17 @@ class _Sweep:
         for server in self.servers:
             await server.client.__aexit__(None, None, None)
 
+    @property
+    def db(self) -> ScoreStore:
+        """The score store (opened by :func:`sweep_async` once the servers have answered)."""
+        if self._db is None:
+            raise RuntimeError("the sweep's score store is not open yet")
+        return self._db
+
+    @db.setter
+    def db(self, db: ScoreStore) -> None:
+        self._db = db
+
     def _active(self) -> list[_Server]:
         return [s for s in self.servers if not s.refused]
 
@@ -318,12 +353,19 @@ class _Sweep:
         Servers computing in another dtype than the first are refused (their scores would
         carry other fingerprints).
 
+        A status line on stderr says what is waited for (unless ``quiet``).
+
         Raises:
+            rmserve.errors.ConnectionFailed: nothing answers at a server's address (after a
+                few seconds; unless ``wait_for_server``).
             rmserve.errors.EngineNotReady: a server is not ready within ``server_wait_s``.
         """
         infos = []
         for server in self.servers:
-            await server.client.wait_until_ready(self.config.server_wait_s, poll_interval_s=1.0)
+            await wait_for_server(
+                server.client, self.config.server_wait_s, quiet=self.config.quiet,
+                wait_for_server=self.config.wait_for_server, poll_interval_s=1.0,
+            )
             infos.append((await server.client.models())[0])
         self.dtype = infos[0].dtype
         self.kind = ScoreKind.of(infos[0])
@@ -372,12 +414,14 @@ class _Sweep:
                 stored = self.db.records(known, keys=[self.groups[0].key])
                 model = stored[0].model if stored else checkpoint.name
                 logger.info("%s: all %d groups stored (fingerprint %s)", checkpoint.name, len(self.groups), known)
+                self.tally.groups_kept += len(self.groups)
                 return CheckpointRun(checkpoint, known, model, len(self.groups), 0, len(self.groups), loaded=False)
         fingerprint, model = await self._load_everywhere(checkpoint, known)
         if signature is not None:
             self.db.remember_checkpoint(signature, path=str(checkpoint.path), fingerprint=fingerprint, model=model)
         missing = self._missing(fingerprint)
         n_stored = len(self.groups) - len(missing)
+        self.tally.groups_kept += n_stored
         if n_stored:
             logger.info("%s: %d groups already stored, %d to score", checkpoint.name, n_stored, len(missing))
         per_server = await self._score(checkpoint, fingerprint, missing)
@@ -494,7 +538,7 @@ class _Sweep:
 
     async def _recover(self, server: _Server, checkpoint: Checkpoint, fingerprint: str | None) -> None:
         logger.warning("%s stopped answering; waiting up to %g s for it", server.url, self.config.server_wait_s)
-        await server.client.wait_until_ready(self.config.server_wait_s, poll_interval_s=1.0)
+        await server.client.wait_until_ready(self.config.server_wait_s, poll_interval_s=1.0, wait_for_server=True)
         info = await _load(server, checkpoint, self.config)
         if fingerprint is not None and info.fingerprint != fingerprint:
             self._refuse(server, _refusal(server, checkpoint, info.fingerprint, fingerprint, "the other servers"))
@@ -519,7 +563,7 @@ class _Sweep:
         in_flight: dict[asyncio.Task[ScoreRecord], tuple[_Server, Group]] = {}
         per_server = {s.url: 0 for s in self.servers}
         window = self.config.max_in_flight
-        bar = _progress(len(self.groups), len(self.groups) - len(groups), self.config.quiet, checkpoint.name)
+        bar = progress_bar(len(self.groups), len(self.groups) - len(groups), self.config.quiet, checkpoint.name)
         rotation = 0
         try:
             while queue or in_flight:
@@ -560,6 +604,7 @@ class _Sweep:
                     if exc is None:
                         record = task.result()
                         self.db.put(record)
+                        self.tally.groups_kept += 1
                         server.scored += 1
                         per_server[server.url] += 1
                         bar.update(1)
@@ -653,7 +698,10 @@ async def _wait_first(waiters: Collection[asyncio.Future[Any]]) -> Collection[as
 
 async def _first_ready(servers: Sequence[_Server], timeout_s: float) -> None:
     """Return once one of ``servers`` answers ``/health`` (or ``timeout_s`` passes)."""
-    waits = [asyncio.create_task(s.client.wait_until_ready(timeout_s, poll_interval_s=1.0)) for s in servers]
+    waits = [
+        asyncio.create_task(s.client.wait_until_ready(timeout_s, poll_interval_s=1.0, wait_for_server=True))
+        for s in servers
+    ]
     try:
         while waits:
             done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -666,21 +714,7 @@ async def _first_ready(servers: Sequence[_Server], timeout_s: float) -> None:
         await asyncio.gather(*waits, return_exceptions=True)
 
 
-def _progress(total: int, initial: int, quiet: bool, name: str):
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total,
-        initial=initial,
-        unit="group",
-        desc=name,
-        disable=quiet or not sys.stderr.isatty(),
-        file=sys.stderr,
-        dynamic_ncols=True,
-    )
-
-
-async def sweep_async(config: SweepConfig) -> SweepResult:
+async def sweep_async(config: SweepConfig, *, tally: SweepTally | None = None) -> SweepResult:
     """:func:`sweep` on the running event loop."""
     from rmserve.metrics.sweep import SweepPoint, write_sweep
 
@@ -697,9 +731,12 @@ async def sweep_async(config: SweepConfig) -> SweepResult:
             notes.append(f"{bench}: not in the data ({dataset.source}): {', '.join(dataset.missing)}")
     runs: list[CheckpointRun] = []
     started = time.monotonic()
-    with ScoreStore(config.store) as db:
-        async with _Sweep(config, db, datasets) as state:
+    with contextlib.ExitStack() as stack:
+        async with _Sweep(config, None, datasets, tally) as state:
             await state.prepare()
+            # The store is opened once the servers have answered: a sweep that cannot reach
+            # them creates nothing.
+            db = state.db = stack.enter_context(ScoreStore(config.store))
             for checkpoint in checkpoints:
                 runs.append(await state.run_checkpoint(checkpoint))
             notes.extend(state.notes)
@@ -757,7 +794,7 @@ async def sweep_async(config: SweepConfig) -> SweepResult:
     )
 
 
-def sweep(config: SweepConfig) -> SweepResult:
+def sweep(config: SweepConfig, *, tally: SweepTally | None = None) -> SweepResult:
     """Score every checkpoint in ``config.checkpoints`` on the servers and report the sweep.
 
     Returns:
@@ -770,6 +807,10 @@ def sweep(config: SweepConfig) -> SweepResult:
         rmserve.errors.DataError: bad benchmark data.
         rmserve.errors.Unauthorized / Forbidden: a load was refused (token, checkpoint root).
         rmserve.errors.FingerprintMismatch: every server was refused.
-        rmserve.errors.ConnectionFailed: no server left (all groups scored so far are stored).
+        rmserve.errors.ConnectionFailed: nothing answers at a server's address at the start
+            (unless ``wait_for_server``), or no server left (all groups scored so far are stored).
+
+    ``tally``, when given, is filled in while the sweep runs (see :class:`SweepTally`), so a
+    caller can tell after a failure whether anything was kept.
     """
-    return asyncio.run(sweep_async(config))
+    return asyncio.run(sweep_async(config, tally=tally))

@@ -13,7 +13,7 @@ import sqlite3
 
 import pytest
 from aiohttp import web
-from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
+from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts, connection_reason
 from rmserve.server import wire
 from rmserve.server.app import STATE_KEY, ServerConfig, create_app
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer
@@ -91,6 +91,68 @@ async def test_health_models_and_not_ready(make_client, stub, stub_state):
         with pytest.raises(errors.EngineNotReady, match="not ready after 0.2 s"):
             await client.wait_until_ready(0.2, poll_interval_s=0.05)
         assert stub_state.health_requests >= 3
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_wait_until_ready_on_a_closed_port_fails_after_the_grace_naming_the_refusal():
+    port = _closed_port()
+    seen = []
+    async with RewardClient(f"http://127.0.0.1:{port}") as client:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(errors.ConnectionFailed) as info:
+            await client.wait_until_ready(600.0, poll_interval_s=0.1, connect_grace_s=0.6, on_wait=seen.append)
+        elapsed_s = asyncio.get_running_loop().time() - started
+    assert 0.6 <= elapsed_s < 5  # the grace, not the 600 s limit
+    message = str(info.value)
+    assert message.startswith(f"nothing answers at http://127.0.0.1:{port}/health: connection refused (retried for 0.")
+    assert "--wait-for-server" in message
+    assert seen and all(not w.answering for w in seen)
+    assert seen[0].sentence() == f"waiting for http://127.0.0.1:{port}/health: connection refused, retrying for 1 s"
+    assert all(0 <= w.retry_for_s <= 0.6 for w in seen)
+    assert connection_reason(info.value) == "connection refused"
+
+
+async def test_wait_until_ready_for_a_server_waits_to_the_limit_then_names_the_refusal():
+    port = _closed_port()
+    async with RewardClient(f"http://127.0.0.1:{port}") as client:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(errors.ConnectionFailed, match="connection refused") as info:
+            await client.wait_until_ready(1.0, poll_interval_s=0.1, connect_grace_s=0.2, wait_for_server=True)
+        elapsed_s = asyncio.get_running_loop().time() - started
+    assert 1.0 <= elapsed_s < 5
+    assert "--wait-for-server" not in str(info.value)
+
+
+async def test_wait_until_ready_waits_for_a_loading_server_and_reports_it(make_client, stub_state):
+    stub_state.ready = False
+    seen = []
+
+    async def turn_ready():
+        while len(seen) < 3:
+            await asyncio.sleep(0.01)
+        stub_state.ready = True
+
+    async with make_client() as client:
+        flip = asyncio.create_task(turn_ready())
+        # A grace far shorter than the wait: a 503 is not a refused connection.
+        reply = await client.wait_until_ready(5.0, poll_interval_s=0.05, connect_grace_s=0.01, on_wait=seen.append)
+        await flip
+    assert reply.status == "ready"
+    assert len(seen) >= 3 and all(w.answering and isinstance(w.last, errors.EngineNotReady) for w in seen)
+    assert seen[0].sentence().startswith(f"waiting for {client.base_url.joinpath('health')}: engine not ready (")
+    assert "waiting up to 5 s more" in seen[0].sentence()
+
+
+@pytest.mark.parametrize("grace", [0, -1.0, float("nan")])
+async def test_wait_until_ready_refuses_a_bad_grace(grace):
+    async with RewardClient("http://127.0.0.1:9") as client:
+        with pytest.raises(ValueError, match="connect_grace_s"):
+            await client.wait_until_ready(1.0, connect_grace_s=grace)
 
 
 async def test_score_stream_returns_every_group_with_the_stub_rewards(make_client, make_groups, stub_state):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 from rmserve.client.score_file import read_scores
@@ -82,15 +83,42 @@ def test_eval_bad_input_exits_2(small_rmbench, tmp_path, args, words):
     assert words in " ".join(result.output.split())
 
 
-def test_eval_unreachable_server_is_one_line_exit_1(small_rmbench, tmp_path):
+def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    result = _eval(f"http://127.0.0.1:{port}", small_rmbench, tmp_path / "o", "--ready-timeout-s", "0.5")
+        return sock.getsockname()[1]
+
+
+def test_eval_refused_connection_fails_within_seconds_naming_the_address(small_rmbench, tmp_path):
+    port = _closed_port()
+    out = tmp_path / "o"
+    args = ["eval", "--server", f"http://127.0.0.1:{port}", "--bench", "rm-bench", "--data", str(small_rmbench),
+            "--out", str(out)]  # default --ready-timeout-s 600, not quiet
+    started = time.monotonic()
+    result = runner.invoke(app, args)
+    elapsed_s = time.monotonic() - started
     assert result.exit_code == 1
+    assert elapsed_s < 10, f"a refused connection took {elapsed_s:.1f} s to fail"
+    # The quick retries lasted about CONNECT_GRACE_S (4 s), not the 600 s of --ready-timeout-s.
+    assert elapsed_s >= 3.5
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[-1].startswith("error: engine_not_ready:")
-    assert "not ready after 0.5 s" in lines[-1]
+    # Not a terminal: the status is a full line when the wait starts (repeated every 15 s, so
+    # once in a 4 s wait), then the error line.
+    assert len(lines) == 2, result.stderr
+    assert lines[0].startswith(f"waiting for http://127.0.0.1:{port}/health: connection refused, retrying for ")
+    assert lines[1].startswith(f"error: connection_failed: nothing answers at http://127.0.0.1:{port}/health: connection refused")
+    assert "--wait-for-server" in lines[1]
+    assert "engine_not_ready" not in result.stderr and "resume" not in result.stderr
+    assert not out.exists()  # no output folder, no empty scores.jsonl
+
+
+def test_eval_wait_for_server_waits_to_the_ready_timeout(small_rmbench, tmp_path):
+    port = _closed_port()
+    result = _eval(f"http://127.0.0.1:{port}", small_rmbench, tmp_path / "o", "--wait-for-server", "--ready-timeout-s", "1")
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: connection_failed: nothing answers at http://127.0.0.1:{port}/health: "
+                                    "connection refused (retried for 1.")
+    assert "--wait-for-server" not in result.stderr  # already given
 
 
 def test_run_bad_engine_exits_2(small_rmbench, tmp_path):

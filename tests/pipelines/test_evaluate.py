@@ -119,6 +119,41 @@ async def test_server_not_ready_in_time(stub_http, stub_state, small_rmbench, tm
     with pytest.raises(errors.EngineNotReady, match="not ready after"):
         await _run(stub_http, _config(stub_http, small_rmbench, tmp_path / "o", ready_timeout_s=0.3))
     assert stub_state.score_requests == 0
+    assert not (tmp_path / "o").exists()  # nothing is created before the server answers
+
+
+async def test_run_that_scores_no_group_leaves_no_output(stub, stub_http, stub_state, small_rmbench, tmp_path):
+    out = tmp_path / "runs" / "o"
+    stub_state.failures = [stub.Failure(500, "engine_error")] * 50
+    with pytest.raises(errors.EngineError):
+        await _run(stub_http, _config(stub_http, small_rmbench, out, max_attempts=1, max_in_flight=1))
+    assert stub_state.score_requests >= 1  # the server was reached and the first request failed
+    assert not (tmp_path / "runs").exists()  # neither the score file nor the folders made for it
+
+
+async def test_failed_rerun_leaves_a_resumed_score_file_as_it_was(stub, stub_http, stub_state, small_rmbench, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    path = out / "scores.jsonl"
+    first = await _run(stub_http, _config(stub_http, small_rmbench, out, only=("code",)))
+    assert first.n_scored == 4
+    before = path.read_bytes()
+    stub_state.failures = [stub.Failure(500, "engine_error")] * 50
+    with pytest.raises(errors.EngineError):
+        await _run(stub_http, _config(stub_http, small_rmbench, out, max_attempts=1, max_in_flight=1))
+    assert path.read_bytes() == before
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+async def test_empty_score_file_from_before_stays(stub, stub_http, stub_state, small_rmbench, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "scores.jsonl").write_bytes(b"")
+    stub_state.failures = [stub.Failure(500, "engine_error")] * 50
+    with pytest.raises(errors.EngineError):
+        await _run(stub_http, _config(stub_http, small_rmbench, out, max_attempts=1, max_in_flight=1))
+    assert (out / "scores.jsonl").read_bytes() == b""  # not this run's file: left alone
 
 
 @pytest.mark.parametrize(

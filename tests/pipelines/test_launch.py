@@ -10,12 +10,25 @@ import socket
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
+from rmserve.pipelines import launch
 from rmserve.pipelines.evaluate import EvalConfig
-from rmserve.pipelines.launch import RunConfig, ServeOptions, ServerProcess, free_loopback_port, log_tail, run
+from rmserve.pipelines.launch import (
+    RunConfig,
+    ServeOptions,
+    ServerProcess,
+    free_loopback_port,
+    local_fingerprint,
+    log_tail,
+    run,
+)
 
 from rmserve import errors
+from rmserve.fingerprint import dpo_fingerprint, model_fingerprint
+from rmserve.schema import ScoreRecord
 from testkit.processes import parent_killed, wait_exited
+from testkit.records import fake_checkpoint
 
 STUB_SCRIPT = str(Path(__file__).resolve().parents[1] / "testkit" / "wire_stub.py")
 
@@ -164,3 +177,161 @@ def test_child_server_stops_when_its_launcher_is_sigkilled(tmp_path):
     with parent_killed(argv) as (child_pid, (port,)):  # SIGKILL: no cleanup runs in the launcher
         assert wait_exited(child_pid, 30.0), f"the server {child_pid} still runs 30 s after its launcher was killed"
         assert _refuses_connections(int(port))
+
+
+# --- what the user sees while the server starts ------------------------------------------
+
+
+def test_waiting_for_the_child_shows_a_status_line_then_ready_after(tmp_path, capsys):
+    server = _server(tmp_path, "--startup-delay-s", "1.5")
+    server.name = "demo-rm"
+    with server:
+        server.wait_ready()
+    lines = capsys.readouterr().err.splitlines()
+    # Not a terminal: the line when the wait starts (refused: the child does not listen yet),
+    # no repeat within 15 s, then the end.
+    what = f"starting server for demo-rm (log: {tmp_path / 'server.log'})…"
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"{what} 0 s (not listening yet)")
+    assert server.ready_after_s is not None and 1.5 <= server.ready_after_s < 20
+    assert lines[1] == f"{what} ready after {round(server.ready_after_s)} s"
+
+
+def test_quiet_child_wait_prints_nothing(tmp_path, capsys):
+    server = _server(tmp_path, "--startup-delay-s", "0.5")
+    server.quiet = True
+    with server:
+        server.wait_ready()
+    assert capsys.readouterr().err == ""
+
+
+def test_child_that_dies_while_starting_names_its_log(tmp_path, capsys):
+    with _server(tmp_path, "--fail-at-start") as server:
+        with pytest.raises(errors.ServerFault, match="exited with status 3 before it was ready") as info:
+            server.wait_ready()
+    assert f"last lines of {tmp_path / 'server.log'}" in str(info.value)
+    assert "stub: cannot load the model (scripted)" in str(info.value)
+
+
+# --- a finished run is answered from its score file ---------------------------------------
+
+TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+
+
+def _checkpoint(tmp_path) -> Path:
+    folder = fake_checkpoint(tmp_path / "ckpt", b"weights-1")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    return folder
+
+
+def _finished_scores(out: Path, data: Path, fingerprint: str, *, skip: int = 0) -> None:
+    """A score file holding every group of ``data`` (but the first ``skip``) under ``fingerprint``."""
+    from rmserve.datasets import load_benchmark
+
+    groups = load_benchmark("rm-bench", str(data)).groups
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "scores.jsonl", "wb") as fh:
+        for i, group in enumerate(groups[skip:]):
+            n = len(group.responses)
+            record = ScoreRecord(
+                benchmark="rm-bench", domain=group.domain, id=group.id, num_chosen=group.num_chosen,
+                rewards=tuple(float(n - k + i % 2) for k in range(n)), model="rm-local", fingerprint=fingerprint,
+            )
+            fh.write(msgspec.json.encode(record) + b"\n")
+
+
+class _LauncherCalled(Exception):
+    pass
+
+
+@pytest.fixture
+def no_launcher(monkeypatch):
+    """Fails the test if run() starts a server."""
+
+    def refuse(*args, **kwargs):
+        raise _LauncherCalled("run() started a server")
+
+    monkeypatch.setattr(launch, "ServerProcess", refuse)
+
+
+def _run_config(model: Path, data: Path, out: Path, **engine) -> RunConfig:
+    serve = ServeOptions(model=str(model), engine_options={"dtype": "float32", **engine})
+    return RunConfig(serve=serve, evaluation=EvalConfig(bench="rm-bench", data=str(data), out_dir=out, resamples=0, quiet=True))
+
+
+def test_local_fingerprint_is_the_server_rule_with_the_tokenizer_template(tmp_path):
+    folder = _checkpoint(tmp_path)
+    expected = model_fingerprint(folder, TEMPLATE, "float32")
+    assert local_fingerprint(ServeOptions(model=str(folder), engine_options={"dtype": "float32"})) == expected
+    # chat_template.jinja wins over tokenizer_config.json, as transformers loads it.
+    (folder / "chat_template.jinja").write_text("{{ messages }}")
+    assert local_fingerprint(ServeOptions(model=str(folder), engine_options={"dtype": "float32"})) == model_fingerprint(
+        folder, "{{ messages }}", "float32"
+    )
+    override = tmp_path / "t.jinja"
+    override.write_text("override")
+    with_override = ServeOptions(model=str(folder), engine_options={"dtype": "bfloat16", "chat_template": override})
+    assert local_fingerprint(with_override) == model_fingerprint(folder, "override", "bfloat16")
+    # Not computable here: a hub id, a template passed as a raw argument, no template at all.
+    assert local_fingerprint(ServeOptions(model="org/rm", engine_options={"dtype": "float32"})) is None
+    assert local_fingerprint(
+        ServeOptions(model=str(folder), engine_options={"dtype": "float32"}, extra_args=("--chat-template", str(override)))
+    ) is None
+    bare = fake_checkpoint(tmp_path / "bare", b"w")
+    assert local_fingerprint(ServeOptions(model=str(bare), engine_options={"dtype": "float32"})) is None
+
+
+def test_local_fingerprint_of_a_dpo_pair(tmp_path):
+    policy, reference = _checkpoint(tmp_path), fake_checkpoint(tmp_path / "ref", b"ref")
+    options = {"dtype": "float32", "kind": "dpo", "ref_model": str(reference)}
+    expected = dpo_fingerprint(
+        model_fingerprint(policy, TEMPLATE, "float32"), model_fingerprint(reference, TEMPLATE, "float32"), "reference"
+    )
+    assert local_fingerprint(ServeOptions(model=str(policy), engine_options=options)) == expected
+    free = {"dtype": "float32", "kind": "dpo", "ref_free": "avg", "compat": "official"}
+    assert local_fingerprint(ServeOptions(model=str(policy), engine_options=free)) == dpo_fingerprint(
+        model_fingerprint(policy, TEMPLATE, "float32"), None, "avg", "official"
+    )
+    hub_ref = {"dtype": "float32", "kind": "dpo", "ref_model": "org/ref"}
+    assert local_fingerprint(ServeOptions(model=str(policy), engine_options=hub_ref)) is None
+
+
+def test_finished_run_is_answered_from_its_score_file_without_a_server(no_launcher, small_rmbench, tmp_path):
+    folder = _checkpoint(tmp_path)
+    out = tmp_path / "out"
+    fingerprint = model_fingerprint(folder, TEMPLATE, "float32")
+    _finished_scores(out, small_rmbench, fingerprint)
+    before = (out / "scores.jsonl").read_bytes()
+    result = run(_run_config(folder, small_rmbench, out))
+    assert (result.n_scored, result.n_resumed, result.n_groups) == (0, 10, 10)
+    assert (result.model.name, result.model.fingerprint, result.model.dtype) == ("rm-local", fingerprint, "float32")
+    assert any("already holds every group" in n and "no server started" in n for n in result.notes)
+    assert (out / "scores.jsonl").read_bytes() == before
+    assert json.loads((out / "results.json").read_text())["n_groups"] == 10
+    assert not (out / "server.log").exists()
+
+
+@pytest.mark.parametrize("case", ["one group missing", "another fingerprint", "other dtype", "no score file"])
+def test_unfinished_or_other_run_starts_the_server(no_launcher, small_rmbench, tmp_path, case):
+    folder = _checkpoint(tmp_path)
+    out = tmp_path / "out"
+    fingerprint = model_fingerprint(folder, TEMPLATE, "float32")
+    if case == "one group missing":
+        _finished_scores(out, small_rmbench, fingerprint, skip=1)
+    elif case == "another fingerprint":
+        _finished_scores(out, small_rmbench, "fp-other")
+    elif case == "other dtype":
+        _finished_scores(out, small_rmbench, model_fingerprint(folder, TEMPLATE, "bfloat16"))
+    with pytest.raises(_LauncherCalled):
+        run(_run_config(folder, small_rmbench, out))
+    assert (out / "scores.jsonl").exists() == (case != "no score file")
+
+
+@pytest.mark.model
+def test_local_fingerprint_of_the_demo_model_is_the_one_its_server_reports(demo_model_dir):
+    from rmserve.server.render import Renderer
+
+    # What an engine hashes (EngineLifecycle._model_info): the renderer's template, the dtype.
+    renderer = Renderer.from_pretrained(demo_model_dir, max_model_len=64)
+    served = model_fingerprint(demo_model_dir, renderer.chat_template, "float32")
+    assert local_fingerprint(ServeOptions(model=str(demo_model_dir), engine_options={"dtype": "float32"})) == served

@@ -12,12 +12,14 @@ import csv
 import json
 import logging
 import math
+import socket
+import time
 from pathlib import Path
 
 import pytest
 from rmserve.client.score_store import ScoreStore
 from rmserve.server.protocol import SequenceScore
-from rmserve.pipelines.sweep import SweepConfig, checkpoint_step, order_checkpoints, sweep_async
+from rmserve.pipelines.sweep import SweepConfig, SweepTally, checkpoint_step, order_checkpoints, sweep_async
 from testkit import fakes
 from testkit.servers import ThreadedServer, write_rmbench_data
 from typer.testing import CliRunner
@@ -126,7 +128,9 @@ async def test_two_servers_share_the_groups_and_rerun_scores_nothing(checkpoints
     data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=12, n_code=8)
     engines = [engine_on(start), engine_on(start)]
     with start_server(root, engines[0]) as one, start_server(root, engines[1]) as two:
-        result = await sweep_async(config([one.url, two.url], folders, tmp_path, data, max_in_flight=4))
+        first, again = SweepTally(), SweepTally()
+        result = await sweep_async(config([one.url, two.url], folders, tmp_path, data, max_in_flight=4), tally=first)
+        assert first.groups_kept == 3 * 20  # every group this sweep stored
         assert [r.checkpoint.step for r in result.runs] == [3, 20, 100]
         assert all(r.n_scored == 20 and r.loaded for r in result.runs)
         for run in result.runs:
@@ -139,7 +143,8 @@ async def test_two_servers_share_the_groups_and_rerun_scores_nothing(checkpoints
         assert sum(calls) == 60
         check_store(tmp_path, data, result.runs)
 
-        rerun = await sweep_async(config([one.url, two.url], folders, tmp_path, data))
+        rerun = await sweep_async(config([one.url, two.url], folders, tmp_path, data), tally=again)
+        assert again.groups_kept == 3 * 20  # found stored
         assert [e.n_score_calls for e in engines] == calls  # nothing scored twice
         assert [len(e.reloads) for e in engines] == [3, 3]  # stored checkpoints are not loaded again
         assert all(r.n_stored == 20 and not r.loaded for r in rerun.runs)
@@ -302,7 +307,7 @@ class ScriptedServer:
     async def __aexit__(self, *exc_info):
         return None
 
-    async def wait_until_ready(self, timeout_s, poll_interval_s=1.0):
+    async def wait_until_ready(self, timeout_s, poll_interval_s=1.0, wait_for_server=False):
         self.polls += 1
         self.polled.set()
         if not self.comes_back:
@@ -486,3 +491,26 @@ def test_cli_sweep_only_names_the_other_domains_as_excluded(checkpoints, tmp_pat
         "the domains/subsets present."
     ) in result.stdout
     assert "not in the data" not in result.output
+
+
+def test_cli_sweep_with_nothing_listening_fails_in_seconds_and_keeps_nothing(checkpoints, tmp_path):
+    root, _, _ = checkpoints
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=2, n_code=0)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store = tmp_path / "s.sqlite"
+    started = time.monotonic()
+    result = CliRunner().invoke(cli_app, [
+        "sweep", "--server", f"http://127.0.0.1:{port}", "--checkpoints", str(root / "step-*"), "--bench", "rm-bench",
+        "--data", str(data), "--out", str(tmp_path / "out"), "--store", str(store), "--server-wait-s", "1",
+    ])
+    elapsed_s = time.monotonic() - started
+    assert result.exit_code == 1
+    assert elapsed_s < 10, f"took {elapsed_s:.1f} s"
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith(f"waiting for http://127.0.0.1:{port}/health: connection refused, retrying for ")
+    assert lines[-1].startswith(f"error: connection_failed: nothing answers at http://127.0.0.1:{port}/health: connection refused")
+    assert "resume" not in result.stderr  # nothing was scored: no resume hint
+    assert not store.exists() and not (tmp_path / "out").exists()
+

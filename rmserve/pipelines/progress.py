@@ -1,0 +1,216 @@
+"""Status and progress lines on stderr while a run waits or scores.
+
+Both writers are silent with ``quiet`` and look at the stream when they write (so a test
+runner that swaps ``sys.stderr`` gets the text):
+
+- :class:`StatusLine`: one line about a wait (a server starting, ``/health`` not ready).
+  On a terminal it is rewritten in place (carriage return, erase to end of line) at most
+  every ``refresh_s``; elsewhere (a log file, CI) it is written as a full line when the wait
+  starts, when its kind changes and every ``repeat_s`` after, so a log shows the wait going on.
+- :class:`ProgressLine`: scoring progress without a terminal (on a terminal the pipelines draw
+  a tqdm bar): ``scoring: 120/798 groups, 3.2 groups/s, ETA 3 min 31 s`` every ``interval_s``
+  and once at the end.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+STATUS_REPEAT_S = 15.0
+"""Seconds between repeats of an unchanged status line when stderr is not a terminal."""
+
+PROGRESS_INTERVAL_S = 5.0
+"""Seconds between progress lines when stderr is not a terminal."""
+
+_ERASE_TO_END = "\x1b[K"
+
+
+def duration_text(seconds: float) -> str:
+    """``45 s``, ``3 min 31 s``, ``2 h 05 min`` (rounded to whole seconds)."""
+    total = max(0, round(seconds))
+    if total < 60:
+        return f"{total} s"
+    minutes, secs = divmod(total, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+class _Writer:
+    def __init__(self, *, quiet: bool, stream: TextIO | None, tty: bool | None, clock: Callable[[], float]) -> None:
+        self.quiet = quiet
+        self._stream = stream
+        self._tty = tty
+        self.clock = clock
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stderr
+
+    @property
+    def tty(self) -> bool:
+        if self._tty is not None:
+            return self._tty
+        isatty = getattr(self.stream, "isatty", None)
+        return bool(isatty and isatty())
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+
+class StatusLine(_Writer):
+    """One status line about a wait, on stderr (see the module docstring).
+
+    Args:
+        quiet: write nothing.
+        stream: where to write; None = ``sys.stderr`` at the time of writing.
+        tty: whether ``stream`` is a terminal; None = ask the stream.
+        repeat_s: seconds between repeats of the line off a terminal. Default 15; > 0.
+        refresh_s: shortest pause between rewrites on a terminal. Default 1; ≥ 0.
+        clock: seconds, monotonic (a test seam).
+
+    Raises:
+        ValueError: ``repeat_s`` not > 0 or ``refresh_s`` < 0.
+    """
+
+    def __init__(
+        self,
+        *,
+        quiet: bool = False,
+        stream: TextIO | None = None,
+        tty: bool | None = None,
+        repeat_s: float = STATUS_REPEAT_S,
+        refresh_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not repeat_s > 0:
+            raise ValueError(f"repeat_s must be > 0, got {repeat_s!r}")
+        if not refresh_s >= 0:
+            raise ValueError(f"refresh_s must be ≥ 0, got {refresh_s!r}")
+        super().__init__(quiet=quiet, stream=stream, tty=tty, clock=clock)
+        self.repeat_s = repeat_s
+        self.refresh_s = refresh_s
+        self._last_write: float | None = None
+        self._kind: str | None = None
+        self.shown = False
+        """Whether any line was written."""
+
+    def show(self, text: str, *, kind: str = "") -> None:
+        """Show ``text`` as the current status. ``kind`` names the state (e.g. ``refused``,
+        ``loading``): a change of kind is written at once, otherwise the text is written when
+        the refresh (terminal) or repeat (elsewhere) interval has passed."""
+        if self.quiet:
+            return
+        now = self.clock()
+        interval = self.refresh_s if self.tty else self.repeat_s
+        due = self._last_write is None or kind != self._kind or now - self._last_write >= interval
+        if not due:
+            return
+        self._last_write, self._kind, self.shown = now, kind, True
+        self._write(f"\r{text}{_ERASE_TO_END}" if self.tty else f"{text}\n")
+
+    def finish(self, text: str, *, always: bool = False) -> None:
+        """End the status with ``text`` (a full line). Written only when a status was shown,
+        or ``always``."""
+        if self.quiet or not (self.shown or always):
+            return
+        self._write(f"\r{text}{_ERASE_TO_END}\n" if self.tty else f"{text}\n")
+        self.shown = True
+
+    def end(self) -> None:
+        """End the line on a terminal, leaving the last status visible (before an error
+        message); off a terminal nothing. Idempotent."""
+        if not self.quiet and self.shown and self.tty and self._last_write is not None:
+            self._write("\n")
+            self._last_write = None
+
+
+class ProgressLine(_Writer):
+    """Scoring progress as plain lines, for stderr that is not a terminal.
+
+    ``scoring: 120/798 groups, 3.2 groups/s, ETA 3 min 31 s`` (plus :meth:`set_postfix_str`'s
+    text) every ``interval_s`` seconds and once on :meth:`close`. The rate counts the groups
+    done since this line started (``initial`` resumed groups are not counted), over the
+    elapsed time; the ETA is the groups left over that rate. The method names follow tqdm's,
+    so a pipeline can use either.
+
+    Args:
+        total: groups of the run.
+        initial: groups already done when scoring starts.
+        label: the line's first word.
+        quiet: write nothing.
+        stream, clock: as :class:`StatusLine`.
+        interval_s: seconds between lines. Default 5; > 0.
+
+    Raises:
+        ValueError: ``interval_s`` not > 0.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        initial: int = 0,
+        *,
+        label: str = "scoring",
+        quiet: bool = False,
+        stream: TextIO | None = None,
+        interval_s: float = PROGRESS_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+        super().__init__(quiet=quiet, stream=stream, tty=False, clock=clock)
+        self.total = total
+        self.initial = initial
+        self.n = initial
+        self.label = label
+        self.interval_s = interval_s
+        self.postfix = ""
+        self._started = clock()
+        self._last_write = self._started
+        self._written_n: int | None = None
+        self._closed = False
+
+    def text(self) -> str:
+        """The current line (without newline)."""
+        elapsed_s = self.clock() - self._started
+        done_now = self.n - self.initial
+        rate = done_now / elapsed_s if elapsed_s > 0 else 0.0
+        if self.n >= self.total:
+            eta = f"done in {duration_text(elapsed_s)}"
+        elif rate > 0:
+            eta = f"ETA {duration_text((self.total - self.n) / rate)}"
+        else:
+            eta = "ETA unknown"
+        extra = f", {self.postfix}" if self.postfix else ""
+        return f"{self.label}: {self.n}/{self.total} groups, {rate:.1f} groups/s, {eta}{extra}"
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        """Text appended to the line (e.g. tokens/s)."""
+        self.postfix = text
+
+    def update(self, n: int = 1) -> None:
+        """Count ``n`` more groups done; write a line when ``interval_s`` has passed."""
+        self.n += n
+        now = self.clock()
+        if now - self._last_write >= self.interval_s:
+            self._emit(now)
+
+    def close(self) -> None:
+        """Write the last line (when anything was done since the last one); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.n != self.initial and self._written_n != self.n:
+            self._emit(self.clock())
+
+    def _emit(self, now: float) -> None:
+        self._last_write = now
+        self._written_n = self.n
+        if not self.quiet:
+            self._write(self.text() + "\n")
