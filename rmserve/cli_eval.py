@@ -206,8 +206,8 @@ def eval_command(
         bool,
         typer.Option(
             "--wait-for-server",
-            help="Wait (up to --ready-timeout-s) for a server that does not accept connections yet. Default: a "
-            "refused connection fails after a few seconds.",
+            help="Wait (up to --ready-timeout-s) for a server that does not accept connections yet. Without it, "
+            "a refused connection fails after a few seconds.",
         ),
     ] = False,
     only: OnlyOpt = None,

@@ -157,7 +157,7 @@ def sweep_command(
         typer.Option(
             "--wait-for-server",
             help="At the start, wait (up to --server-wait-s) for a server that does not accept connections yet. "
-            "Default: a refused connection fails after a few seconds.",
+            "Without it, a refused connection fails after a few seconds.",
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print sweep.json instead of summary.md.")] = False,
