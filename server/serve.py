@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Callable
 
 from aiohttp import web
@@ -116,6 +117,8 @@ async def serve_app(
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / platform
             pass
     state = app[STATE_KEY]
+    started = time.monotonic()
+    clean = False  # set once a stop was asked for after a successful start
     await runner.setup()
     try:
         site = web.TCPSite(
@@ -140,11 +143,21 @@ async def serve_app(
             announce(f"ready: {url} serving {state.info.name}")
         await stopped
         announce("stopping")
+        clean = True
         return 0
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+        stopping = time.monotonic()
         await runner.cleanup()
+        if clean and state.status != "failed":
+            logger.info(
+                "server stopped cleanly after %.1f s (shutdown took %.1f s)",
+                time.monotonic() - started, time.monotonic() - stopping,
+            )
+        elif clean:
+            logger.error("server stopped after %.1f s; the engine did not shut down cleanly (see above)",
+                         time.monotonic() - started)
 
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig, *, announce: Callable[[str], None] = print) -> int:
