@@ -85,6 +85,9 @@ class RMBenchScores:
         files: the files read, in order.
         warnings: what the readers accepted but the caller should know (a dropped torn last
             line), one sentence each.
+        models: the distinct ``(model name, fingerprint)`` pairs of the score records, in
+            order of first appearance; empty when the files do not record them (official
+            result files).
     """
 
     benchmark: ClassVar[str] = "rm-bench"
@@ -93,6 +96,7 @@ class RMBenchScores:
     ids: np.ndarray
     files: tuple[str, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())
+    models: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def n_groups(self) -> int:
@@ -110,6 +114,7 @@ class RMBenchScores:
             ids=_frozen(self.ids[order]),
             files=self.files,
             warnings=self.warnings,
+            models=self.models,
         )
 
 
@@ -127,6 +132,7 @@ class RB2Scores:
         files: the files read, in order.
         warnings: what the readers accepted but the caller should know (a dropped torn last
             line, ids repeated outside Ties), one sentence each.
+        models: as :attr:`RMBenchScores.models`.
     """
 
     benchmark: ClassVar[str] = "rewardbench2"
@@ -137,6 +143,7 @@ class RB2Scores:
     ids: np.ndarray
     files: tuple[str, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())
+    models: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def n_groups(self) -> int:
@@ -156,6 +163,7 @@ class RB2Scores:
             ids=_frozen(self.ids[order]),
             files=self.files,
             warnings=self.warnings,
+            models=self.models,
         )
 
 
@@ -221,6 +229,8 @@ class _Rows:
     """Keys repeated inside one file outside Ties: (subset, id, first place, this place)."""
     files_may_repeat_ids: bool = False
     """Whether an id repeated outside Ties inside one RewardBench 2 file is accepted (files only)."""
+    models: dict[tuple[str, str], None] = field(default_factory=dict)
+    """The distinct (model name, fingerprint) pairs of score records, in order of first appearance."""
 
 
 @dataclass(frozen=True)
@@ -449,6 +459,8 @@ def _score_record(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
     record_id = _check_id(record.id, where)
     where = _with_id(where, record_id)
     rewards = _float_row(record.rewards)
+    if record.model or record.fingerprint:
+        rows.models.setdefault((record.model, record.fingerprint))
     if record.benchmark == "rm-bench":
         if record.num_chosen != 3:
             raise where.error(
@@ -595,7 +607,8 @@ def _to_scores_in_file_order(rows: _Rows) -> ScoreSet:
     if rows.benchmark == "rm-bench":
         rewards = np.array(rows.rewards, dtype=np.float64).reshape(-1, 6)
         return RMBenchScores(
-            rewards=_frozen(rewards), domains=domains, ids=ids, files=tuple(rows.files), warnings=tuple(rows.warnings)
+            rewards=_frozen(rewards), domains=domains, ids=ids, files=tuple(rows.files), warnings=tuple(rows.warnings),
+            models=tuple(rows.models),
         )
     lengths = np.fromiter((len(r) for r in rows.rewards), dtype=np.int64, count=len(rows.rewards))
     width = int(lengths.max())
@@ -611,6 +624,7 @@ def _to_scores_in_file_order(rows: _Rows) -> ScoreSet:
         ids=ids,
         files=tuple(rows.files),
         warnings=tuple(rows.warnings),
+        models=tuple(rows.models),
     )
 
 
