@@ -195,13 +195,13 @@ def test_stop_sends_sigterm_to_the_server_alone_and_kills_its_leftovers(tmp_path
     them first (vLLM then logs EngineDeadError and leaks shared memory)."""
     server = ServerProcess([sys.executable, "-c", _FAMILY, str(tmp_path), "parent", _FAMILY], url="http://127.0.0.1:1",
                            log_path=tmp_path / "family.log", startup_timeout_s=30, stop_grace_s=10)
-    server.start()
-    pid_file = tmp_path / "child-pid"
-    deadline = time.monotonic() + 30
-    while not pid_file.exists() and time.monotonic() < deadline:  # a deadlock guard, not a timing assert
-        time.sleep(0.05)
-    child_pid = int(pid_file.read_text())
-    assert server.stop() == 0
+    with server:  # stops the family on the way out whatever happens
+        pid_file = tmp_path / "child-pid"
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() and time.monotonic() < deadline:  # a deadlock guard, not a timing assert
+            time.sleep(0.05)
+        child_pid = int(pid_file.read_text())
+        assert server.stop() == 0
     assert (tmp_path / "parent-got-sigterm").exists()
     assert not (tmp_path / "child-got-sigterm").exists()
     assert wait_exited(child_pid, 10)  # SIGKILLed with the group once the server had exited
