@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,13 @@ from testkit.processes import wait_exited
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-GROUP = {"groups": [{"id": "g", "prompt": "What is a reward model?", "responses": ["A scorer.", "A fish."]}]}
+
+
+def _group() -> dict:
+    """A request with one group never sent before (the server answers a repeated group from its result cache)."""
+    return {"groups": [{"id": "g", "prompt": f"[{uuid.uuid4().hex}] What is a reward model?",
+                        "responses": ["A scorer.", "A fish."]}]}
+
 EAGER_SMALL = ["--dtype", "float32", "--max-model-len", "4096", "--kv-cache-memory-bytes", str(1 << 30),
                "--enforce-eager"]
 CLEAN_LINE = "INFO rmserve.server: server stopped cleanly after "
@@ -82,7 +89,7 @@ def test_cpu_image_command_serves_the_demo_model_and_stops_cleanly(demo_model_di
                            startup_timeout_s=1200, stop_grace_s=60)
     with server:
         server.wait_ready()
-        status, reply = _post(f"{server.url}/v1/score", GROUP)
+        status, reply = _post(f"{server.url}/v1/score", _group())
         assert status == 200, reply
         (result,) = reply["results"]
         assert len(result["rewards"]) == 2 and all(isinstance(r, float) for r in result["rewards"])
@@ -105,14 +112,14 @@ def test_an_engine_that_dies_while_serving_is_logged_loudly(demo_model_dir, tmp_
     with ServerProcess(argv, url=f"http://127.0.0.1:{port}", log_path=log, startup_timeout_s=900,
                        stop_grace_s=60) as server:
         server.wait_ready()
-        assert _post(f"{server.url}/v1/score", GROUP)[0] == 200  # the output handler runs
+        assert _post(f"{server.url}/v1/score", _group())[0] == 200  # the output handler runs
         cores = [pid for pid, cmd in _children(server.process.pid).items() if "EngineCore" in cmd]
         assert len(cores) == 1, _children(server.process.pid)
         os.kill(cores[0], signal.SIGKILL)
         assert wait_exited(cores[0], 30)
         deadline = time.monotonic() + 60
         while True:  # vLLM notices the death from a monitor thread; until then a request may hang
-            status, reply = _post(f"{server.url}/v1/score", GROUP)
+            status, reply = _post(f"{server.url}/v1/score", _group())
             if status != 200 or time.monotonic() > deadline:
                 break
             time.sleep(1)
