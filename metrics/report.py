@@ -45,7 +45,7 @@ from rmserve.metrics.inputs import (
     scores_from_records,
 )
 from rmserve.metrics.rewardbench2 import TIES, TIES_WEIGHTS, RB2Result, rewardbench2_scores
-from rmserve.metrics.rmbench import DOMAIN_PARTS, REPORT_DOMAINS, RMBenchResult, rmbench_accuracy
+from rmserve.metrics.rmbench import DOMAIN_PARTS, REPORT_DOMAINS, DomainAccuracy, RMBenchResult, rmbench_accuracy
 
 from rmserve.errors import DataError
 from rmserve.schema import BENCHMARKS, RB2_SUBSETS, RMBENCH_DOMAINS, RMBENCH_STYLES, ScoreRecord
@@ -591,10 +591,6 @@ def render_comparison(comparison: Comparison) -> str:
 # --- files ------------------------------------------------------------------------------
 
 
-HEATMAP_REGIONS = ("hard", "normal", "easy")
-"""Names of the three regions of the RM-Bench 3×3 win matrix."""
-
-
 def heatmap_region(row: int, column: int) -> str:
     """The region of cell (``row`` = chosen style, ``column`` = rejected style) of the 3×3 matrix.
 
@@ -650,11 +646,11 @@ def plot_heatmaps(
     return paths
 
 
-def heatmap_figure(domain: Any, models: Sequence[tuple[str, str]] = ()) -> Any:
-    """The matplotlib ``Figure`` of one domain's heatmap (see :func:`plot_heatmaps`), drawn, not saved.
+def heatmap_figure(domain: DomainAccuracy, models: Sequence[tuple[str, str]] = ()) -> Any:
+    """The matplotlib ``Figure`` of one domain's heatmap (see :func:`plot_heatmaps`), not saved.
 
-    ``domain`` is one entry of :attr:`RMBenchResult.domains` (``domain``, ``n_groups``,
-    ``matrix`` 3×3 fractions, ``hard``/``normal``/``easy``).
+    ``domain`` is one entry of :attr:`RMBenchResult.domains` (its ``matrix`` holds 3×3
+    fractions); ``models`` as in :func:`model_label`.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
