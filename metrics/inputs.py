@@ -103,6 +103,9 @@ class RMBenchScores:
             result files).
         reward: which reward ``rewards`` holds: ``rewards`` (the records' own) or
             ``dpo:<avg|sum|norm|reference>`` (recomputed from the DPO extras).
+        models: the distinct ``(model name, fingerprint)`` pairs of the score records, in
+            order of first appearance; empty when the files do not record them (official
+            result files).
     """
 
     benchmark: ClassVar[str] = "rm-bench"
@@ -113,6 +116,7 @@ class RMBenchScores:
     warnings: tuple[str, ...] = field(default=())
     score_kind: ScoreKind | None = None
     reward: str = SCORED_REWARDS
+    models: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def n_groups(self) -> int:
@@ -132,6 +136,7 @@ class RMBenchScores:
             warnings=self.warnings,
             score_kind=self.score_kind,
             reward=self.reward,
+            models=self.models,
         )
 
 
@@ -150,6 +155,7 @@ class RB2Scores:
         warnings: what the readers accepted but the caller should know (a dropped torn last
             line, ids repeated outside Ties), one sentence each.
         score_kind, reward: as for :class:`RMBenchScores`.
+        models: as :attr:`RMBenchScores.models`.
     """
 
     benchmark: ClassVar[str] = "rewardbench2"
@@ -162,6 +168,7 @@ class RB2Scores:
     warnings: tuple[str, ...] = field(default=())
     score_kind: ScoreKind | None = None
     reward: str = SCORED_REWARDS
+    models: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def n_groups(self) -> int:
@@ -183,6 +190,7 @@ class RB2Scores:
             warnings=self.warnings,
             score_kind=self.score_kind,
             reward=self.reward,
+            models=self.models,
         )
 
 
@@ -255,6 +263,8 @@ class _Rows:
     score_kind: ScoreKind | None = None
     kind_where: _Where | None = None
     """Where the first score record (whose ``score_kind`` the others must share) was read."""
+    models: dict[tuple[str, str], None] = field(default_factory=dict)
+    """The distinct (model name, fingerprint) pairs of score records, in order of first appearance."""
 
 
 @dataclass(frozen=True)
@@ -542,6 +552,8 @@ def _score_record(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
     where = _with_id(where, record_id)
     _check_score_kind(rows, record, where)
     rewards = _float_row(record.rewards)
+    if record.model or record.fingerprint:
+        rows.models.setdefault((record.model, record.fingerprint))
     if record.benchmark == "rm-bench":
         if record.num_chosen != 3:
             raise where.error(
@@ -717,7 +729,8 @@ def _to_scores_in_file_order(rows: _Rows) -> ScoreSet:
     lengths = np.fromiter((len(r) for r in rows.rewards), dtype=np.int64, count=len(rows.rewards))
     scores, reward = _rewards(rows, lengths)
     common = {
-        "files": tuple(rows.files), "warnings": tuple(rows.warnings), "score_kind": rows.score_kind, "reward": reward
+        "files": tuple(rows.files), "warnings": tuple(rows.warnings), "score_kind": rows.score_kind, "reward": reward,
+        "models": tuple(rows.models),
     }
     if rows.benchmark == "rm-bench":
         return RMBenchScores(rewards=_frozen(scores.reshape(-1, 6)), domains=domains, ids=ids, **common)

@@ -47,7 +47,7 @@ from rmserve.metrics.inputs import (
     scores_from_records,
 )
 from rmserve.metrics.rewardbench2 import TIES, TIES_WEIGHTS, RB2Result, rewardbench2_scores
-from rmserve.metrics.rmbench import DOMAIN_PARTS, REPORT_DOMAINS, RMBenchResult, rmbench_accuracy
+from rmserve.metrics.rmbench import DOMAIN_PARTS, REPORT_DOMAINS, DomainAccuracy, RMBenchResult, rmbench_accuracy
 
 from rmserve.errors import DataError
 from rmserve.schema import BENCHMARKS, RB2_SUBSETS, RMBENCH_DOMAINS, RMBENCH_STYLES, ScoreKind, ScoreRecord
@@ -134,6 +134,8 @@ class Evaluation:
             reference and compat); None for official result files, which do not say.
         reward: the reward the figures use: ``rewards`` (as scored) or ``dpo:<name>``
             (recomputed from the DPO extras, ``MetricsConfig.dpo_reward``).
+        models: the distinct ``(model name, fingerprint)`` pairs the score records name
+            (empty when the files do not record them); the figures print them.
     """
 
     benchmark: str
@@ -145,6 +147,7 @@ class Evaluation:
     warnings: tuple[str, ...] = ()
     score_kind: ScoreKind | None = None
     reward: str = SCORED_REWARDS
+    models: tuple[tuple[str, str], ...] = ()
 
     def figures(self) -> dict[str, float]:
         """Figure name → point value (names as the interval keys)."""
@@ -236,6 +239,7 @@ def evaluate(scores: ScoreSet, config: MetricsConfig | None = None) -> Evaluatio
         warnings=scores.warnings,
         score_kind=scores.score_kind,
         reward=scores.reward,
+        models=scores.models,
     )
 
 
@@ -768,50 +772,102 @@ def render_comparison(comparison: Comparison) -> str:
 # --- files ------------------------------------------------------------------------------
 
 
-def plot_heatmaps(result: RMBenchResult, out_dir: str | Path) -> list[Path]:
+def heatmap_region(row: int, column: int) -> str:
+    """The region of cell (``row`` = chosen style, ``column`` = rejected style) of the 3×3 matrix.
+
+    hard = above the diagonal (a plainer chosen response against a fancier rejected one),
+    normal = the diagonal, easy = below it: ``np.triu(m, 1)``, ``np.diag(m)`` and
+    ``np.tril(m, -1)`` in RM-Bench's ``scripts/utils.py`` ``compute_accuracy``.
+    """
+    return "hard" if row < column else "normal" if row == column else "easy"
+
+
+def model_label(models: Sequence[tuple[str, str]], *, width: int = 90) -> str:
+    """One line (wrapped at ``width`` characters) naming the model(s) and fingerprint(s) of a figure.
+
+    ``models`` holds ``(name, fingerprint)`` pairs; several pairs are all listed (a score set
+    that mixes checkpoints says so); none gives a sentence saying the files do not record them.
+    """
+    import textwrap
+
+    if not models:
+        text = "model and fingerprint: not recorded in the score files"
+    elif len(models) == 1:
+        name, fingerprint = models[0]
+        text = f"model: {name or '(unnamed)'}   fingerprint: {fingerprint or '(none)'}"
+    else:
+        pairs = ", ".join(f"{name or '(unnamed)'} [{fingerprint or 'none'}]" for name, fingerprint in models)
+        text = f"{len(models)} models in one score set: {pairs}"
+    return "\n".join(textwrap.wrap(text, width=width))
+
+
+def plot_heatmaps(
+    result: RMBenchResult, out_dir: str | Path, *, models: Sequence[tuple[str, str]] = ()
+) -> list[Path]:
     """Write one PNG per RM-Bench domain present: its 3×3 win matrix in percent.
 
-    Rows are the chosen style, columns the rejected style; the title gives the domain and its
-    hard / normal / easy figures. Uses matplotlib's Agg canvas (no pyplot, no display).
+    Rows are the chosen style, columns the rejected style; a cell is the percentage of the
+    domain's groups whose chosen response of that style outscores the rejected one of that
+    style. Each cell names its region (:func:`heatmap_region`: hard above the diagonal,
+    normal on it, easy below; the diagonal is outlined); the title gives the domain, its
+    group count and its hard / normal / easy figures; the foot names the model and
+    fingerprint (:func:`model_label` of ``models``). Uses matplotlib's Agg canvas (no pyplot,
+    no display).
 
     Returns:
         The written paths (``heatmap-<domain>.png``).
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     out_dir = Path(out_dir)
     paths = []
     for d in result.domains:
-        matrix = 100 * np.array(d.matrix)
-        fig = Figure(figsize=(5.4, 4.6), layout="constrained")
-        FigureCanvasAgg(fig)
-        ax = fig.add_subplot()
-        image = ax.imshow(matrix, vmin=0, vmax=100, cmap="viridis")
-        ax.set_xticks(range(3), _STYLE_LABELS)
-        ax.set_yticks(range(3), _STYLE_LABELS)
-        ax.set_xlabel("rejected style")
-        ax.set_ylabel("chosen style")
-        for i in range(3):
-            for j in range(3):
-                ax.text(
-                    j,
-                    i,
-                    f"{matrix[i, j]:.1f}%",
-                    ha="center",
-                    va="center",
-                    color="white" if matrix[i, j] < 60 else "black",
-                )
-        ax.set_title(
-            f"RM-Bench {d.domain} ({d.n_groups} groups)\n"
-            f"hard {100 * d.hard:.1f}%  ·  normal {100 * d.normal:.1f}%  ·  easy {100 * d.easy:.1f}%",
-            fontsize=10,
-        )
-        fig.colorbar(image, ax=ax, label="chosen wins (%)", shrink=0.8)
+        fig = heatmap_figure(d, models)
         path = out_dir / f"heatmap-{d.domain}.png"
         fig.savefig(path, dpi=110)
         paths.append(path)
     return paths
+
+
+def heatmap_figure(domain: DomainAccuracy, models: Sequence[tuple[str, str]] = ()) -> Any:
+    """The matplotlib ``Figure`` of one domain's heatmap (see :func:`plot_heatmaps`), not saved.
+
+    ``domain`` is one entry of :attr:`RMBenchResult.domains` (its ``matrix`` holds 3×3
+    fractions); ``models`` as in :func:`model_label`.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    d = domain
+    matrix = 100 * np.array(d.matrix)
+    fig = Figure(figsize=(6.0, 5.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    image = ax.imshow(matrix, vmin=0, vmax=100, cmap="viridis")
+    ax.set_xticks(range(3), _STYLE_LABELS)
+    ax.set_yticks(range(3), _STYLE_LABELS)
+    ax.set_xlabel("rejected response style")
+    ax.set_ylabel("chosen response style")
+    for i in range(3):
+        for j in range(3):
+            color = "white" if matrix[i, j] < 60 else "black"
+            ax.text(j, i - 0.08, f"{matrix[i, j]:.1f}%", ha="center", va="center", color=color, fontsize=11)
+            ax.text(j, i + 0.22, heatmap_region(i, j), ha="center", va="center", color=color, fontsize=8,
+                    style="italic")
+    for k in range(3):  # the normal (diagonal) cells, outlined
+        ax.add_patch(Rectangle((k - 0.5, k - 0.5), 1, 1, fill=False, edgecolor="white", linewidth=2.5))
+        ax.add_patch(Rectangle((k - 0.5, k - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=1, linestyle="--"))
+    ax.set_title(
+        f"RM-Bench {d.domain} ({d.n_groups} groups)\n"
+        f"hard {100 * d.hard:.1f}%  ·  normal {100 * d.normal:.1f}%  ·  easy {100 * d.easy:.1f}%",
+        fontsize=10,
+    )
+    fig.colorbar(image, ax=ax, label="chosen outscores rejected (% of groups)", shrink=0.8)
+    fig.supxlabel(
+        "hard = above the diagonal (plainer chosen vs fancier rejected), normal = diagonal, easy = below\n"
+        + model_label(models),
+        fontsize=8,
+    )
+    return fig
 
 
 def write_outputs(evaluation: Evaluation, out_dir: str | Path) -> list[Path]:
@@ -827,7 +883,7 @@ def write_outputs(evaluation: Evaluation, out_dir: str | Path) -> list[Path]:
     table.write_text(render_markdown(evaluation))
     paths = [results, table]
     if isinstance(evaluation.result, RMBenchResult):
-        paths += plot_heatmaps(evaluation.result, out_dir)
+        paths += plot_heatmaps(evaluation.result, out_dir, models=evaluation.models)
     return paths
 
 
@@ -843,6 +899,9 @@ __all__ = [
     "evaluate_files",
     "evaluate_records",
     "figure_values",
+    "heatmap_figure",
+    "heatmap_region",
+    "model_label",
     "plot_heatmaps",
     "render_comparison",
     "render_markdown",

@@ -188,43 +188,85 @@ def sweep_rows(
     return header, rows
 
 
-def plot_curves(
-    points: Sequence[SweepPoint], evaluations: Sequence[Mapping[str, Evaluation]], benchmark: str, out_dir: Path
-) -> list[Path]:
-    """One PNG per headline figure of ``benchmark`` against step, the 95 % interval as a band.
+MAX_STEP_TICKS = 12
+"""Up to this many checkpoints, every checkpoint's step is an x tick."""
 
-    Uses matplotlib's Agg canvas (no display). Returns the files written.
+
+def sweep_model_label(points: Sequence[SweepPoint], *, width: int = 95) -> str:
+    """The foot of a sweep figure: the served model name(s) and each checkpoint's fingerprint.
+
+    Lists every checkpoint as ``step: fingerprint``, wrapped at ``width`` characters (the
+    same values are in ``sweep.csv``).
     """
+    import textwrap
+
+    names = list(dict.fromkeys(p.model or "(unnamed)" for p in points))
+    head = f"model: {names[0]}" if len(names) == 1 else f"models: {', '.join(names)}"
+    prints = ", ".join(f"{p.step}:\u00a0{p.fingerprint or '(none)'}" for p in points)  # no break inside a pair
+    return "\n".join(textwrap.wrap(f"{head}   fingerprints by step: {prints}", width=width))
+
+
+def curve_figure(
+    points: Sequence[SweepPoint], evaluations: Sequence[Mapping[str, Evaluation]], benchmark: str, figure_name: str
+) -> Any | None:
+    """The matplotlib ``Figure`` of one headline figure against step (drawn, not saved), or None
+    when no checkpoint has a value for it. See :func:`plot_curves`."""
+    import textwrap
+
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     steps = [p.step for p in points]
+    values, lows, highs = [], [], []
+    for per_bench in evaluations:
+        evaluation = per_bench[benchmark]
+        value = evaluation.figures().get(figure_name, math.nan)
+        interval = evaluation.intervals.get(figure_name)
+        values.append(100 * value)
+        lows.append(100 * interval.low if interval else math.nan)
+        highs.append(100 * interval.high if interval else math.nan)
+    if all(math.isnan(v) for v in values):
+        return None
+    level = round(100 * evaluations[0][benchmark].config.confidence)
+    label = _LABELS.get(figure_name, figure_name)
+    fig = Figure(figsize=(7, 4.8), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    # A percentile interval need not be centred on the point, so it is drawn as a band.
+    ax.fill_between(steps, lows, highs, alpha=0.25, label=f"{level} % bootstrap interval")
+    ax.plot(steps, values, marker="o", label=f"{label} (point estimate)")
+    ax.legend(loc="best", fontsize="small")
+    ax.set_xlabel("training step (from the checkpoint folder name)")
+    ax.set_ylabel(f"{label} (% accuracy)")
+    if len(steps) <= MAX_STEP_TICKS:
+        ax.set_xticks(steps, [str(s) for s in steps])
+    missing = sorted({m for e in evaluations for m in e[benchmark].result.missing})
+    title = f"{label} by checkpoint ({len(points)} checkpoints)"
+    if missing:
+        title += "\n" + "\n".join(textwrap.wrap(f"partial: no {', '.join(missing)} in the data", width=70))
+    ax.set_title(title, fontsize=11)
+    ax.grid(alpha=0.3)
+    fig.supxlabel(sweep_model_label(points), fontsize=8)
+    return fig
+
+
+def plot_curves(
+    points: Sequence[SweepPoint], evaluations: Sequence[Mapping[str, Evaluation]], benchmark: str, out_dir: Path
+) -> list[Path]:
+    """One PNG per headline figure of ``benchmark`` against step, the bootstrap interval as a band.
+
+    Per figure: the value (percent) per checkpoint, its bootstrap interval (the evaluations'
+    confidence level) as a shaded band, every step as an x tick (up to
+    :data:`MAX_STEP_TICKS` checkpoints), the domains absent from the data in the title, and
+    the model name(s) and each checkpoint's fingerprint at the foot (:func:`sweep_model_label`).
+    Uses matplotlib's Agg canvas (no display). Returns the files written
+    (``<benchmark>_<figure>.png``; none for a figure no checkpoint has).
+    """
     paths = []
     for figure_name in HEADLINE_FIGURES[benchmark]:
-        values, lows, highs = [], [], []
-        for per_bench in evaluations:
-            evaluation = per_bench[benchmark]
-            value = evaluation.figures().get(figure_name, math.nan)
-            interval = evaluation.intervals.get(figure_name)
-            values.append(100 * value)
-            lows.append(100 * interval.low if interval else math.nan)
-            highs.append(100 * interval.high if interval else math.nan)
-        if all(math.isnan(v) for v in values):
+        fig = curve_figure(points, evaluations, benchmark, figure_name)
+        if fig is None:
             continue
-        fig = Figure(figsize=(6, 4), dpi=100)
-        FigureCanvasAgg(fig)
-        ax = fig.add_subplot()
-        # A percentile interval need not be centred on the point, so it is drawn as a band.
-        ax.fill_between(steps, lows, highs, alpha=0.25, label="95 % bootstrap interval")
-        ax.plot(steps, values, marker="o", label="value")
-        ax.legend(loc="best", fontsize="small")
-        ax.set_xlabel("step")
-        ax.set_ylabel(f"{_LABELS.get(figure_name, figure_name)} (%)")
-        missing = sorted({m for e in evaluations for m in e[benchmark].result.missing})
-        partial = f" (partial: no {', '.join(missing)})" if missing else ""
-        ax.set_title(f"{_LABELS.get(figure_name, figure_name)} by checkpoint{partial}")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
         path = out_dir / f"{benchmark}_{figure_name.replace('.', '-')}.png"
         fig.savefig(path)
         paths.append(path)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up and run every test, as CI does (.ci/run calls this). Idempotent: the two venvs are
 # reused when they exist (dependencies installed once; rmserve itself reinstalled each time).
-#   1. A venv with the base install plus [test] (no torch, transformers or vllm): the fast lane,
-#      which also proves the client and metrics need no engine library.
+#   1. A venv with the base install plus [test] (no torch, transformers or vllm): the Dockerfile
+#      lint, then the fast lane, which also proves the client and metrics need no engine library.
 #   2. A venv with the CPU engine extras: the tests the fast lane leaves out (slow or model).
 # Environment: RMSERVE_FAST_VENV (default .venv-fast), RMSERVE_VENV (default .venv).
 set -euo pipefail
@@ -18,6 +18,8 @@ engine_venv=${RMSERVE_VENV:-.venv}
 ensure_venv "$fast_venv" test
 "$fast_venv/bin/python" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) for m in ('torch', 'transformers', 'tokenizers', 'vllm')))" \
     || { say "the [test] install pulled in an engine library" ; exit 1; }
+# Lint the Dockerfiles (hadolint from the [test] extra; a finding fails unless ignored inline with its reason).
+run "$fast_venv/bin/hadolint" docker/Dockerfile.cpu docker/Dockerfile.gpu
 lane_start=$(date +%s)
 run "$fast_venv/bin/python" -P -m pytest -q -m "not slow and not model"
 say "fast lane $(( $(date +%s) - lane_start )) s"

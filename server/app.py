@@ -122,7 +122,8 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
             await task
         try:
             await engine.shutdown()
-        except Exception:
+        except Exception as exc:
+            state.fail(exc)  # the stop is not clean: serve_app says so after the traceback
             logger.exception("engine shutdown failed")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Callable
 
 from aiohttp import web
@@ -99,8 +100,10 @@ async def serve_app(
         stop: optional event that stops the server when set (tests); signals always do.
 
     Returns:
-        0 after a clean shutdown, 1 when the engine failed to load, 2 when the address could
-        not be bound (e.g. the port is taken).
+        0 after a clean shutdown (logged as ``server stopped cleanly after N s``), 1 when the
+        engine failed to load, or had died or failed to shut down by the time the server
+        stopped (logged as an error), 2 when the address could not be bound (e.g. the port is
+        taken).
     """
     app = create_app(server_config, engine, renderer, renderer_factory=renderer_factory)
     runner = web.AppRunner(
@@ -116,6 +119,8 @@ async def serve_app(
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / platform
             pass
     state = app[STATE_KEY]
+    started = time.monotonic()
+    clean = False  # set once a stop was asked for after a successful start
     await runner.setup()
     try:
         site = web.TCPSite(
@@ -140,19 +145,29 @@ async def serve_app(
             announce(f"ready: {url} serving {state.info.name}")
         await stopped
         announce("stopping")
-        return 0
+        clean = True
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+        stopping = time.monotonic()
         await runner.cleanup()
+        if clean and state.status != "failed":
+            logger.info(
+                "server stopped cleanly after %.1f s (shutdown took %.1f s)",
+                time.monotonic() - started, time.monotonic() - stopping,
+            )
+        elif clean:
+            logger.error("server stopped after %.1f s; the engine did not shut down cleanly (see above)",
+                         time.monotonic() - started)
+    return 0 if state.status != "failed" else 1
 
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig, *, announce: Callable[[str], None] = print) -> int:
     """Build the engine and renderer from ``engine_config`` and serve until SIGINT/SIGTERM.
 
     Returns:
-        The process exit status: 0 after a clean shutdown, 1 when the engine failed to load,
-        2 when the address could not be bound.
+        The process exit status: 0 after a clean shutdown, 1 when the engine failed to load
+        or did not shut down cleanly, 2 when the address could not be bound.
 
     Raises:
         ValueError: ``engine_config.engine`` names no registered engine.

@@ -323,14 +323,22 @@ class ServerProcess:
             os.killpg(self.process.pid, sig)
 
     def stop(self) -> int | None:
-        """Stop the child and its process group: SIGTERM, then SIGKILL after the grace period.
+        """Stop the child: SIGTERM to it, then SIGKILL to its process group after the grace period.
+
+        The SIGTERM goes to the server process alone, as ``docker stop`` does: the server then
+        shuts its engine down in order. Sent to the whole group, it also reaches vLLM's
+        engine-core and worker processes, which die before the server has stopped them (the log
+        then ends in an ``EngineDeadError`` traceback and a ``resource_tracker`` warning about
+        leaked shared memory). Whatever is left in the group once the child has exited, or after
+        the grace period, is SIGKILLed.
 
         Idempotent. Returns the child's exit status (None if it never started).
         """
         if self.process is None:
             return None
         if self.process.poll() is None:
-            self._signal_group(signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=self.stop_grace_s)
             except subprocess.TimeoutExpired:

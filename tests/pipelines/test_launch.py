@@ -8,6 +8,7 @@ import re
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 import msgspec
@@ -335,3 +336,43 @@ def test_local_fingerprint_of_the_demo_model_is_the_one_its_server_reports(demo_
     renderer = Renderer.from_pretrained(demo_model_dir, max_model_len=64)
     served = model_fingerprint(demo_model_dir, renderer.chat_template, "float32")
     assert local_fingerprint(ServeOptions(model=str(demo_model_dir), engine_options={"dtype": "float32"})) == served
+
+
+# A parent that starts a child in its own process group, both recording the SIGTERMs they get;
+# the parent waits (up to 2 s) for its child to exit on its own terms before it exits itself.
+_FAMILY = r"""
+import os, signal, subprocess, sys, time
+out = sys.argv[1]
+if sys.argv[2] == "child":
+    signal.signal(signal.SIGTERM, lambda *_: open(out + "/child-got-sigterm", "w").close())
+    open(out + "/child-ready", "w").close()
+    while True:
+        time.sleep(0.05)
+child = subprocess.Popen([sys.executable, "-c", sys.argv[3], out, "child", sys.argv[3]])
+def stop(*_):
+    open(out + "/parent-got-sigterm", "w").close()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+while not os.path.exists(out + "/child-ready"):
+    time.sleep(0.05)
+open(out + "/child-pid", "w").write(str(child.pid))
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_stop_sends_sigterm_to_the_server_alone_and_kills_its_leftovers(tmp_path):
+    """The server shuts its own engine processes down; a SIGTERM to the whole group would reach
+    them first (vLLM then logs EngineDeadError and leaks shared memory)."""
+    server = ServerProcess([sys.executable, "-c", _FAMILY, str(tmp_path), "parent", _FAMILY], url="http://127.0.0.1:1",
+                           log_path=tmp_path / "family.log", startup_timeout_s=30, stop_grace_s=10)
+    with server:  # stops the family on the way out whatever happens
+        pid_file = tmp_path / "child-pid"
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() and time.monotonic() < deadline:  # a deadlock guard, not a timing assert
+            time.sleep(0.05)
+        child_pid = int(pid_file.read_text())
+        assert server.stop() == 0
+    assert (tmp_path / "parent-got-sigterm").exists()
+    assert not (tmp_path / "child-got-sigterm").exists()
+    assert wait_exited(child_pid, 10)  # SIGKILLed with the group once the server had exited

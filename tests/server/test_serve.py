@@ -204,3 +204,33 @@ def test_cli_serve_swap_options(captured, tmp_path, monkeypatch):
     token_file.write_text("\n")
     result = CliRunner().invoke(cli_app, [*args, "--admin-token-file", str(token_file)])
     assert result.exit_code == 2 and "is empty" in result.output
+
+
+class _ShutdownFails(FakeEngine):
+    async def shutdown(self) -> None:
+        await super().shutdown()
+        raise RuntimeError("the engine process did not exit")
+
+
+@pytest.mark.parametrize("engine_class", [FakeEngine, _ShutdownFails])
+async def test_a_clean_stop_logs_one_clean_line_and_a_failed_shutdown_an_error(engine_class, caplog):
+    engine = engine_class()
+    lines: list[str] = []
+    stop = asyncio.Event()
+    caplog.set_level("INFO", logger="rmserve.server")
+    server = asyncio.create_task(serve_module.serve_app(ServerConfig(port=0), engine, FakeRenderer(),
+                                                        announce=lines.append, stop=stop))
+    await wait_until(lambda: line_starting(lines, "ready: ") is not None)
+    stop.set()
+    code = await server
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "rmserve.server"]
+    clean = [m for level, m in messages if m.startswith("server stopped cleanly after ")]
+    if engine_class is FakeEngine:
+        assert code == 0
+        assert len(clean) == 1 and clean[0].endswith(" s)"), messages
+        assert not [m for level, m in messages if level == "ERROR"]
+    else:
+        assert code == 1
+        assert clean == []
+        assert ("ERROR", "engine shutdown failed") in messages
+        assert any(level == "ERROR" and "did not shut down cleanly" in m for level, m in messages), messages
