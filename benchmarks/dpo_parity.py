@@ -52,10 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     from testkit.dpo_reference import reference_group_scores
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rmserve.client.score_file import ScoreFile
+    from rmserve.client.score_file import read_scores
     from rmserve.datasets import load_rmbench
 
-    records = {r.key: r for r in ScoreFile.read(args.scores).records}
+    records = {r.key: r for r in read_scores(args.scores).records}
     kinds = {(r.kind, r.mode, r.compat) for r in records.values()}
     if len(kinds) != 1 or next(iter(kinds))[0] != "dpo":
         raise SystemExit(f"{args.scores}: expected the records of one DPO run, found kinds {sorted(map(str, kinds))}")

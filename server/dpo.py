@@ -190,21 +190,41 @@ class _Loaded:
         return self.record.info
 
 
-def memory_share(config: EngineConfig) -> EngineConfig:
-    """The engine settings of each of the two engines of a reference-mode DPO server: half
-    the accelerator memory fraction and half an explicit KV-cache size each, so the policy
-    and the reference fit on one device side by side. Reference-free: ``config`` unchanged.
+def engine_shares(config: EngineConfig, cpus: Sequence[int] | None = None) -> tuple[EngineConfig, EngineConfig]:
+    """The engine settings of the policy and of the reference engine of a reference-mode DPO
+    server, so that both fit on one machine side by side.
 
-    (``gpu_memory_utilization`` is the fraction of the device one vLLM instance may use; two
-    instances at the default 0.9 would ask for 180 %.)
+    - Accelerator memory: half the memory fraction and half an explicit KV-cache size each
+      (``gpu_memory_utilization`` is the fraction of the device one vLLM instance may use; two
+      instances at the default 0.9 would ask for 180 %).
+    - CPU build: when neither ``--cpu-threads-bind`` nor ``VLLM_CPU_OMP_THREADS_BIND`` is
+      given, the usable CPUs (``cpus``; default this process's affinity) are split in two
+      halves, the policy's compute threads on the first, the reference's on the second.
+      Binding both engines to every CPU would run two thread teams on the same cores, and
+      their spinning barriers slow both down. With one CPU both share it.
+
+    Reference-free configs are returned unchanged (twice).
     """
+    import os
+
     if config.ref_model is None:
-        return config
+        return config, config
     kv = config.kv_cache_memory_bytes
-    return dataclasses.replace(
+    half = dataclasses.replace(
         config,
         gpu_memory_utilization=config.gpu_memory_utilization / 2,
         kv_cache_memory_bytes=None if kv is None else max(kv // 2, 1 << 20),
+    )
+    if config.cpu_threads_bind is not None or os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+        return half, half
+    usable = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if len(usable) < 2:
+        return half, half
+    middle = len(usable) // 2
+    first, second = usable[:middle], usable[middle:]
+    return (
+        dataclasses.replace(half, cpu_threads_bind=",".join(map(str, first))),
+        dataclasses.replace(half, cpu_threads_bind=",".join(map(str, second))),
     )
 
 
@@ -253,9 +273,11 @@ class DPOEngine:
         factory = logprob_engine
         self.config = config
         self.mode: str = config.dpo_mode or ""
-        shared = memory_share(config)
-        self.policy: LogprobEngine = factory(shared, config.model)
-        self.reference: LogprobEngine | None = None if config.ref_model is None else factory(shared, config.ref_model)
+        policy_config, reference_config = engine_shares(config)
+        self.policy: LogprobEngine = factory(policy_config, config.model)
+        self.reference: LogprobEngine | None = (
+            None if config.ref_model is None else factory(reference_config, config.ref_model)
+        )
         self._load_tokenizer = load_tokenizer or load_auto_tokenizer
         self._loaded: _Loaded | None = None
         self._reference_tokenizer: Any | None = None

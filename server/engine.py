@@ -44,6 +44,7 @@ import contextlib
 import dataclasses
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -155,11 +156,18 @@ def _start_async_llm(cfg: EngineConfig, model: str, args: AsyncEngineArgs) -> An
     Raises:
         ServerFault: vLLM failed to start (the message carries vLLM's reason).
     """
-    _bind_cpu_threads(cfg)
-    try:
-        return AsyncLLM.from_engine_args(args)
-    except Exception as exc:  # noqa: BLE001 - any start failure is a server fault
-        raise ServerFault(f"vLLM could not start the model {model!r}: {type(exc).__name__}: {exc}") from exc
+    # The binding travels to the engine-core process through the environment it inherits, so two
+    # engines of one server (a DPO policy and its reference) start one at a time.
+    with _START_LOCK:
+        _bind_cpu_threads(cfg)
+        try:
+            return AsyncLLM.from_engine_args(args)
+        except Exception as exc:  # noqa: BLE001 - any start failure is a server fault
+            raise ServerFault(f"vLLM could not start the model {model!r}: {type(exc).__name__}: {exc}") from exc
+
+
+_START_LOCK = threading.Lock()
+"""Held while an ``AsyncLLM`` is built: its CPU thread binding is read from ``os.environ``."""
 
 
 class _VLLMAdapter(EngineLifecycle[_Loaded]):

@@ -304,14 +304,22 @@ async def test_restart_moves_the_policy_to_another_checkpoint_and_back(ckpts, tm
     assert engine.prefix_cache_stats().query_tokens == 2 * len(OK_IDS)  # policy + reference
 
 
-def test_reference_mode_splits_the_accelerator_memory_between_the_two_engines():
+def test_reference_mode_splits_memory_and_cpus_between_the_two_engines(monkeypatch):
     from rmserve.server.config import EngineConfig
-    from rmserve.server.dpo import memory_share
+    from rmserve.server.dpo import engine_shares
 
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     both = EngineConfig(model="p", kind="dpo", ref_model="r", gpu_memory_utilization=0.8, kv_cache_memory_bytes=6 << 20)
-    half = memory_share(both)
-    assert half.gpu_memory_utilization == pytest.approx(0.4)
-    assert half.kv_cache_memory_bytes == 3 << 20
-    assert (half.model, half.ref_model, half.kind) == ("p", "r", "dpo")
+    policy, reference = engine_shares(both, cpus=[0, 1, 2, 3, 5])
+    assert policy.gpu_memory_utilization == reference.gpu_memory_utilization == pytest.approx(0.4)
+    assert policy.kv_cache_memory_bytes == reference.kv_cache_memory_bytes == 3 << 20
+    assert (policy.cpu_threads_bind, reference.cpu_threads_bind) == ("0,1", "2,3,5")
+    assert (policy.model, policy.ref_model, policy.kind) == ("p", "r", "dpo")
+    # One CPU: shared; an explicit binding (option or environment) is kept for both.
+    assert [c.cpu_threads_bind for c in engine_shares(both, cpus=[3])] == [None, None]
+    pinned = EngineConfig(model="p", kind="dpo", ref_model="r", cpu_threads_bind="0-1")
+    assert [c.cpu_threads_bind for c in engine_shares(pinned, cpus=[0, 1])] == ["0-1", "0-1"]
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    assert [c.cpu_threads_bind for c in engine_shares(both, cpus=[0, 1])] == [None, None]
     alone = EngineConfig(model="p", kind="dpo", ref_free="avg", gpu_memory_utilization=0.8)
-    assert memory_share(alone) is alone
+    assert engine_shares(alone) == (alone, alone)
