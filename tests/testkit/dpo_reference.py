@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 
 MAX_LENGTH = 2048
 MAX_PROMPT_LENGTH = 128
@@ -56,6 +55,8 @@ def _tokenize_response(tokenizer: Any, prompt_text: str, full_text: str, compat:
 
 
 def _answer_logps(model: Any, ids: list[int], prompt_len: int) -> list[float]:
+    import torch
+
     with torch.inference_mode():
         logits = model(torch.tensor([ids])).logits[0].float()
     logps = torch.log_softmax(logits, dim=-1)
@@ -96,6 +97,8 @@ def reference_group_scores(
                 answer_part = answer_part[: MAX_LENGTH - MAX_PROMPT_LENGTH]
             truncated.append((prompt_part, answer_part))
         parts = truncated
+    import torch
+
     scores = []
     for prompt_part, answer_part in parts:
         ids = prompt_part + answer_part
