@@ -449,6 +449,9 @@ def guarded(
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except RMServeError as exc:
         code = exit_code(exc, own_files=own)
+        if code == EXIT_BAD_INPUT and isinstance(exc, DataError) and exc.field == "domains":
+            # the loaders' selection argument is the commands' --only
+            raise typer.BadParameter(exc.reason, param_hint="'--only'") from None
         if code == EXIT_BAD_INPUT and input_option is not None and isinstance(exc, DataError) and exc.path is not None:
             raise typer.BadParameter(str(exc), param_hint=f"'{input_option}'") from None
         typer.echo(error_line(exc, with_type=with_type), err=True)

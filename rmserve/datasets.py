@@ -562,12 +562,19 @@ def _selected(
     """
     title, part = _NAMING[benchmark]
     wanted = names
+    in_data = {g.domain for g in groups}
     if only is not None:
         try:
             wanted = select_parts([benchmark], only)[benchmark]
         except ValueError as exc:
             raise DataError(str(exc), path=source, field=field_name) from None
         groups = [g for g in groups if g.domain in wanted]
+        if not groups and in_data:
+            held = ", ".join(n for n in names if n in in_data)
+            raise DataError(
+                f"selects {', '.join(wanted)}, which the data ({source}) does not hold; it holds {held}",
+                field=field_name,
+            )
     if not groups:
         raise DataError(f"no {title} groups found", path=source)
     _check_unique(groups, source)

@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from rmserve.errors import DataError
 
-log = logging.getLogger(__name__)
 
 BOS_TOKEN = "<s>"
 EOS_TOKEN = "</s>"
@@ -50,7 +48,7 @@ CHAT_TEMPLATE = (
 """The demo chat template (Jinja): BOS once, a role marker and newline per turn, EOS after each turn."""
 
 RANDOM_WEIGHTS_WARNING = (
-    "WARNING: this demo reward model has RANDOM weights. Its rewards are reproducible numbers "
+    "WARNING: this demo model has RANDOM weights. Its rewards are reproducible numbers "
     "with NO meaning; use it only to test and benchmark the serving path."
 )
 
@@ -225,7 +223,6 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
-    log.warning(RANDOM_WEIGHTS_WARNING)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"out: {str(out)!r} exists and is not an empty folder")

@@ -225,6 +225,8 @@ class DataError(RMServeError):
             where.append(f"field {field!r}")
         full = f"{': '.join([', '.join(where), message]) if where else message}"
         super().__init__(full, field=field, value=value, limit=limit)
+        self.reason = message
+        """The message without the location (file, line, record, id, field) in front."""
         self.path = path
         self.line = line
         self.record = record

@@ -224,3 +224,15 @@ def test_compare_names_what_one_side_lacks(tmp_path):
         "cover the 3 group(s) both hold.",
         "A and B hold identical scores for every group: every difference is 0.",
     ]
+
+
+def test_an_only_selection_the_data_lacks_is_blamed_on_only(tmp_path):
+    rows = [
+        {"id": 1, "domain": d, "prompt": "p", "chosen": ["a", "b", "c"], "rejected": ["d", "e", "f"]}
+        for d in ("chat", "code")
+    ]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    with pytest.raises(DataError) as info:
+        load_benchmark("rm-bench", str(data), ["math"])
+    assert info.value.field == "domains"  # the loader's argument; the CLI names it --only
+    assert str(info.value).endswith(f"selects math, which the data ({data}) does not hold; it holds chat, code")
