@@ -263,6 +263,7 @@ def test_run_main_job_starts_server_scores_and_stops(demo_model_dir, tmp_path, f
     cmd = [*RMSERVE, "run", str(demo_model_dir), "--bench", "rm-bench", "--data", str(RMBENCH), "--out", str(out),
            "--quiet", *SERVE_OPTIONS]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
+    first_done = time.time()
     assert first.returncode == 0, first.stderr[-3000:]
     assert "| Chat | Math | Code | Safety |" in first.stdout
     records = _records(out / "scores.jsonl")
@@ -272,6 +273,8 @@ def test_run_main_job_starts_server_scores_and_stops(demo_model_dir, tmp_path, f
     before = (out / "scores.jsonl").read_bytes()
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "0 to score" in second.stderr + second.stdout
+    # A finished run is answered from its score file: no server is started.
+    assert "already holds every group for this checkpoint" in second.stderr and "no server started" in second.stderr
+    assert not (out / "server.log").exists() or (out / "server.log").stat().st_mtime <= first_done
     assert (out / "scores.jsonl").read_bytes() == before
     assert second.stdout.split("groups from")[1] == first.stdout.split("groups from")[1]

@@ -28,9 +28,17 @@ from rmserve.server.config import EngineConfig
 
 from rmserve.datasets import load_rmbench
 
+DEMO_MAX_MODEL_LEN = 4096
+"""The demo models' max length (``demo_policy_dir`` and ``demo_reference_dir`` are built with it)."""
+VLLM_TEST_BLOCK_SIZE = 32
+"""KV-cache block size: vLLM's CPU attention needs a multiple of 32."""
+VLLM_TEST_KV_CACHE_BYTES = 1 << 30
+"""KV-cache size of the test engine (1 GiB)."""
+
 ATOL = 1e-4
 GROUPS_PER_DOMAIN = (0, 7)
 """Which groups of each domain (index within the domain, file order) the engine tests score."""
+
 
 @pytest.fixture(scope="module")
 def dpo_groups(rmbench_dir: Path, demo_policy_dir: Path) -> list[tuple[list[list[int]], list[int]]]:
@@ -71,7 +79,6 @@ def policy_logprobs(demo_policy_dir, dpo_groups):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def logprob_engine(demo_policy_dir: Path):
-    from conftest import DEMO_MAX_MODEL_LEN, VLLM_TEST_BLOCK_SIZE, VLLM_TEST_KV_CACHE_BYTES
     from rmserve.server.engine import VLLMLogprobEngine
 
     config = EngineConfig(
