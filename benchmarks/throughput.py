@@ -310,6 +310,20 @@ def _latencies(first_start: list[float], last_done: list[float]) -> list[float]:
     return [done - start for start, done in zip(first_start, last_done, strict=True)]
 
 
+def right_padded(batch: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any]:
+    """(input ids, attention mask), both ``[len(batch), longest]`` long tensors: each sequence
+    right-padded with ``pad_id``, mask 1 on its tokens — the reference harnesses' batches."""
+    import torch
+
+    width = max(len(s) for s in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, seq in enumerate(batch):
+        ids[row, : len(seq)] = torch.tensor(list(seq))
+        mask[row, : len(seq)] = 1
+    return ids, mask
+
+
 def score_reference(
     model: Any, token_ids: list[list[list[int]]], *, batch_size: int, pad_id: int, device: Any = "cpu",
     warmup: list[list[int]] | None = None,
@@ -327,12 +341,7 @@ def score_reference(
     import torch
 
     def forward(batch: list[list[int]]) -> list[float]:
-        width = max(len(s) for s in batch)
-        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, seq in enumerate(batch):
-            ids[row, : len(seq)] = torch.tensor(seq)
-            mask[row, : len(seq)] = 1
+        ids, mask = right_padded(batch, pad_id)
         with torch.inference_mode():
             out = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
             return out.float().reshape(-1).tolist()  # .tolist() waits for the device
@@ -404,12 +413,7 @@ def score_reference_dpo(
     import torch
 
     def logprobs(model: Any, batch: list[list[int]], starts: list[int]) -> list[Any]:
-        width = max(len(s) for s in batch)
-        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, seq in enumerate(batch):
-            ids[row, : len(seq)] = torch.tensor(seq)
-            mask[row, : len(seq)] = 1
+        ids, mask = right_padded(batch, pad_id)
         with torch.inference_mode():
             logits = model(input_ids=ids, attention_mask=mask).logits.float()
             per_token = torch.log_softmax(logits[:, :-1], dim=-1).gather(2, ids[:, 1:].unsqueeze(2)).squeeze(2)

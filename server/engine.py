@@ -485,18 +485,7 @@ class VLLMEngine(_VLLMAdapter):
 
     async def _score_one(self, engine: Any, ids: Sequence[int], request_id: str) -> SequenceScore:
         params = PoolingParams(task="classify", use_activation=False)
-        final = None
-        try:
-            async for out in engine.encode(_tokens_input(list(ids)), params, request_id=request_id):
-                final = out
-        except asyncio.CancelledError:
-            raise
-        except EngineDeadError as exc:
-            raise EngineError(f"the vLLM engine process died (request {request_id})") from exc
-        except Exception as exc:  # noqa: BLE001 - surface vLLM's reason, as a server fault
-            raise EngineError(f"vLLM failed on request {request_id}: {type(exc).__name__}: {exc}") from exc
-        if final is None or not final.finished:
-            raise EngineError(f"vLLM returned no final output for request {request_id}")
+        final = await _final_output(engine.encode(_tokens_input(list(ids)), params, request_id=request_id), request_id)
         error = getattr(final, "error", None)
         if error is not None:
             raise EngineError(f"vLLM failed on request {request_id}: {error}")
@@ -886,21 +875,16 @@ class VLLMLogprobEngine(_VLLMAdapter):
         self, engine: Any, ids: Sequence[int], request_id: str, params: Any
     ) -> tuple[Any, int, int | None]:
         """(prompt log-probs, cached tokens, preemptions or None when not counted) of one request."""
-        final = None
         prompt_logprobs = None
-        try:
-            async for out in engine.generate(_tokens_input(list(ids)), params, request_id=request_id):
-                final = out
-                if out.prompt_logprobs:
-                    prompt_logprobs = out.prompt_logprobs
-        except asyncio.CancelledError:
-            raise
-        except EngineDeadError as exc:
-            raise EngineError(f"the vLLM engine process died (request {request_id})") from exc
-        except Exception as exc:  # noqa: BLE001 - surface vLLM's reason, as a server fault
-            raise EngineError(f"vLLM failed on request {request_id}: {type(exc).__name__}: {exc}") from exc
-        if final is None or not final.finished:
-            raise EngineError(f"vLLM returned no final output for request {request_id}")
+
+        def keep_prompt_logprobs(out: Any) -> None:
+            nonlocal prompt_logprobs
+            if out.prompt_logprobs:
+                prompt_logprobs = out.prompt_logprobs
+
+        final = await _final_output(
+            engine.generate(_tokens_input(list(ids)), params, request_id=request_id), request_id, keep_prompt_logprobs
+        )
         metrics = getattr(final, "metrics", None)
         preemptions = getattr(metrics, "num_preemptions", None)
         return prompt_logprobs, int(final.num_cached_tokens or 0), preemptions
@@ -914,6 +898,31 @@ vLLM's own default is 5 s; the engine core first waits (up to 5 s,
 out and the core and worker were killed before they had released their shared memory (the
 ``resource_tracker`` then warned about a leaked ``shared_memory`` object). 20 s stays under
 ``rmserve run``'s 30 s stop grace period; a clean exit takes 2–5 s on 2 CPU cores."""
+
+
+async def _final_output(stream: Any, request_id: str, on_output: Any = None) -> Any:
+    """The last output of one vLLM request's output stream (``encode`` or ``generate``),
+    vLLM's failures translated to :class:`~rmserve.errors.EngineError`; ``on_output`` (if given)
+    sees every output as it arrives. Cancellation propagates (the caller aborts the request).
+
+    Raises:
+        EngineError: the engine process died, vLLM raised, or the stream ended unfinished.
+    """
+    final = None
+    try:
+        async for out in stream:
+            final = out
+            if on_output is not None:
+                on_output(out)
+    except asyncio.CancelledError:
+        raise
+    except EngineDeadError as exc:
+        raise EngineError(f"the vLLM engine process died (request {request_id})") from exc
+    except Exception as exc:  # noqa: BLE001 - surface vLLM's reason, as a server fault
+        raise EngineError(f"vLLM failed on request {request_id}: {type(exc).__name__}: {exc}") from exc
+    if final is None or not final.finished:
+        raise EngineError(f"vLLM returned no final output for request {request_id}")
+    return final
 
 
 async def _stop_engine(engine: Any) -> bool:
