@@ -105,6 +105,8 @@ class JudgeCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         completion_tokens: tokens generated.
         finish_reason: the engine's finish reason (``stop``; ``length`` when cut at
             ``max_tokens``, see :data:`FINISH_LENGTH`).
+        cached_tokens: of ``prompt_tokens``, those the engine served from its prefix cache
+            (0 when it does not say, e.g. most hosted APIs).
     """
 
     protocol: str
@@ -115,6 +117,7 @@ class JudgeCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str
+    cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.protocol not in JUDGE_PROTOCOLS:
@@ -123,6 +126,10 @@ class JudgeCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(
                 f"token counts must be >= 0, got prompt_tokens={self.prompt_tokens}, "
                 f"completion_tokens={self.completion_tokens}"
+            )
+        if not 0 <= self.cached_tokens <= self.prompt_tokens:
+            raise ValueError(
+                f"cached_tokens must lie in [0, prompt_tokens={self.prompt_tokens}], got {self.cached_tokens}"
             )
 
     @property

@@ -254,12 +254,15 @@ class JudgeOutput:
         text: the generated text, unstripped.
         prompt_tokens, completion_tokens: token counts (≥ 0).
         finish_reason: ``stop``, or ``length`` when cut at ``max_tokens``.
+        cached_tokens: of ``prompt_tokens``, those served from the engine's prefix cache
+            (0 when the engine does not say).
     """
 
     text: str
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str
+    cached_tokens: int = 0
 
     @property
     def truncated(self) -> bool:
@@ -705,6 +708,7 @@ def read_output(prompt: JudgePrompt, output: JudgeOutput, compat: str = "none") 
         prompt_tokens=output.prompt_tokens,
         completion_tokens=output.completion_tokens,
         finish_reason=output.finish_reason,
+        cached_tokens=output.cached_tokens,
     )
 
 

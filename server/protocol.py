@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rmserve.errors import InvalidRequest, SequenceTooLong
-from rmserve.schema import ModelInfo, ResponseError
+from rmserve.schema import Message, ModelInfo, ResponseError
 
 if TYPE_CHECKING:  # render imports the tokenizer stack lazily; only its type is needed here
+    from rmserve.server.judge_protocols import JudgeOutput
     from rmserve.server.render import Renderer
 
 ExtraValue = float | int | str | None
@@ -284,6 +285,58 @@ class LogprobEngine(Protocol):
             One :class:`AnswerLogprobs` per sequence, in order.
 
         Raises:
+            rmserve.errors.EngineNotReady / rmserve.errors.EngineError: as ``score_group``.
+        """
+
+    async def shutdown(self) -> None:
+        """Release the engine; idempotent."""
+
+
+@runtime_checkable
+class JudgeEngine(Protocol):
+    """A generative judge (LLM-as-judge): chat messages in, greedily generated text out.
+
+    The judge scoring path (``rmserve.server.judge_scoring``) plans each group's calls with
+    :func:`rmserve.server.judge_protocols.plan_group`, sends one group's calls in one
+    :meth:`judge_group` call (so the shared instruction and question hit the prefix cache)
+    and reads the outputs with :func:`rmserve.server.judge_protocols.score_group`.
+    Implementations: ``VLLMJudgeEngine`` in :mod:`rmserve.server.engine` (generate runner),
+    ``HFJudgeEngine`` in :mod:`rmserve.server.engine_hf` (transformers ``generate``, one
+    prompt at a time) and ``OpenAIJudgeEngine`` in :mod:`rmserve.server.judge_openai` (an
+    OpenAI-compatible chat-completions endpoint). Decoding is greedy (temperature 0, top_p
+    1) with at most ``max_tokens`` generated tokens per call; local engines render with the
+    model's chat template and its generation prompt.
+    """
+
+    max_tokens: int
+    """Generated tokens per call at most (official 2,048)."""
+
+    async def start(self) -> LoadedModel:
+        """Load the model (or check the endpoint) and describe it.
+
+        Raises:
+            rmserve.errors.ServerFault: the model cannot be loaded, or has no chat template.
+        """
+
+    def info(self) -> ModelInfo:
+        """What is loaded (valid after ``start``)."""
+
+    async def judge_group(
+        self, calls: Sequence[Sequence[Message]], request_id: str
+    ) -> list[JudgeOutput]:
+        """Generate one output per call, all calls submitted together.
+
+        Args:
+            calls: per call, the chat messages before the chat template.
+            request_id: unique prefix for the engine's request ids.
+
+        Returns:
+            One :class:`~rmserve.server.judge_protocols.JudgeOutput` per call, in order.
+
+        Raises:
+            rmserve.errors.SequenceTooLong: a call's templated prompt leaves no room for one
+                generated token within the model's max length (field ``messages``, limit
+                the max length); nothing is generated for the group.
             rmserve.errors.EngineNotReady / rmserve.errors.EngineError: as ``score_group``.
         """
 
