@@ -20,9 +20,15 @@ DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 
 EngineKind = Literal["vllm", "hf"]
 
-ModelKind = Literal["classifier", "dpo"]
-"""What kind of reward model is served: a sequence classifier, or a DPO policy scored by its
-implicit reward (log-probabilities of the answer under the policy, minus a reference's)."""
+ModelKind = Literal["classifier", "dpo", "judge"]
+"""What kind of reward model is served: a sequence classifier, a DPO policy scored by its
+implicit reward (log-probabilities of the answer under the policy, minus a reference's), or a
+generative judge (a chat model that ranks, rates or compares the answers in text)."""
+
+JudgeProtocolChoice = Literal["auto", "ranking", "ratings", "pairwise"]
+"""Judge protocol: ``auto`` = by benchmark (RewardBench 2: 4-way ranking, Ties rated; RM-Bench:
+pairwise); ``ranking`` / ``ratings`` for RewardBench 2 (Ties is always rated); ``pairwise`` for
+RM-Bench (rmserve's own protocol)."""
 
 RefFreeMode = Literal["avg", "sum", "norm"]
 """Reference-free DPO rewards over the answer tokens' log-probs: mean, sum, or minus the L2 norm
@@ -75,6 +81,27 @@ class EngineConfig:
 
     compat: CompatMode = "none"
     """``official`` reproduces the official DPO script: a BOS prepended even when the template writes one, and its truncation (2048 tokens, keeping the prompt's last 128). ``none``: one BOS, no silent truncation."""
+
+    protocol: JudgeProtocolChoice = "auto"
+    """Judge only: ``auto`` (RewardBench 2: 4-way ranking, Ties rated; RM-Bench: pairwise), ``ranking`` or ``ratings`` (RewardBench 2; Ties is always rated), ``pairwise`` (RM-Bench)."""
+
+    judge_max_tokens: int = 2048
+    """Judge only: most tokens generated per judge call (official 2048); an output cut there counts as unparsed."""
+
+    judge_seed: int = 0
+    """Judge only: seed (≥ 0) of the 4-way ranking's answer positions, recorded with every verdict so a run repeats exactly."""
+
+    judge_url: str | None = None
+    """Judge only: base URL of an OpenAI-compatible API (ending in ``/v1``) to judge with instead of a local model; MODEL (or ``judge_model``) names the model there."""
+
+    judge_model: str | None = None
+    """Judge only, with ``judge_url``: the model name at the endpoint; None = MODEL."""
+
+    judge_api_key_env: str = "RMSERVE_JUDGE_API_KEY"
+    """Judge only, with ``judge_url``: environment variable holding the endpoint's API key (sent as a bearer token; unset = no key)."""
+
+    judge_system_prompt: bool = True
+    """Judge only: send the ranking instructions as a system message; false merges them into the user turn (official ``--no_system_prompt``, for chat templates without a system role)."""
 
     engine: EngineKind = "vllm"
     """Backend name: ``vllm`` (embedded AsyncLLM, prefix cache) or ``hf`` (transformers)."""
@@ -167,13 +194,14 @@ class EngineConfig:
         self._check_kind()
 
     def _check_kind(self) -> None:
-        if self.kind not in ("classifier", "dpo"):
-            raise ValueError(f"kind: {self.kind!r} is not one of classifier, dpo")
+        if self.kind not in ("classifier", "dpo", "judge"):
+            raise ValueError(f"kind: {self.kind!r} is not one of classifier, dpo, judge")
+        self._check_judge()
         if self.ref_free is not None and self.ref_free not in ("avg", "sum", "norm"):
             raise ValueError(f"ref_free: {self.ref_free!r} is not one of avg, sum, norm")
         if self.compat not in ("none", "official"):
             raise ValueError(f"compat: {self.compat!r} is not one of none, official")
-        if self.kind == "classifier":
+        if self.kind in ("classifier", "judge"):
             for name in ("ref_model", "ref_free"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name}: only for kind dpo; add --kind dpo or drop --{name.replace('_', '-')}")
@@ -185,6 +213,28 @@ class EngineConfig:
             )
         if self.ref_model is not None and not self.ref_model:
             raise ValueError("ref_model: must be a non-empty path or hub id")
+
+    def _check_judge(self) -> None:
+        if self.protocol not in ("auto", "ranking", "ratings", "pairwise"):
+            raise ValueError(f"protocol: {self.protocol!r} is not one of auto, ranking, ratings, pairwise")
+        if not _is_int(self.judge_max_tokens) or self.judge_max_tokens < 1:
+            raise ValueError(f"judge_max_tokens: {self.judge_max_tokens!r} must be an integer ≥ 1")
+        if not _is_int(self.judge_seed) or self.judge_seed < 0:
+            raise ValueError(f"judge_seed: {self.judge_seed!r} must be an integer ≥ 0")
+        if not isinstance(self.judge_system_prompt, bool):
+            raise ValueError(f"judge_system_prompt: {self.judge_system_prompt!r} must be true or false")
+        if self.kind != "judge":
+            if self.protocol != "auto" or self.judge_url is not None or self.judge_model is not None:
+                raise ValueError(
+                    "protocol / judge_url / judge_model: only for kind judge; add --kind judge or drop them"
+                )
+            return
+        if self.judge_url is not None and not self.judge_url.startswith(("http://", "https://")):
+            raise ValueError(f"judge_url: {self.judge_url!r} must start with http:// or https://")
+        if self.judge_model is not None and (self.judge_url is None or not self.judge_model):
+            raise ValueError("judge_model: a non-empty model name, only with --judge-url")
+        if not self.judge_api_key_env:
+            raise ValueError("judge_api_key_env: must name an environment variable")
 
     @property
     def dpo_mode(self) -> str | None:

@@ -100,8 +100,20 @@ def test_serve_options_argv_round_trips_through_the_serve_parser(captured, tmp_p
         "ref_model": "org/ref",
         "compat": "official",
     }
-    # ref_free excludes ref_model: it is carried in the second round trip below.
-    assert sorted([*values, "ref_free"]) == sorted(ENGINE_FIELDS), "give the new EngineConfig field a non-default value here"
+    judge_values = {
+        "protocol": "ratings",
+        "judge_max_tokens": 32,
+        "judge_seed": 7,
+        "judge_url": "http://judge.example:8000/v1",
+        "judge_model": "judge-7b",
+        "judge_api_key_env": "JUDGE_KEY",
+        "judge_system_prompt": False,
+    }
+    # ref_free excludes ref_model and the judge options need kind judge: they are carried in
+    # the second and third round trips below.
+    assert sorted([*values, "ref_free", *judge_values]) == sorted(ENGINE_FIELDS), (
+        "give the new EngineConfig field a non-default value here"
+    )
     defaults = EngineConfig(model="m")
     assert all(getattr(defaults, name) != value for name, value in values.items())  # each one is really carried
     options = ServeOptions(model="org/rm", engine_options=values)
@@ -119,6 +131,13 @@ def test_serve_options_argv_round_trips_through_the_serve_parser(captured, tmp_p
     result = runner.invoke(app, argv[3:])
     assert result.exit_code == 0, result.output
     assert calls[0][0] == EngineConfig(model="org/rm", **ref_free)
+    calls.clear()
+    judge = {**{k: v for k, v in values.items() if k not in ("ref_model", "compat")}, "kind": "judge", **judge_values}
+    assert all(getattr(defaults, name) != value for name, value in judge_values.items())
+    argv = ServeOptions(model="org/rm", engine_options=judge).argv("127.0.0.1", 5123)
+    result = runner.invoke(app, argv[3:])
+    assert result.exit_code == 0, result.output
+    assert calls[0][0] == EngineConfig(model="org/rm", **judge)
 
 
 def test_engine_options_not_given_keep_the_engine_config_defaults(captured):
