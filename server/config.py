@@ -68,10 +68,10 @@ class EngineConfig:
     """
 
     model: str
-    """Local checkpoint folder or hub id: a ``*ForSequenceClassification`` model with one label (kind ``classifier``) or a causal LM policy (kind ``dpo``)."""
+    """Local checkpoint folder or hub id: a ``*ForSequenceClassification`` model with one label (kind ``classifier``), a causal LM policy (kind ``dpo``) or a chat model (kind ``judge``)."""
 
     kind: ModelKind = "classifier"
-    """What the model is: ``classifier`` (a one-label reward head) or ``dpo`` (a policy scored by its implicit reward; needs ``ref_model`` or ``ref_free``)."""
+    """What the model is: ``classifier`` (a one-label reward head), ``dpo`` (a policy scored by its implicit reward; needs --ref-model or --ref-free) or ``judge`` (a chat model that ranks, rates or compares the answers)."""
 
     ref_model: str | None = None
     """DPO only: folder or hub id of the reference model (same tokenizer as the policy). Reward = sum of the answer's log-probs under the policy minus under the reference."""
