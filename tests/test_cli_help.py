@@ -96,7 +96,7 @@ def test_run_help_shows_the_long_engine_options_and_their_defaults_whole():
 
 def test_serve_help_has_no_rest_markup_left():
     flat = _flat(_help(["serve"]))
-    assert "What the model is: classifier (a one-label reward head) or dpo" in flat
+    assert "What the model is: classifier (a one-label reward head), dpo" in flat
     assert "(rmserve.server.result_cache)" in flat
 
 
