@@ -19,6 +19,8 @@ from typing import Literal
 
 import msgspec
 
+from rmserve.judge_records import JudgeGroupResult
+
 BENCHMARKS: tuple[str, ...] = ("rm-bench", "rewardbench2")
 """Benchmark names as they appear in records and on the command line."""
 
@@ -113,12 +115,20 @@ class Truncation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class RequestGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """One group on the wire: exactly one of ``messages`` or ``prompt`` (a single user turn)."""
+    """One group on the wire: exactly one of ``messages`` or ``prompt`` (a single user turn).
+
+    ``num_chosen`` (how many leading responses are chosen) and ``styles`` are needed by a
+    generative judge, whose prompts depend on which answer is correct; a judge server also
+    reads the benchmark and subset from ``id`` (``benchmark/domain/id``, see :class:`GroupKey`).
+    Other kinds ignore them, and the client sends them only to a judge.
+    """
 
     id: str
     responses: tuple[str, ...]
     messages: tuple[Message, ...] | None = None
     prompt: str | None = None
+    num_chosen: int | None = None
+    styles: tuple[str, ...] | None = None
 
 
 class ScoreRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -148,6 +158,16 @@ class ResponseError(msgspec.Struct, frozen=True):
     message: str
 
 
+JUDGE_REWARDS_DOC = (
+    "the rating read (1-10; -1 where none was read, the official value) for the rating protocols; "
+    "1 for the answer the ranking verdict names and 0 for the others (0.25 each when no verdict was read), "
+    "so the correct answer's value is the group's credit; for RM-Bench pairwise, the answer's mean "
+    "preference over the 6 calls showing it (a rejected answer's is 1 minus the preference for the chosen one)"
+)
+"""What a generative judge's per-response ``rewards`` are (:class:`GroupResult`). The benchmark
+figures are computed from the ``judge`` record, never from these values."""
+
+
 class GroupResult(msgspec.Struct, frozen=True, omit_defaults=True):
     """Scores of one group, response order kept.
 
@@ -162,6 +182,12 @@ class GroupResult(msgspec.Struct, frozen=True, omit_defaults=True):
     value per response, response order (for example summed log-probabilities of a policy and
     its reference, or a generative judge's text); values are numbers, texts or null. Absent
     (None) for classifiers, and then omitted on the wire.
+
+    ``judge`` (generative judges only): every call the judge made for the group — its text,
+    what was read from it, token counts — and the group's score under the protocol (see
+    :class:`~rmserve.judge_records.JudgeGroupResult`). ``rewards`` then hold, per response,
+    :data:`JUDGE_REWARDS_DOC`. A group the judge could not judge (a prompt over the model's
+    length, a multi-turn conversation) has null rewards, ``errors`` and no ``judge``.
     """
 
     id: str
@@ -171,6 +197,7 @@ class GroupResult(msgspec.Struct, frozen=True, omit_defaults=True):
     truncated_tokens: tuple[int, ...] | None = None
     extras: dict[str, tuple[float | int | str | None, ...]] | None = None
     errors: tuple[ResponseError | None, ...] | None = None
+    judge: JudgeGroupResult | None = None
 
 
 class ScoreResponse(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -330,7 +357,11 @@ class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
         ref_model: DPO with a reference only: the reference model's name; else None.
         compat: ``none`` (default) or ``official`` (the official script's defects reproduced).
 
-    The last five are omitted when at their defaults, so a classifier's record encodes
+        judge: kind ``judge`` only: the judge's calls and the group's score under its
+            protocol (:attr:`GroupResult.judge`, copied unchanged); ``rewards`` are then
+            per-response summaries (:data:`JUDGE_REWARDS_DOC`) and ``mode`` is the protocol.
+
+    The last six are omitted when at their defaults, so a classifier's record encodes
     exactly as before they existed.
     """
 
@@ -352,6 +383,7 @@ class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     mode: str | None = None
     ref_model: str | None = None
     compat: str = "none"
+    judge: JudgeGroupResult | None = None
 
     @property
     def key(self) -> GroupKey:
