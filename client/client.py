@@ -302,8 +302,14 @@ def parse_retry_after(value: str | None, *, now_s: float | None = None) -> float
 # --- records ------------------------------------------------------------------------------
 
 
-def request_group(group: Group) -> RequestGroup:
-    """The wire form of ``group``: id ``str(group.key)``, its messages and responses."""
+def request_group(group: Group, *, judge: bool = False) -> RequestGroup:
+    """The wire form of ``group``: id ``str(group.key)``, its messages and responses; for a
+    generative judge (``judge``: the server's kind is ``judge``) also ``num_chosen`` and
+    ``styles``, which its prompts need. Other kinds never get them, so their requests are
+    unchanged."""
+    if judge:
+        return RequestGroup(id=str(group.key), responses=group.responses, messages=group.messages,
+                            num_chosen=group.num_chosen, styles=group.styles)
     return RequestGroup(id=str(group.key), responses=group.responses, messages=group.messages)
 
 
@@ -320,7 +326,8 @@ def record_from_result(
     scored, with its :class:`~rmserve.schema.ResponseError` in ``errors``), token counts, the
     engine's per-response ``extras`` (unchanged), model identity, the truncation it was scored
     under and, from ``kind`` (:meth:`ScoreKind.of` the run's :class:`ModelInfo`; None: a
-    classifier), what kind of score the rewards are."""
+    classifier), what kind of score the rewards are; a generative judge's ``judge`` record
+    (its calls, texts and the group's score) is copied unchanged."""
     kind = kind or ScoreKind()
     return ScoreRecord(
         benchmark=group.benchmark,
@@ -341,6 +348,7 @@ def record_from_result(
         mode=kind.mode,
         ref_model=kind.ref_model,
         compat=kind.compat,
+        judge=result.judge,
     )
 
 
@@ -691,8 +699,12 @@ class RewardClient:
         *,
         truncation: Truncation | None = None,
         model: str | None = None,
+        judge: bool = False,
     ) -> ScoreResponse:
         """``POST /v1/score`` for ``groups`` (one request, retried when retryable).
+
+        ``judge``: the server is a generative judge; each group then carries ``num_chosen``
+        and ``styles`` (:func:`request_group`).
 
         Returns:
             The reply, with its results re-ordered to match ``groups`` and checked by
@@ -715,7 +727,9 @@ class RewardClient:
                     f"group {wire_id!r} appears twice (positions {seen[wire_id]} and {i})", field=f"groups[{i}].id"
                 )
             seen[wire_id] = i
-        request = ScoreRequest(groups=tuple(request_group(g) for g in groups), model=model, truncation=truncation)
+        request = ScoreRequest(
+            groups=tuple(request_group(g, judge=judge) for g in groups), model=model, truncation=truncation
+        )
         body = await self._send("POST", "/v1/score", data=encode(request), timeout=self.timeouts.for_scoring())
         try:
             reply = msgspec.json.decode(body, type=ScoreResponse)
@@ -733,7 +747,8 @@ class RewardClient:
         expect_fingerprint: str | None,
         kind: ScoreKind | None = None,
     ) -> list[ScoreRecord]:
-        reply = await self.score(groups, truncation=truncation, model=model)
+        judge = kind is not None and kind.kind == "judge"
+        reply = await self.score(groups, truncation=truncation, model=model, judge=judge)
         if expect_fingerprint is not None and reply.fingerprint != expect_fingerprint:
             raise errors.FingerprintMismatch(
                 f"the server's model changed during the run: fingerprint {reply.fingerprint!r} "
@@ -769,7 +784,8 @@ class RewardClient:
             expect_fingerprint: when set, a reply with another fingerprint raises
                 :class:`~rmserve.errors.FingerprintMismatch` (the server's model changed).
             kind: what kind of score the server's rewards are (``ScoreKind.of(model_info)``),
-                written into every record; None: a classifier.
+                written into every record; None: a classifier. Kind ``judge`` also sends each
+                group's ``num_chosen`` and ``styles``.
 
         Raises:
             rmserve.errors.InvalidRequest: a group key seen twice.

@@ -139,3 +139,44 @@ def dpo_fingerprint(policy: str, reference: str | None, mode: str, compat: str =
         data = value.encode()
         digest.update(label.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
     return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
+
+
+def judge_fingerprint(
+    model: str, *, protocol: str, max_tokens: int, seed: int, compat: str = "none", system_prompt: bool = True
+) -> str:
+    """Fingerprint of a generative judge: the judge model's fingerprint (from
+    :func:`model_fingerprint`, or what an endpoint engine reports for its model) hashed with
+    every setting that changes its verdicts.
+
+    Args:
+        model: the judge model's fingerprint.
+        protocol: the protocol choice (``auto``, ``ranking``, ``ratings``, ``pairwise``).
+        max_tokens: generated tokens per call at most (an output cut there reads differently).
+        seed: the seed of the ranking positions.
+        compat: ``none`` or ``official`` (the rating reader).
+        system_prompt: whether the ranking instructions go in a system message.
+
+    Returns:
+        :data:`FINGERPRINT_HEX_CHARS` hex characters; differs from every single-model and DPO
+        fingerprint, so a judge's score never shares a key with another kind's.
+
+    Raises:
+        ValueError: an empty ``model`` or ``protocol``, or ``max_tokens`` < 1 or ``seed`` < 0.
+    """
+    if not model or not protocol:
+        raise ValueError("model / protocol: a judge fingerprint needs the model's fingerprint and the protocol")
+    if max_tokens < 1 or seed < 0:
+        raise ValueError(f"max_tokens ({max_tokens}) must be ≥ 1 and seed ({seed}) ≥ 0")
+    digest = hashlib.sha256()
+    for label, value in (
+        ("kind", "judge"),
+        ("model", model),
+        ("protocol", protocol),
+        ("max_tokens", str(int(max_tokens))),
+        ("seed", str(int(seed))),
+        ("compat", compat),
+        ("system_prompt", "1" if system_prompt else "0"),
+    ):
+        data = value.encode()
+        digest.update(label.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]

@@ -139,11 +139,13 @@ class ScoreRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
     truncation: Truncation | None = None
 
 
-RESPONSE_ERROR_TYPES: tuple[str, ...] = ("sequence_too_long", "non_finite_reward", "no_answer_tokens")
+RESPONSE_ERROR_TYPES: tuple[str, ...] = ("sequence_too_long", "non_finite_reward", "no_answer_tokens", "unsupported_group")
 """Why one response of a group could not be scored (``ResponseError.type``):
 ``sequence_too_long`` — its sequence is longer than the model's max length and no truncation
-was asked; ``non_finite_reward`` — the model gave NaN or ±inf for it; ``no_answer_tokens`` — a
-DPO implicit reward had no answer token to sum over."""
+was asked (for a judge: a judge prompt leaves no room to generate); ``non_finite_reward`` — the
+model gave NaN or ±inf for it; ``no_answer_tokens`` — a DPO implicit reward had no answer token
+to sum over; ``unsupported_group`` — a generative judge's protocol cannot take the group (a
+multi-turn conversation, or not the number of responses or styles the protocol shows)."""
 
 
 class ResponseError(msgspec.Struct, frozen=True):
@@ -218,6 +220,13 @@ class ModelInfo(msgspec.Struct, frozen=True):
     is ``reference`` or the reference-free mode (``avg``/``sum``/``norm``) and ``ref_model``
     the reference's name; ``compat`` is ``official`` when the official script's defects are
     reproduced (the fingerprint covers all four). All default so older replies decode unchanged.
+
+    For kind ``judge``, ``mode`` is the protocol choice (``auto``, ``ranking``, ``ratings``,
+    ``pairwise``), ``judge_max_tokens`` the generated tokens per call at most and
+    ``judge_seed`` the seed of the ranking positions; the fingerprint then covers the judge
+    model and every setting that changes verdicts (:func:`rmserve.fingerprint.judge_fingerprint`).
+    The two ``judge_*`` fields are ``msgspec.UNSET`` for other kinds and then left out of the
+    JSON, so other kinds' replies are unchanged (:meth:`judge_settings` reads them).
     """
 
     name: str
@@ -231,6 +240,14 @@ class ModelInfo(msgspec.Struct, frozen=True):
     mode: str | None = None
     ref_model: str | None = None
     compat: str = "none"
+    judge_max_tokens: int | msgspec.UnsetType = msgspec.UNSET
+    judge_seed: int | msgspec.UnsetType = msgspec.UNSET
+
+    def judge_settings(self) -> tuple[int | None, int | None]:
+        """``(judge_max_tokens, judge_seed)``, each None when not sent (other kinds)."""
+        max_tokens = None if self.judge_max_tokens is msgspec.UNSET else self.judge_max_tokens
+        seed = None if self.judge_seed is msgspec.UNSET else self.judge_seed
+        return max_tokens, seed
 
 
 class LoadModelRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

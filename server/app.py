@@ -12,9 +12,16 @@ Routes: ``POST /v1/score``, ``GET /health``, ``GET /v1/models``, ``POST /v1/mode
 (checkpoint swap, admin token), ``GET /metrics`` (:mod:`rmserve.server.handlers`). Errors are
 written by one middleware (:func:`rmserve.server.middleware.error_middleware`).
 
+A generative judge (an engine that is a :class:`~rmserve.server.protocol.JudgeEngine`) needs
+no renderer: its engine renders the judge prompts itself. The app then scores with
+:mod:`rmserve.server.judge_scoring` and publishes the engine's info as a judge's
+(:meth:`~rmserve.server.judge_scoring.JudgeSettings.model_info`: kind ``judge``, the protocol
+choice as ``mode``, ``compat``, ``judge_max_tokens``, ``judge_seed`` and a fingerprint bound
+to those settings).
+
 The module layout of the server, each importing only those above it:
 ``config``, ``protocol``, ``render``, ``result_cache`` → ``state`` → ``middleware``,
-``scoring``, ``swap`` → ``handlers`` → ``app`` → ``serve``.
+``scoring``, ``swap`` → ``judge_scoring`` → ``handlers`` → ``app`` → ``serve``.
 """
 
 from __future__ import annotations
@@ -30,14 +37,16 @@ import msgspec
 from aiohttp import web
 from rmserve.server import handlers
 from rmserve.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from rmserve.server.judge_scoring import JudgeSettings
 from rmserve.server.middleware import error_middleware
-from rmserve.server.protocol import PrefixCacheStats, RewardEngine, SupportsPrefixCacheStats
+from rmserve.server.protocol import JudgeEngine, PrefixCacheStats, RewardEngine, SupportsPrefixCacheStats
 from rmserve.server.render import Renderer
 from rmserve.server.result_cache import ResultCache
 from rmserve.server.state import (
     CONFIG_KEY,
     ENGINE_KEY,
     EXECUTOR_KEY,
+    JUDGE_KEY,
     METRICS_KEY,
     RENDERER_FACTORY_KEY,
     RESULT_CACHE_KEY,
@@ -52,6 +61,8 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "ENGINE_KEY",
     "EXECUTOR_KEY",
+    "JUDGE_KEY",
+    "JudgeSettings",
     "METRICS_KEY",
     "RENDERER_FACTORY_KEY",
     "RESULT_CACHE_KEY",
@@ -101,7 +112,12 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
             if config.served_model_name is not None:
                 info = msgspec.structs.replace(info, name=config.served_model_name)
                 loaded = dataclasses.replace(loaded, info=info)
-            renderer = await renderer_for(app, loaded)
+            judge = app[JUDGE_KEY]
+            if judge is not None:
+                info = judge.model_info(info)
+                renderer = None
+            else:
+                renderer = await renderer_for(app, loaded)
             state.publish(info, renderer, loaded.checkpoint_dir)
             logger.info("engine ready: model %s (%s, %s)", info.name, info.engine, info.dtype)
         except asyncio.CancelledError:
@@ -129,10 +145,11 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def create_app(
     config: ServerConfig,
-    engine: RewardEngine,
+    engine: RewardEngine | JudgeEngine,
     renderer: Renderer | None = None,
     *,
     renderer_factory: RendererFactory | None = None,
+    judge: JudgeSettings | None = None,
 ) -> web.Application:
     """Build the scoring app around an engine and a renderer.
 
@@ -149,9 +166,14 @@ def create_app(
             is ready after it returns. A fixed ``renderer`` is kept across restarts. To
             render with the engine's own renderer, pass
             :func:`rmserve.server.serve.engine_renderer`.
+        judge: for a :class:`~rmserve.server.protocol.JudgeEngine` only: the settings it
+            judges with (:meth:`JudgeSettings.from_engine_config`); None takes them from the
+            engine (:meth:`JudgeSettings.of_engine`). A judge takes no renderer and no factory.
 
     Raises:
-        ValueError: not exactly one of ``renderer`` / ``renderer_factory`` given.
+        ValueError: for a reward engine, not exactly one of ``renderer`` /
+            ``renderer_factory`` given, or ``judge`` given; for a judge engine, a renderer
+            or factory given.
 
     Returns:
         The application; run it with ``aiohttp.web.AppRunner(app, handler_cancellation=True)``
@@ -159,13 +181,21 @@ def create_app(
     """
     from rmserve.server.observability import ServerMetrics  # prometheus_client: a server extra
 
-    if (renderer is None) == (renderer_factory is None):
+    is_judge = isinstance(engine, JudgeEngine)
+    if is_judge:
+        if renderer is not None or renderer_factory is not None:
+            raise ValueError("create_app: a judge engine renders its own prompts; pass no renderer or renderer_factory")
+        judge = judge if judge is not None else JudgeSettings.of_engine(engine)
+    elif judge is not None:
+        raise ValueError("create_app: judge settings are for a judge engine only")
+    elif (renderer is None) == (renderer_factory is None):
         raise ValueError("create_app: pass exactly one of renderer or renderer_factory")
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware])
     app[CONFIG_KEY] = config
     app[ENGINE_KEY] = engine
     app[RENDERER_FACTORY_KEY] = renderer_factory
-    app[STATE_KEY] = EngineState(renderer=renderer)
+    app[JUDGE_KEY] = judge
+    app[STATE_KEY] = EngineState(renderer=renderer, needs_renderer=not is_judge)
     app[METRICS_KEY] = ServerMetrics(engine_counters=_engine_counter_reader(engine))
     app[RESULT_CACHE_KEY] = ResultCache(config.result_cache_groups)
     app.cleanup_ctx.append(_render_executor_ctx)

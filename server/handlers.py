@@ -2,7 +2,8 @@
 
 - ``POST /v1/score``: :func:`score` → swap gate (:func:`rmserve.server.swap.scoring_slot`) →
   body (size-limited) → decode and validate (render thread) → model name →
-  :func:`rmserve.server.scoring.score_request`.
+  :func:`rmserve.server.scoring.score_request` (a generative judge:
+  :func:`rmserve.server.judge_scoring.score_request`).
 - ``GET /health``, ``GET /v1/models``, ``GET /metrics``: read the app's state.
 - ``POST /v1/models/load``: :func:`load_model` → checks and
   :func:`rmserve.server.swap.start_swap`.
@@ -16,11 +17,11 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
-from rmserve.server import scoring, swap, wire
+from rmserve.server import judge_scoring, scoring, swap, wire
 from rmserve.server.middleware import json_response
-from rmserve.server.state import CONFIG_KEY, ENGINE_KEY, EXECUTOR_KEY, METRICS_KEY, STATE_KEY
+from rmserve.server.state import CONFIG_KEY, ENGINE_KEY, EXECUTOR_KEY, JUDGE_KEY, METRICS_KEY, STATE_KEY
 
-from rmserve.errors import BodyTooLarge, ModelNotFound
+from rmserve.errors import BodyTooLarge, InvalidCheckpoint, ModelNotFound
 from rmserve.schema import ScoreRequest
 
 
@@ -87,7 +88,11 @@ async def _score(request: web.Request) -> web.Response:
             field="model",
             value=score_request.model,
         )
-    reply = await scoring.score_request(app, score_request, info, renderer)
+    judge = app[JUDGE_KEY]
+    if judge is not None:
+        reply = await judge_scoring.score_request(app, score_request, info, judge)
+    else:
+        reply = await scoring.score_request(app, score_request, info, renderer)
     return json_response(wire.encode_score_response(reply), 200)
 
 
@@ -111,10 +116,19 @@ async def load_model(request: web.Request) -> web.Response:
     says ``restoring`` after a reload, ``restarting`` after a restart) and the reply is 500
     ``engine_error`` saying whether it serves again; if not, ``/health`` says ``failed`` and
     scoring answers 503.
+
+    A generative judge is not swapped: 422 ``invalid_checkpoint`` (after the admin token and
+    readiness checks) saying to restart the server on the other model.
     """
     config = request.app[CONFIG_KEY]
     swap.check_admin_token(request.headers.get("Authorization"), config.admin_token)
     request.app[STATE_KEY].require_ready()
+    if request.app[JUDGE_KEY] is not None:
+        raise InvalidCheckpoint(
+            "checkpoint swap is not supported for a generative judge (kind judge): its verdicts are bound to "
+            "the model and the judge settings it started with; restart the server on the other model",
+            field="path",
+        )
     load = wire.decode_load_request(await request.read())
     folder = swap.resolve_checkpoint(load.path, config.checkpoint_roots)
     await swap.check_files(folder, request.app[ENGINE_KEY])

@@ -180,7 +180,7 @@ async def score_groups(
     return scores, [c is not None for c in cached]
 
 
-def _admit(state, num_groups: int, limit: int) -> None:
+def admit(state, num_groups: int, limit: int) -> None:
     """Check ``num_groups`` against ``max_inflight_groups`` (``limit``; 0 = no limit).
 
     Raises:
@@ -221,7 +221,7 @@ async def score_request(
     metrics = app[METRICS_KEY]
     executor = app[EXECUTOR_KEY]
     num_groups = len(request.groups)
-    _admit(state, num_groups, app[CONFIG_KEY].max_inflight_groups)
+    admit(state, num_groups, app[CONFIG_KEY].max_inflight_groups)
     state.admit_groups(num_groups)
     metrics.inflight_groups.inc(num_groups)
     try:

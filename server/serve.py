@@ -17,7 +17,8 @@ from collections.abc import Callable
 from aiohttp import web
 from rmserve.server.app import create_app
 from rmserve.server.config import EngineConfig, ServerConfig
-from rmserve.server.protocol import LoadedModel, RewardEngine
+from rmserve.server.judge_scoring import JudgeSettings
+from rmserve.server.protocol import JudgeEngine, LoadedModel, RewardEngine
 from rmserve.server.render import Renderer
 from rmserve.server.state import STATE_KEY, RendererFactory
 
@@ -82,10 +83,11 @@ def _bound_url(runner: web.AppRunner, config: ServerConfig) -> str:
 
 async def serve_app(
     server_config: ServerConfig,
-    engine: RewardEngine,
+    engine: RewardEngine | JudgeEngine,
     renderer: Renderer | None = None,
     *,
     renderer_factory: RendererFactory | None = None,
+    judge: JudgeSettings | None = None,
     announce: Callable[[str], None] = print,
     stop: asyncio.Event | None = None,
 ) -> int:
@@ -95,7 +97,9 @@ async def serve_app(
         server_config: host, port and limits.
         engine: a not yet started engine; the app starts and shuts it down.
         renderer, renderer_factory: the chat-template renderer for the engine's model, or a
-            factory the app calls once the engine is loaded (see :func:`create_app`).
+            factory the app calls once the engine is loaded (see :func:`create_app`); neither
+            for a judge engine.
+        judge: a judge engine's settings (see :func:`create_app`).
         announce: receives one-line status messages (listening, ready, stopping).
         stop: optional event that stops the server when set (tests); signals always do.
 
@@ -105,7 +109,7 @@ async def serve_app(
         stopped (logged as an error), 2 when the address could not be bound (e.g. the port is
         taken).
     """
-    app = create_app(server_config, engine, renderer, renderer_factory=renderer_factory)
+    app = create_app(server_config, engine, renderer, renderer_factory=renderer_factory, judge=judge)
     runner = web.AppRunner(
         app, handler_cancellation=True, shutdown_timeout=server_config.shutdown_timeout_s, access_log=None
     )
@@ -175,4 +179,7 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig, *, announce:
     from rmserve.server.backends import build_engine
 
     engine = build_engine(engine_config)
+    if engine_config.kind == "judge":  # the judge engine renders its own prompts
+        settings = JudgeSettings.from_engine_config(engine_config)
+        return asyncio.run(serve_app(server_config, engine, judge=settings, announce=announce))
     return asyncio.run(serve_app(server_config, engine, renderer_factory=engine_renderer, announce=announce))

@@ -77,6 +77,8 @@ class EngineState:
         checkpoint_dir: folder of the loaded checkpoint (for the swap's compatibility check,
             and to restore it when a restart on another checkpoint fails); None when the
             model is not a local folder.
+        needs_renderer: False for a generative judge, whose engine renders its own prompts:
+            the state is then ready with no renderer (``renderer`` stays None).
     """
 
     status: str = "loading"
@@ -91,26 +93,29 @@ class EngineState:
     swap_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     restarting: bool = False
     checkpoint_dir: Path | None = None
+    needs_renderer: bool = True
 
     def __post_init__(self) -> None:
         self.scoring_idle.set()
         self.serving.set()
 
     def require_ready(self) -> tuple[ModelInfo, Renderer]:
-        """Model info and renderer; raises :class:`EngineNotReady` unless the engine is ready."""
+        """Model info and renderer (None for a judge, see ``needs_renderer``); raises
+        :class:`EngineNotReady` unless the engine is ready."""
         if self.status == "restoring":
             raise EngineNotReady(
                 "the engine is not ready (status: restoring): a checkpoint reload failed and the previous "
                 "checkpoint's weights are being loaded again; retry later"
             )
-        if self.status != "ready" or self.info is None or self.renderer is None:
+        if self.status != "ready" or self.info is None or (self.renderer is None and self.needs_renderer):
             raise EngineNotReady(f"the engine is not ready (status: {self.status}); retry later")
         return self.info, self.renderer
 
     # --- start-up and cleanup ------------------------------------------------------------
 
-    def publish(self, info: ModelInfo, renderer: Renderer, checkpoint_dir: Path | None) -> None:
-        """The engine has loaded its first model: serve it (status ``ready``)."""
+    def publish(self, info: ModelInfo, renderer: Renderer | None, checkpoint_dir: Path | None) -> None:
+        """The engine has loaded its first model: serve it (status ``ready``); ``renderer``
+        is None only for an engine that renders its own prompts (``needs_renderer`` False)."""
         self.info, self.renderer, self.checkpoint_dir = info, renderer, checkpoint_dir
         self.status = "ready"
 
@@ -196,6 +201,8 @@ class EngineState:
 
 
 CONFIG_KEY = web.AppKey("config", ServerConfig)
+JUDGE_KEY = web.AppKey("judge_settings", object)
+"""The :class:`rmserve.server.judge_scoring.JudgeSettings` of a judge server; None for other kinds."""
 ENGINE_KEY = web.AppKey("engine", RewardEngine)
 RENDERER_FACTORY_KEY = web.AppKey("renderer_factory", object)
 METRICS_KEY: web.AppKey[ServerMetrics] = web.AppKey("metrics")
