@@ -22,7 +22,10 @@ Tables:
   ``server_version``, ``scored_at`` (Unix seconds) and, since version 2, what kind of score the
   rewards are — ``kind`` (``classifier``/``dpo``), ``mode``, ``ref_model``, ``compat`` — and the
   engine's per-response ``extras`` (JSON object, or NULL), copied from the record so they can be
-  queried in SQL.
+  queried in SQL; since version 3, for a generative judge's record, ``judge_protocol`` (the
+  group's protocol, e.g. ``rb2-ranking``) and ``judge_parse_failures`` (its calls whose output
+  gave no verdict or rating), both NULL for other kinds. The judge's calls and texts are in
+  ``record`` (the whole record, read back unchanged).
 - ``checkpoints``: checkpoint folder signature → the fingerprint a server reported for it
   (``signature`` primary key, ``path``, ``fingerprint``, ``model``, ``model_info`` JSON or
   NULL, ``seen_at`` Unix seconds).
@@ -30,7 +33,8 @@ Tables:
   (higher version) is refused with :class:`StoreVersionError`; an older one is migrated when
   opened, in the transaction that reads its version (version 1 → 2: the five columns above are
   added, existing rows get the classifier defaults ``kind='classifier'``, ``compat='none'``,
-  NULL ``mode``/``ref_model``/``extras``, which is what their records say).
+  NULL ``mode``/``ref_model``/``extras``, which is what their records say; version 2 → 3: the two
+  judge columns are added, NULL for existing rows, which held no judge record).
 
 The store location is :func:`default_store_path` (``$RMSERVE_STORE``, else the XDG data
 folder); ``rmserve eval`` / ``rmserve run`` use a store only when given ``--store`` or when
@@ -61,9 +65,10 @@ logger = logging.getLogger("rmserve.client")
 STORE_ENV = "RMSERVE_STORE"
 """Environment variable naming the score store file."""
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of the tables this module writes (``meta.schema_version``): 1 the first layout; 2 adds
-``scores.kind``, ``mode``, ``ref_model``, ``compat`` and ``extras``."""
+``scores.kind``, ``mode``, ``ref_model``, ``compat`` and ``extras``; 3 adds
+``scores.judge_protocol`` and ``judge_parse_failures``."""
 
 BUSY_TIMEOUT_MS = 30_000
 """How long a connection waits for another process's write lock, milliseconds."""
@@ -91,6 +96,8 @@ CREATE TABLE IF NOT EXISTS scores (
     ref_model TEXT,
     compat TEXT NOT NULL DEFAULT 'none',
     extras TEXT,
+    judge_protocol TEXT,
+    judge_parse_failures INTEGER,
     PRIMARY KEY (fingerprint, benchmark, domain, group_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -111,13 +118,17 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE scores ADD COLUMN compat TEXT NOT NULL DEFAULT 'none'",
         "ALTER TABLE scores ADD COLUMN extras TEXT",
     ),
+    2: (
+        "ALTER TABLE scores ADD COLUMN judge_protocol TEXT",
+        "ALTER TABLE scores ADD COLUMN judge_parse_failures INTEGER",
+    ),
 }
 """Version → the statements that bring a store of that version to the next one."""
 
 _INSERT = (
     "INSERT INTO scores (fingerprint, benchmark, domain, group_id, model, num_chosen, rewards, num_tokens, "
-    "num_cached_tokens, record, server_version, scored_at, kind, mode, ref_model, compat, extras) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+    "num_cached_tokens, record, server_version, scored_at, kind, mode, ref_model, compat, extras, judge_protocol, "
+    "judge_parse_failures) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
 )
 _SELECT_REWARDS = "SELECT rewards FROM scores WHERE fingerprint = ? AND benchmark = ? AND domain = ? AND group_id = ?"
 
@@ -202,6 +213,14 @@ def _rewards_json(record: ScoreRecord) -> bytes:
     return _json.encode(record.rewards)
 
 
+def _judge_columns(record: ScoreRecord) -> tuple[str | None, int | None]:
+    """``(judge_protocol, judge_parse_failures)`` of a record: the judge's protocol and how many
+    of its calls gave no verdict or rating; (None, None) without a judge record."""
+    if record.judge is None:
+        return None, None
+    return record.judge.protocol, sum(1 for call in record.judge.calls if not call.parse.ok)
+
+
 def _key_text(fingerprint: str, key: GroupKey) -> str:
     return f"{str(key)!r} (fingerprint {fingerprint!r})"
 
@@ -272,7 +291,7 @@ class ScoreStore:
                         if statement.strip():
                             conn.execute(statement)
                     columns = {info[1] for info in conn.execute("PRAGMA table_info(scores)")}
-                    row = (str(SCHEMA_VERSION if "kind" in columns else 1),)
+                    row = (str(3 if "judge_protocol" in columns else 2 if "kind" in columns else 1),)
                     conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", row)
                 self._migrate(conn, self._check_version(row[0]))
                 conn.execute("COMMIT")
@@ -443,6 +462,7 @@ class ScoreStore:
                         _json.encode(record.num_cached_tokens).decode(), encode(record).decode(), server_version,
                         scored_at, record.kind, record.mode, record.ref_model, record.compat,
                         _json.encode(record.extras).decode() if record.extras is not None else None,
+                        *_judge_columns(record),
                     ),
                 )
                 if cursor.rowcount == 0:  # stored by another process since put()

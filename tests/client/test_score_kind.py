@@ -154,7 +154,7 @@ def _v1_store(path) -> None:
 def test_an_old_store_is_migrated_and_keeps_working(tmp_path):
     path = tmp_path / "old.sqlite"
     _v1_store(path)
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
     with ScoreStore(path) as store:
         assert store.records("fp-a") == [score_record(3)]
         assert store.stored_keys("fp-a") == {score_record(3).key}
@@ -162,9 +162,10 @@ def test_an_old_store_is_migrated_and_keeps_working(tmp_path):
         store.put(_dpo_record(4))
         assert store.records("fp-dpo-ref") == [_dpo_record(4)]
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
-        rows = conn.execute("SELECT group_id, kind, mode, ref_model, compat, extras FROM scores ORDER BY group_id").fetchall()
-    assert rows[0] == ("3", "classifier", None, None, "none", None)
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+        rows = conn.execute("SELECT group_id, kind, mode, ref_model, compat, extras, judge_protocol, "
+                            "judge_parse_failures FROM scores ORDER BY group_id").fetchall()
+    assert rows[0] == ("3", "classifier", None, None, "none", None, None, None)
     assert rows[1][:5] == ("4", "dpo", "reference", "ref-7b", "official")
     with ScoreStore(path) as store:  # opening a migrated store again changes nothing
         assert len(store.records("fp-a")) == 1
@@ -174,9 +175,9 @@ def test_a_store_newer_than_this_rmserve_is_still_refused(tmp_path):
     path = tmp_path / "new.sqlite"
     ScoreStore(path).close()
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+        conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
     conn.close()
-    with pytest.raises(errors.DataError, match=r"version '3' is not one this rmserve reads \(it reads versions 1 to 2\)"):
+    with pytest.raises(errors.DataError, match=r"version '4' is not one this rmserve reads \(it reads versions 1 to 3\)"):
         ScoreStore(path)
 
 
