@@ -359,6 +359,39 @@ def with_engine_options(command: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
+MODEL_HELP_JUDGE_URL = (
+    "May be left out with --kind judge --judge-url URL --judge-model NAME (a judge behind an "
+    "OpenAI-compatible endpoint)."
+)
+"""Help of the MODEL argument of ``serve`` and ``run``."""
+
+
+def model_argument(model: str | None, engine_options: Mapping[str, object]) -> str:
+    """The model a ``serve`` / ``run`` command works on: MODEL, or ``--judge-model`` when MODEL
+    is left out and ``--judge-url`` is given (the engine's ``model`` is then the endpoint's
+    model name).
+
+    Raises:
+        typer.BadParameter: MODEL missing without ``--judge-url``, or with ``--judge-url`` but
+            without ``--judge-model`` (names what to add).
+    """
+    if model is not None:
+        return model
+    if engine_options.get("judge_url") is None:
+        raise typer.BadParameter(
+            "MODEL is missing: give a model folder or hub id (it may be left out only with "
+            "--kind judge --judge-url URL --judge-model NAME)",
+            param_hint="'MODEL'",
+        )
+    judge_model = engine_options.get("judge_model")
+    if not judge_model:
+        raise typer.BadParameter(
+            "MODEL is missing: with --judge-url and no MODEL, --judge-model NAME names the model at the endpoint",
+            param_hint="'MODEL'",
+        )
+    return str(judge_model)
+
+
 # --- admin token ----------------------------------------------------------------------------
 
 ADMIN_TOKEN_ENV = "RMSERVE_ADMIN_TOKEN"

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from rmserve.cli_common import (
+    MODEL_HELP_JUDGE_URL,
     Command,
     EXIT_UNSCORED,
     MaxTokensOpt,
@@ -28,6 +29,7 @@ from rmserve.cli_common import (
     TruncationOpt,
     bad_parameter,
     guarded,
+    model_argument,
     truncation_option,
     QUIET_HELP,
     only_option,
@@ -245,8 +247,10 @@ def eval_command(
 @with_engine_options
 def run_command(
     model_path: Annotated[
-        str, typer.Argument(metavar="MODEL", help="Reward model: local path or hub id.", show_default=False)
-    ],
+        Optional[str],
+        typer.Argument(metavar="MODEL", help=f"Reward model: local path or hub id. {MODEL_HELP_JUDGE_URL}", show_default=False),
+    ] = None,
+    *,
     bench: BenchOpt,
     data: DataOpt,
     out: OutOpt,
@@ -285,7 +289,8 @@ def run_command(
     )
     config = bad_parameter(
         lambda: RunConfig(
-            serve=ServeOptions(model=model_path, engine_options=engine_options, startup_timeout_s=startup_timeout_s),
+            serve=ServeOptions(model=model_argument(model_path, engine_options), engine_options=engine_options,
+                               startup_timeout_s=startup_timeout_s),
             evaluation=evaluation,
         )
     )

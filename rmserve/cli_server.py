@@ -11,7 +11,16 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from rmserve.cli_common import Command, bad_parameter, field_help, read_admin_token, with_default, with_engine_options
+from rmserve.cli_common import (
+    MODEL_HELP_JUDGE_URL,
+    Command,
+    bad_parameter,
+    field_help,
+    model_argument,
+    read_admin_token,
+    with_default,
+    with_engine_options,
+)
 from rmserve.server.config import EngineConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -98,7 +107,12 @@ def _stop_self(server_was_serving: bool) -> None:
 
 @with_engine_options
 def serve_command(
-    model: Annotated[str, typer.Argument(metavar="MODEL", help=field_help(EngineConfig, "model"), show_default=False)],
+    model: Annotated[
+        Optional[str],
+        typer.Argument(metavar="MODEL", help=f"{field_help(EngineConfig, 'model')} {MODEL_HELP_JUDGE_URL}",
+                       show_default=False),
+    ] = None,
+    *,
     engine_options: dict[str, Any],
     host: Annotated[Optional[str], typer.Option("--host", help=_server_help("host"), show_default=False)] = None,
     port: Annotated[Optional[int], typer.Option("--port", help=_server_help("port"), show_default=False)] = None,
@@ -163,7 +177,7 @@ def serve_command(
         raise typer.BadParameter(f"{log_level!r} is not one of {', '.join(LOG_LEVELS)}", param_hint="'--log-level'")
 
     def configs() -> tuple[EngineConfig, ServerConfig]:
-        engine_config = EngineConfig(model=model, **engine_options)
+        engine_config = EngineConfig(model=model_argument(model, engine_options), **engine_options)
         server_config = ServerConfig(
             **_given(
                 host=host,

@@ -386,7 +386,9 @@ def store_signature(config: RunConfig) -> str | None:
     does not), or the folder cannot be hashed (the server will report why). The signature
     covers the dtype the server will compute in (``--dtype``, else its ``auto`` rule).
 
-    For ``--kind dpo`` it is :func:`rmserve.fingerprint.dpo_fingerprint` of the policy's and
+    For ``--kind judge`` it is :func:`rmserve.fingerprint.judge_fingerprint` of the folder's
+    signature and the judge settings. For ``--kind dpo`` it is
+    :func:`rmserve.fingerprint.dpo_fingerprint` of the policy's and
     (with ``--ref-model``) the reference's folder signatures, the reward mode and ``--compat``,
     so it never equals a classifier's signature nor that of another mode, reference or compat;
     None also when the reference is not a local folder, or when the engine options do not
@@ -408,6 +410,8 @@ def store_signature(config: RunConfig) -> str | None:
     policy = _folder_signature(serve.model, dtype)
     if policy is None or (options.get("kind") or "classifier") == "classifier":
         return policy
+    if options.get("kind") == "judge":
+        return _judge_fingerprint(policy, options)
     ref_model, ref_free = options.get("ref_model"), options.get("ref_free")
     if (ref_model is None) == (ref_free is None):
         return None
@@ -416,6 +420,25 @@ def store_signature(config: RunConfig) -> str | None:
         return None
     mode = "reference" if ref_model is not None else str(ref_free)
     return dpo_fingerprint(policy, reference, mode, str(options.get("compat") or "none"))
+
+
+def _judge_fingerprint(model: str, options: Mapping[str, object]) -> str:
+    """:func:`rmserve.fingerprint.judge_fingerprint` of ``model`` (a fingerprint or folder
+    signature) with the judge settings among the engine ``options`` (their defaults otherwise)."""
+    from rmserve.fingerprint import judge_fingerprint
+
+    def option(name: str, default: object) -> object:
+        value = options.get(name)
+        return default if value is None else value
+
+    return judge_fingerprint(
+        model,
+        protocol=str(option("protocol", "auto")),
+        max_tokens=int(option("judge_max_tokens", 2048)),
+        seed=int(option("judge_seed", 0)),
+        compat=str(option("compat", "none")),
+        system_prompt=bool(option("judge_system_prompt", True)),
+    )
 
 
 def _tokenizer_chat_template(folder: Path) -> str | None:
@@ -451,7 +474,9 @@ def local_fingerprint(serve: ServeOptions) -> str | None:
     :func:`rmserve.fingerprint.model_fingerprint` of the checkpoint folder with the chat
     template the server would use (``--chat-template``'s file, else the tokenizer's, read by
     :func:`_tokenizer_chat_template`) and the dtype it would compute in (``--dtype``, else its
-    ``auto`` rule, :func:`rmserve.server.config.resolve_dtype`). For ``--kind dpo`` the
+    ``auto`` rule, :func:`rmserve.server.config.resolve_dtype`). For ``--kind judge`` that
+    fingerprint with the judge settings (:func:`rmserve.fingerprint.judge_fingerprint`, as the
+    server binds them). For ``--kind dpo`` the
     policy's and the reference's fingerprints (same template and dtype) go through
     :func:`rmserve.fingerprint.dpo_fingerprint` with the reward mode and compat mode.
 
@@ -480,6 +505,8 @@ def local_fingerprint(serve: ServeOptions) -> str | None:
         return None
     try:
         policy = model_fingerprint(folder, template, dtype)
+        if options.get("kind") == "judge":
+            return _judge_fingerprint(policy, options)
         if options.get("kind", "classifier") != "dpo":
             return policy
         ref_model = options.get("ref_model")
@@ -517,7 +544,22 @@ def _local_model_info(serve: ServeOptions, fingerprint: str, name: str) -> Model
         fingerprint=fingerprint,
         engine=str(options.get("engine") or "vllm"),
         kind=str(options.get("kind") or "classifier"),
+        **_local_judge_fields(options),
     )
+
+
+def _local_judge_fields(options: Mapping[str, object]) -> dict[str, object]:
+    """For ``--kind judge``, the :class:`ModelInfo` fields a judge server reports from its
+    options (``mode`` = the protocol choice, ``compat``, ``judge_max_tokens``, ``judge_seed``);
+    empty for other kinds."""
+    if options.get("kind") != "judge":
+        return {}
+    return {
+        "mode": str(options.get("protocol") or "auto"),
+        "compat": str(options.get("compat") or "none"),
+        "judge_max_tokens": int(options.get("judge_max_tokens") or 2048),
+        "judge_seed": int(options.get("judge_seed") or 0),
+    }
 
 
 def run(config: RunConfig) -> EvalResult:
