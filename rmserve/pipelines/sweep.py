@@ -673,8 +673,8 @@ class _Sweep:
         logger.error("%s", message)
 
     async def _score_one(self, server: _Server, group: Group, fingerprint: str) -> ScoreRecord:
-        judge = self.kind is not None and self.kind.kind == "judge"
-        reply = await server.client.score([group], truncation=self.config.truncation, judge=judge)
+        judge = {"judge": True} if self.kind is not None and self.kind.kind == "judge" else {}
+        reply = await server.client.score([group], truncation=self.config.truncation, **judge)
         if reply.fingerprint != fingerprint:
             raise errors.FingerprintMismatch(
                 f"{server.url} answered with fingerprint {reply.fingerprint} ({reply.model}), expected {fingerprint}",
