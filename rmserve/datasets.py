@@ -395,6 +395,12 @@ def _rb2_group(record: dict[str, Any], *, path: str, index: int) -> Group:
             path=path, record=index, record_id=record_id, field="subset", value=subset,
         )
     num_correct = _int_field(record, "num_correct", path=path, index=index, record_id=record_id)
+    if "num_incorrect" not in record and "num_rejected" in record:
+        raise DataError(
+            "missing; the RewardBench 2 release schema names the count of rejected answers num_incorrect "
+            "(this record has num_rejected): rename the column",
+            path=path, record=index, record_id=record_id, field="num_incorrect",
+        )
     num_incorrect = _int_field(record, "num_incorrect", path=path, index=index, record_id=record_id)
     if num_correct < 1:
         raise DataError("must be ≥ 1", path=path, record=index, record_id=record_id, field="num_correct", value=num_correct, limit=1)

@@ -158,3 +158,15 @@ def test_judge_url_without_model_serves_the_endpoint_model(tmp_path, monkeypatch
     config = seen["config"]
     assert (config.model, config.judge_model, config.judge_url) == ("gpt-judge", "gpt-judge", "http://127.0.0.1:9/v1")
     assert config.judge_api_key_env == "MY_KEY"
+
+
+def test_a_num_rejected_column_is_named_as_the_release_schema_names_it(tmp_path):
+    from rmserve.errors import DataError
+
+    path = write_rb2_file(tmp_path / "rb2.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[0]["num_rejected"] = rows[0].pop("num_incorrect")
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(DataError, match="names the count of rejected answers num_incorrect") as info:
+        load_rewardbench2(path)
+    assert info.value.field == "num_incorrect"
