@@ -189,7 +189,11 @@ class GroupResult(msgspec.Struct, frozen=True, omit_defaults=True):
     what was read from it, token counts — and the group's score under the protocol (see
     :class:`~rmserve.judge_records.JudgeGroupResult`). ``rewards`` then hold, per response,
     :data:`JUDGE_REWARDS_DOC`. A group the judge could not judge (a prompt over the model's
-    length, a multi-turn conversation) has null rewards, ``errors`` and no ``judge``.
+    length, a multi-turn conversation) has null rewards, ``errors`` and no ``judge``. A judge's
+    ``num_tokens`` / ``num_cached_tokens`` are each response's share of the prompt tokens /
+    prefix-cache hits of the calls showing it (a call's count split evenly over the responses
+    it shows, the remainder one token each to the first shown), so their sums are the calls'
+    totals; generated tokens are per call in ``judge.calls``.
     """
 
     id: str

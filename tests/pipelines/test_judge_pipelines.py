@@ -170,3 +170,33 @@ def test_a_num_rejected_column_is_named_as_the_release_schema_names_it(tmp_path)
     with pytest.raises(DataError, match="names the count of rejected answers num_incorrect") as info:
         load_rewardbench2(path)
     assert info.value.field == "num_incorrect"
+
+
+def test_run_keys_a_judge_by_its_settings(tmp_path):
+    """The store signature and the predicted fingerprint of a judge run bind the folder to the
+    judge settings, as the server does (so a rerun is answered from the file or the store)."""
+    from testkit.records import fake_checkpoint
+
+    from rmserve.client.score_store import checkpoint_signature
+    from rmserve.fingerprint import model_fingerprint
+    from rmserve.pipelines.launch import local_fingerprint, store_signature
+
+    folder = fake_checkpoint(tmp_path / "judge", b"\x03" * 512)
+    template = tmp_path / "template.jinja"
+    template.write_text("{{ messages }}")
+
+    def serve(**options):
+        return ServeOptions(model=str(folder), engine_options={"dtype": "float32", **options})
+
+    def signature(**options):
+        evaluation = EvalConfig(bench="rm-bench", data="d", out_dir=tmp_path / "o", store=tmp_path / "s.sqlite")
+        return store_signature(RunConfig(serve=serve(**options), evaluation=evaluation))
+
+    folder_sig = checkpoint_signature(folder, "float32")
+    assert signature(kind="judge") == judge_fingerprint(folder_sig, protocol="auto", max_tokens=2048, seed=0)
+    assert signature(kind="judge", protocol="ranking", judge_max_tokens=32, judge_seed=2, compat="official",
+                     judge_system_prompt=False) == judge_fingerprint(
+        folder_sig, protocol="ranking", max_tokens=32, seed=2, compat="official", system_prompt=False)
+    predicted = local_fingerprint(serve(kind="judge", judge_max_tokens=32, chat_template=str(template)))
+    model = model_fingerprint(folder, "{{ messages }}", "float32")
+    assert predicted == judge_fingerprint(model, protocol="auto", max_tokens=32, seed=0)
