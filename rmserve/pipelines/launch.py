@@ -381,7 +381,8 @@ def _folder_signature(path: str, dtype: str) -> str | None:
 def store_signature(config: RunConfig) -> str | None:
     """The checkpoint signature ``run`` keys the score store with, or None when it cannot.
 
-    None when the run has no store, the model is not a local folder (a hub id), a chat
+    None when the run has no store, the model is not a local folder (a hub id) or is judged
+    behind ``--judge-url``, a chat
     template override is given (the server's fingerprint then depends on it, the signature
     does not), or the folder cannot be hashed (the server will report why). The signature
     covers the dtype the server will compute in (``--dtype``, else its ``auto`` rule).
@@ -401,8 +402,8 @@ def store_signature(config: RunConfig) -> str | None:
     options = serve.engine_options
     if config.evaluation.store is None or options.get("chat_template") is not None or "--chat-template" in serve.extra_args:
         return None
-    if not Path(serve.model).is_dir():  # a hub id: nothing to hash (and no need to ask torch for the dtype)
-        return None
+    if not Path(serve.model).is_dir() or options.get("judge_url") is not None:
+        return None  # a hub id or a judge behind an endpoint: nothing to hash (and no need to ask torch)
     try:
         dtype = resolve_dtype(str(options.get("dtype") or "auto"))  # the server's rule
     except ImportError:
@@ -481,7 +482,7 @@ def local_fingerprint(serve: ServeOptions) -> str | None:
     :func:`rmserve.fingerprint.dpo_fingerprint` with the reward mode and compat mode.
 
     None when the model (or the DPO reference) is not a local folder (a hub id would need
-    the hub), ``--chat-template`` is passed in ``extra_args``, no template can be read, torch
+    the hub) or a judge runs behind ``--judge-url``, ``--chat-template`` is passed in ``extra_args``, no template can be read, torch
     is needed for ``auto`` and missing, or hashing fails (the server will say why). A value
     that differs from the server's only costs the shortcut: :func:`run` starts the server.
     """
@@ -490,7 +491,7 @@ def local_fingerprint(serve: ServeOptions) -> str | None:
 
     options = serve.engine_options
     folder = Path(serve.model)
-    if "--chat-template" in serve.extra_args or not folder.is_dir():
+    if "--chat-template" in serve.extra_args or not folder.is_dir() or options.get("judge_url") is not None:
         return None
     try:
         dtype = resolve_dtype(str(options.get("dtype") or "auto"))

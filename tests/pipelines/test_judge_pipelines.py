@@ -200,3 +200,19 @@ def test_run_keys_a_judge_by_its_settings(tmp_path):
     predicted = local_fingerprint(serve(kind="judge", judge_max_tokens=32, chat_template=str(template)))
     model = model_fingerprint(folder, "{{ messages }}", "float32")
     assert predicted == judge_fingerprint(model, protocol="auto", max_tokens=32, seed=0)
+
+
+def test_a_judge_behind_an_endpoint_is_never_predicted_from_a_folder(tmp_path):
+    from testkit.records import fake_checkpoint
+
+    from rmserve.pipelines.launch import local_fingerprint, store_signature
+
+    folder = fake_checkpoint(tmp_path / "judge", b"\x03" * 512)
+    (tmp_path / "t.jinja").write_text("{{ messages }}")
+    options = {"dtype": "float32", "kind": "judge", "judge_url": "http://127.0.0.1:9/v1",
+               "chat_template": str(tmp_path / "t.jinja")}
+    serve = ServeOptions(model=str(folder), engine_options=options)
+    assert local_fingerprint(serve) is None
+    evaluation = EvalConfig(bench="rm-bench", data="d", out_dir=tmp_path / "o", store=tmp_path / "s.sqlite")
+    assert store_signature(RunConfig(serve=ServeOptions(model=str(folder), engine_options={
+        "kind": "judge", "judge_url": "http://127.0.0.1:9/v1"}), evaluation=evaluation)) is None
