@@ -424,7 +424,8 @@ async def score_request(
         InvalidRequest: ``truncation`` asked (a judge shows whole answers); a group that
             :func:`rebuild_group` or :meth:`JudgeSettings.check_group` refuses.
         InvalidRequest / Overloaded: admission (``max_inflight_groups``).
-        EngineNotReady / EngineError: from the engine (the whole request fails).
+        EngineNotReady / EngineError: from the engine (the whole request fails), or outputs
+            that do not make valid records (e.g. more cached than prompt tokens).
     """
     if request.truncation is not None:
         raise InvalidRequest(
@@ -452,14 +453,19 @@ async def score_request(
         metrics.inflight_groups.dec(num_groups)
 
     results = []
-    for wire, item in zip(request.groups, items, strict=True):
+    for gi, (wire, item) in enumerate(zip(request.groups, items, strict=True)):
         n = len(wire.responses)
         if item.outputs is None:
             assert item.error is not None
             results.append(unjudged_result(wire.id, n, item.error))
             continue
         assert item.plan is not None
-        judged = score_group(item.group, item.plan, item.outputs, config)
+        try:
+            judged = score_group(item.group, item.plan, item.outputs, config)
+        except ValueError as exc:  # e.g. negative token counts, cached tokens over the prompt's
+            raise EngineError(
+                f"the judge engine's outputs for groups[{gi}] (id {wire.id!r}) cannot be recorded: {exc}"
+            ) from None
         results.append(judge_result(wire.id, judged, n))
         if item.from_cache:
             metrics.result_cache_hits.inc()

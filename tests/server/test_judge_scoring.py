@@ -332,3 +332,21 @@ async def test_checkpoint_swap_is_refused_for_a_judge(make_judge, tmp_path):
 def test_fake_prompt_tokens_rule():
     assert fake_prompt_tokens((Message("user", "abc"),)) == 6
     assert FAKE_JUDGE_MODEL.max_model_len == 100_000
+
+
+async def test_outputs_that_make_no_valid_record_are_an_engine_error(make_judge):
+    class BadCounts(FakeJudgeEngine):
+        async def judge_group(self, calls, request_id):
+            outputs = await super().judge_group(calls, request_id)
+            return [replaced(o, cached_tokens=o.prompt_tokens + 1) for o in outputs]
+
+    client, _ = await make_judge(BadCounts())
+    status, body = await post(client, {"groups": [wire(rb2_group("Math", "1"))]})
+    assert status == 500 and body["error"]["type"] == "engine_error"
+    assert "groups[0] (id 'rewardbench2/Math/1') cannot be recorded: cached_tokens must lie in" in body["error"]["message"]
+
+
+def replaced(output, **changes):
+    import dataclasses
+
+    return dataclasses.replace(output, **changes)
