@@ -152,6 +152,8 @@ def test_judge_url_without_model_serves_the_endpoint_model(tmp_path, monkeypatch
         return 0
 
     monkeypatch.setattr(serve_module, "serve", fake_serve)
+    # no stderr handler left behind on CliRunner's stream for later tests' log records
+    monkeypatch.setattr(serve_module, "configure_logging", lambda level: None)
     res = CliRunner().invoke(app, ["serve", "--kind", "judge", "--judge-url", "http://127.0.0.1:9/v1",
                                    "--judge-model", "gpt-judge", "--judge-api-key-env", "MY_KEY"])
     assert res.exit_code == 0, res.output
