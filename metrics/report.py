@@ -949,21 +949,22 @@ def judge_header(summary: JudgeSummary) -> str:
     """The header line of a judge's table: protocol(s) and the ``--protocol`` choice, compat,
     seed, calls, parse failures and calls cut at ``max_tokens``, and, for rmserve's own
     protocol, that it is not an official one."""
-    protocols = []
-    for p in summary.protocols:
-        protocols.append(f"{p} (rmserve's own protocol, not an official one)" if p in summary.rmserve_protocols else p)
-    plural = "s" if len(protocols) > 1 else ""
-    mode = f" (--protocol {summary.mode})" if summary.mode else ""
+    plural = "s" if len(summary.protocols) > 1 else ""
+    protocol = f"protocol{plural} {', '.join(summary.protocols) or 'none recorded'}"
+    if summary.mode:
+        protocol += f" (--protocol {summary.mode})"
+    if summary.rmserve_protocols:
+        own = ", ".join(summary.rmserve_protocols)
+        protocol += f"; {own} is rmserve's own protocol for RM-Bench, not an official one"
     if summary.seeds:
         seed = f"seed{'s' if len(summary.seeds) > 1 else ''} {', '.join(map(str, summary.seeds))}"
     else:
         seed = "seed: none drawn (only the ranking protocol draws answer positions)"
     rate = f" ({100 * summary.n_failed / summary.n_calls:.1f}%)" if summary.n_calls else ""
     return (
-        f"Judge: protocol{plural} {', '.join(protocols) or 'none recorded'}{mode}; compat "
-        f"{', '.join(summary.compat) or 'not recorded'}; {seed}; {summary.n_calls:,} calls, "
-        f"{summary.n_failed:,} without a verdict or rating{rate}, {summary.n_truncated:,} cut at max_tokens "
-        "(truncated calls count as failures when nothing was read)."
+        f"Judge: {protocol}; compat {', '.join(summary.compat) or 'not recorded'}; {seed}; "
+        f"{summary.n_calls:,} calls, {summary.n_failed:,} without a verdict or rating{rate}, "
+        f"{summary.n_truncated:,} cut at max_tokens (a cut call counts as a failure when nothing was read)."
     )
 
 
@@ -1051,7 +1052,7 @@ def model_label(models: Sequence[tuple[str, str]], *, width: int = 90) -> str:
 def kind_label(kind: ScoreKind | None, reward: str = SCORED_REWARDS) -> str:
     """Which kind of score a figure shows, in words for a plot: ``classifier rewards``, ``DPO
     implicit reward (mode reference, reference 'ref')`` (or the recomputed ``DPO reward avg``),
-    ``generative judge, protocol pairwise (rmserve's own protocol, not an official one)``, or
+    ``generative judge (--protocol pairwise, compat none)``, or
     ``kind of score not recorded`` (official result files)."""
     if reward.startswith("dpo:"):
         return f"DPO reward {reward.removeprefix('dpo:')} (recomputed from the extras)"
@@ -1066,8 +1067,8 @@ def kind_label(kind: ScoreKind | None, reward: str = SCORED_REWARDS) -> str:
         parts.append(f"compat {kind.compat}")
         return f"DPO implicit reward ({', '.join(parts)})"
     if kind.kind == JUDGE_KIND:
-        mode = f", --protocol {kind.mode}" if kind.mode else ""
-        return f"generative judge (compat {kind.compat}{mode})"
+        mode = f"--protocol {kind.mode}, " if kind.mode else ""
+        return f"generative judge ({mode}compat {kind.compat})"
     return kind.describe()
 
 
