@@ -41,6 +41,15 @@ score the records hold (``score_kind``: classifier, or DPO with its mode, refere
 None for the official formats, which do not say). Score records of one score set must agree on
 it.
 
+Generative judges: score records of kind ``judge`` carry the judge's record of the group
+(``judge``, a :class:`~rmserve.judge_records.JudgeGroupResult`), collected per row into the
+score set's ``judge`` column; the figures come from it (:mod:`rmserve.metrics.judge`). A
+judge record must name its own group and ``num_chosen`` and use a protocol of that benchmark
+and subset; a judge's score record without one must carry ``errors`` (the judge could not take
+the group) and is counted as an unscored group. Judge records cannot share a score set with
+records of another kind (classifier, DPO) or with the official result formats: the error
+names the record and says so; ``dpo_reward`` does not apply to them.
+
 DPO rewards: with ``dpo_reward`` (``avg``, ``sum``, ``norm`` or ``reference``) the rewards of
 ``score-records`` are recomputed from each record's ``extras`` by
 :func:`rmserve.metrics.dpo.dpo_rewards` instead of taken from ``rewards`` (a response without a

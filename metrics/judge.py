@@ -18,6 +18,14 @@ safety pooling and the overall figures are the classifier path's
 (:mod:`rmserve.metrics.rmbench`). Fed 0/1 cells equal to the classifier win indicators it gives
 exactly :func:`rmserve.metrics.rmbench.rmbench_accuracy`.
 
+Both paths share one assembly: :func:`rmserve.metrics.rmbench.rmbench_from_parts` (domain
+pooling, :class:`~rmserve.metrics.rmbench.DomainAccuracy`) and
+:func:`rmserve.metrics.rewardbench2.rb2_from_parts` (per-subset means, ``RB2Result``); the
+bootstrap resamples the same strata (:func:`rb2_judge_strata`, :func:`rmbench_judge_strata`).
+A group the judge could not take (no judge record: null rewards and errors in its score
+record) is counted exactly as the classifier path counts a group without rewards: credit 0
+outside Ties, all-NaN rewards in Ties, every RM-Bench cell lost, and in ``n_nan_groups``.
+
 Parse failures (:func:`parse_failure_rates`): per (benchmark, subset or domain), the share of
 judge calls whose output gave no verdict or rating, with the calls cut at ``max_tokens`` and the
 failure reasons counted. Direction: lower is better.

@@ -10,6 +10,13 @@ Library entry points (what ``rmserve metrics`` and ``rmserve eval`` call):
 * :func:`compare_files` → :class:`Comparison` (paired B − A), rendered by
   :func:`render_comparison` / :func:`comparison_dict`.
 
+Score records of a generative judge (kind ``judge``) are evaluated from their verdicts
+(:mod:`rmserve.metrics.judge`), never from their per-response rewards: the same figures and
+bootstrap strata as the classifier path, plus a :class:`JudgeReport` (protocols, compat,
+seeds, calls cut at ``max_tokens``, parse failures per subset / domain) that the table, the
+JSON and the heatmaps show. A group the judge could not take is counted as a classifier's
+unscored group (``n_nan_groups``).
+
 Tables follow the leaderboard column order and show percent with one decimal; the JSON
 holds fractions at full precision. matplotlib is imported only when plotting.
 """
@@ -1188,6 +1195,8 @@ def write_outputs(evaluation: Evaluation, out_dir: str | Path) -> list[Path]:
 __all__ = [
     "Comparison",
     "Evaluation",
+    "JUDGE_VERDICTS",
+    "JudgeReport",
     "MetricsConfig",
     "REPORT_DOMAINS",
     "compare_files",

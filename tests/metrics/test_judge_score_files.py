@@ -360,3 +360,40 @@ def test_sweep_curves_name_the_kind_of_score():
                          records={"rm-bench": [dpo]})]
     fig = curve_figure(points, evaluations, "rm-bench", "overall.score")
     assert "DPO implicit reward (mode avg, compat none)" in fig.axes[0].get_title()
+
+
+def ranking_record(id: str, credit: float, verdict: str | None, position: int, seed: int) -> ScoreRecord:
+    reason = "ok" if verdict else "no_verdict"
+    judge = JudgeGroupResult(
+        benchmark="rewardbench2", domain="Math", id=id, protocol="rb2-ranking", compat="official", num_chosen=1,
+        calls=(call("rb2-ranking", reason, verdict=verdict),), credit=credit, position=position, seed=seed,
+    )
+    record = judge_record("rewardbench2", "Math", id, 1, 4, judge, mode="auto", rewards=(0.0, 1.0, 0.0, 0.0))
+    return msgspec.structs.replace(record, compat="official")
+
+
+def test_ranking_protocol_header_names_seed_and_compat():
+    # Math credits 1 (verdict names the correct answer), 0 (another), 0.25 (no verdict) -> 1.25 / 3.
+    records = [
+        ranking_record("0", 1.0, "C", 2, 7),
+        ranking_record("1", 0.0, "A", 3, 7),
+        ranking_record("2", 0.25, None, 0, 7),
+    ]
+    evaluation = evaluate_records(records, MetricsConfig(resamples=0))
+    assert evaluation.result.subset("Math").score == pytest.approx(1.25 / 3, abs=1e-15)
+    table = render_markdown(evaluation)
+    assert "Judge: protocol rb2-ranking (--protocol auto); compat official; seed 7; 3 calls, 1 without a verdict" in table
+    assert "| Math | 3 | 41.7 | — | 33.3% (1/3) | 0 |" in table
+
+
+def test_judge_heatmap_fits_its_canvas_with_a_long_model_name():
+    records = [msgspec.structs.replace(r, model="an-organisation-with-a-long-name/Judge-Model-V2-70B-instruct")
+               for r in rmbench_records()]
+    evaluation = evaluate_records(records, MetricsConfig(resamples=0))
+    fig = heatmap_figure(evaluation.result.domain("chat"), evaluation.models, kind=evaluation.score_kind,
+                         reward=evaluation.reward)
+    fig.canvas.draw()
+    width, height = fig.canvas.get_width_height()
+    for text in (fig.axes[0].title, fig._supxlabel):
+        box = text.get_window_extent(fig.canvas.get_renderer())
+        assert -1.0 <= box.x0 and box.x1 <= width + 1.0 and -1.0 <= box.y0 and box.y1 <= height + 1.0, text.get_text()
