@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -349,7 +349,9 @@ def judge_parse_failures(results: Sequence[JudgeGroupResult]) -> tuple[ParseFail
 
 
 def rb2_judge_arrays(results: Sequence[JudgeGroupResult]) -> RB2JudgeArrays:
-    """Arrays for :func:`rewardbench2_judge_scores` from RewardBench 2 judge records.
+    """Arrays for :func:`rewardbench2_judge_scores` from RewardBench 2 judge records alone
+    (:func:`rb2_judge_rows` with each record's own key; a record without ratings gets the
+    widest row's length).
 
     Raises:
         ValueError: no records, a record of another benchmark, a non-Ties record without
@@ -357,35 +359,18 @@ def rb2_judge_arrays(results: Sequence[JudgeGroupResult]) -> RB2JudgeArrays:
     """
     if not results:
         raise ValueError("no judge results")
-    n = len(results)
-    width = max(len(r.ratings) if r.ratings is not None else r.num_chosen + 1 for r in results)
-    credit = np.full(n, np.nan)
-    ratings = np.full((n, width), np.nan)
-    lengths = np.zeros(n, dtype=np.int64)
-    for k, r in enumerate(results):
-        where = f"{r.benchmark}/{r.domain}/{r.id}"
+    for r in results:
         if r.benchmark != "rewardbench2":
-            raise ValueError(f"{where}: not a RewardBench 2 record")
-        if r.domain == TIES:
-            if r.ratings is None:
-                raise ValueError(f"{where}: a Ties record needs ratings (protocol {r.protocol})")
-        elif r.credit is None:
-            raise ValueError(f"{where}: a non-Ties record needs a credit (protocol {r.protocol})")
-        if r.credit is not None:
-            credit[k] = r.credit
-        if r.ratings is not None:
-            lengths[k] = len(r.ratings)
-            ratings[k, : len(r.ratings)] = [np.nan if x is None else x for x in r.ratings]
-        else:
-            lengths[k] = width
-    return RB2JudgeArrays(
-        credit=credit,
-        ratings=ratings,
-        lengths=lengths,
-        num_correct=np.array([r.num_chosen for r in results], dtype=np.int64),
-        subsets=np.array([r.domain for r in results]),
-        ids=np.array([r.id for r in results]),
+            raise ValueError(f"{r.benchmark}/{r.domain}/{r.id}: not a RewardBench 2 record")
+    width = max(len(r.ratings) if r.ratings is not None else r.num_chosen + 1 for r in results)
+    arrays = rb2_judge_rows(
+        results,
+        np.array([len(r.ratings) if r.ratings is not None else width for r in results], dtype=np.int64),
+        np.array([r.num_chosen for r in results], dtype=np.int64),
+        np.array([r.domain for r in results]),
+        np.array([r.id for r in results]),
     )
+    return replace(arrays, unscored=None)
 
 
 def rewardbench2_from_judge(results: Sequence[JudgeGroupResult]) -> RB2Result:
@@ -396,18 +381,17 @@ def rewardbench2_from_judge(results: Sequence[JudgeGroupResult]) -> RB2Result:
 
 
 def rmbench_from_judge(results: Sequence[JudgeGroupResult]) -> RMBenchResult:
-    """RM-Bench figures of ``rmbench-pairwise`` judge records (:func:`rmbench_judge_accuracy`).
+    """RM-Bench figures of ``rmbench-pairwise`` judge records (:func:`rmbench_judge_rows`, then
+    :func:`rmbench_judge_accuracy`).
 
     Raises:
         ValueError: no records, or a record without ``cells`` (the group is named).
     """
     if not results:
         raise ValueError("no judge results")
-    for r in results:
-        if r.cells is None:
-            raise ValueError(f"{r.benchmark}/{r.domain}/{r.id}: no pairwise cells (protocol {r.protocol})")
-    cells = np.array([r.cells for r in results], dtype=np.float64)
-    return rmbench_judge_accuracy(cells, np.array([r.domain for r in results]))
+    domains = np.array([r.domain for r in results])
+    cells, _ = rmbench_judge_rows(results, domains, np.array([r.id for r in results]))
+    return rmbench_judge_accuracy(cells, domains)
 
 
 def rb2_judge_rows(

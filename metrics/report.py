@@ -239,7 +239,9 @@ class Comparison:
         warnings: the readers' warnings for A then B (e.g. a dropped torn last line).
         score_kind_a, score_kind_b: what kind of score each side's records hold (None for
             official result files).
-        reward: the reward both sides' figures use (see :attr:`Evaluation.reward`).
+        reward: the reward A's figures use (see :attr:`Evaluation.reward`; a generative
+            judge's side uses :data:`JUDGE_VERDICTS`).
+        reward_b: B's, when it differs from A's (a classifier against a judge); else None.
         notes: what the reader of the table must know, one sentence each: groups or domains
             present on one side only (the comparison is then partial), and A and B being
             the same model (same fingerprint) or holding identical scores.
@@ -258,6 +260,7 @@ class Comparison:
     reward: str = SCORED_REWARDS
     notes: tuple[str, ...] = ()
     partial: bool = False
+    reward_b: str | None = None
 
 
 # --- evaluation -------------------------------------------------------------------------
@@ -524,8 +527,14 @@ def compare_scores(
         warnings=a.warnings + b.warnings,
         score_kind_a=a.score_kind,
         score_kind_b=b.score_kind,
-        reward=a.reward,
+        reward=_set_reward(a),
+        reward_b=_set_reward(b) if _set_reward(b) != _set_reward(a) else None,
     )
+
+
+def _set_reward(scores: ScoreSet) -> str:
+    """The reward a score set's figures use (:data:`JUDGE_VERDICTS` for a judge's)."""
+    return JUDGE_VERDICTS if scores.judge is not None else scores.reward
 
 
 def _strata(scores: ScoreSet) -> tuple[list[str], list[np.ndarray]]:
@@ -789,7 +798,8 @@ def result_dict(evaluation: Evaluation) -> dict[str, Any]:
 
 def comparison_dict(comparison: Comparison) -> dict[str, Any]:
     """The JSON form of a comparison: ``score_kind_a``/``score_kind_b`` and ``reward`` (as in
-    :func:`result_dict`), ``warnings`` and, per figure, ``a``, ``b``, ``difference`` (B − A),
+    :func:`result_dict`; also ``reward_b`` when B's differs from A's, e.g. a judge against a
+    classifier), ``warnings`` and, per figure, ``a``, ``b``, ``difference`` (B − A),
     ``interval`` and ``excludes_zero``; fractions at full precision."""
     return {
         "benchmark": comparison.benchmark,
@@ -799,6 +809,7 @@ def comparison_dict(comparison: Comparison) -> dict[str, Any]:
         "score_kind_a": _score_kind_dict(comparison.score_kind_a),
         "score_kind_b": _score_kind_dict(comparison.score_kind_b),
         "reward": _reward_dict(comparison.reward),
+        **({"reward_b": _reward_dict(comparison.reward_b)} if comparison.reward_b is not None else {}),
         "warnings": list(comparison.warnings),
         "notes": list(comparison.notes),
         "partial": comparison.partial,
@@ -995,7 +1006,9 @@ def render_comparison(comparison: Comparison) -> str:
         "",
         f"A: {', '.join(comparison.files_a)} ({_kind_text(comparison.score_kind_a)})  ",
         f"B: {', '.join(comparison.files_b)} ({_kind_text(comparison.score_kind_b)})  ",
-        f"Reward: {reward_text(comparison.reward)}.",
+        f"Reward: {reward_text(comparison.reward)}."
+        if comparison.reward_b is None
+        else f"Reward: A {reward_text(comparison.reward)}; B {reward_text(comparison.reward_b)}.",
         "",
         *(f"Warning: {w}" for w in comparison.warnings),
         *([""] if comparison.warnings else []),

@@ -17,9 +17,11 @@ import pytest
 from rmserve.metrics.report import (
     MetricsConfig,
     compare_files,
+    comparison_dict,
     evaluate_files,
     evaluate_records,
     heatmap_figure,
+    render_comparison,
     render_markdown,
     result_dict,
     write_outputs,
@@ -338,6 +340,9 @@ def test_compare_a_classifier_with_a_judge_over_the_same_groups(tmp_path):
     assert by_name["overall.score"].b == pytest.approx(19 / 72, abs=1e-15)
     assert by_name["chat.hard"].difference == pytest.approx(1 / 6 - 1, abs=1e-15)
     assert comparison.score_kind_b == ScoreKind(kind="judge", mode="pairwise")
+    assert (comparison.reward, comparison.reward_b) == ("rewards", "judge-verdicts")
+    assert "Reward: A rewards as scored; B figures from the judge's verdicts" in render_comparison(comparison)
+    assert comparison_dict(comparison)["reward_b"] == {"name": "judge-verdicts", "formula": None}
 
 
 def test_write_outputs_of_a_rewardbench2_judge(tmp_path):
