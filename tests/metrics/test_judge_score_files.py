@@ -402,3 +402,30 @@ def test_judge_heatmap_fits_its_canvas_with_a_long_model_name():
     for text in (fig.axes[0].title, fig._supxlabel):
         box = text.get_window_extent(fig.canvas.get_renderer())
         assert -1.0 <= box.x0 and box.x1 <= width + 1.0 and -1.0 <= box.y0 and box.y1 <= height + 1.0, text.get_text()
+
+
+def test_the_run_pipeline_reports_a_judge_score_file(tmp_path):
+    """``rmserve run``'s report of a finished score file (the pipelines' metrics entry) on judge records."""
+    from rmserve.pipelines.evaluate import EvalConfig, evaluate_from_file
+    from rmserve.schema import ModelInfo
+    from testkit.servers import write_rmbench_data
+
+    data = write_rmbench_data(tmp_path / "data.jsonl", n_chat=2, n_code=1)
+    out = tmp_path / "run"
+    out.mkdir()
+    chat = [msgspec.structs.replace(r, fingerprint="fp-judge") for r in rmbench_records()[:2]]
+    # code/0: the judge could not take it (null rewards, errors): counted as every comparison lost.
+    code = msgspec.structs.replace(judge_record("rm-bench", "code", "0", 3, 6, None, mode="pairwise"), fingerprint="fp-judge")
+    write_jsonl(out / "scores.jsonl", [*chat, code])
+    info = ModelInfo(name="judge-lm", max_model_len=4096, dtype="float32", fingerprint="fp-judge", engine="vllm",
+                     kind="judge", mode="pairwise")
+    config = EvalConfig(bench="rm-bench", data=str(data), out_dir=out, resamples=0, quiet=True)
+    result = evaluate_from_file(config, "fp-judge", lambda name: info)
+    assert result is not None
+    # chat as hand-worked above (19/36); code 0 -> overall score (19/36 + 0) / 2 = 19/72.
+    assert result.results["overall"]["score"] == pytest.approx(19 / 72, abs=1e-15)
+    assert result.results["domains"]["code"]["n_nan_groups"] == 1
+    assert result.unscored.keys == ("rm-bench/code/0",)
+    assert "| Parse failures (%) | 5.6 (2/36) | — | — | — |  |  |  | 5.6 (2/36) |" in result.table_md
+    assert "rmbench-pairwise is rmserve's own protocol for RM-Bench, not an official one" in result.table_md
+    assert (out / "heatmap-chat.png").is_file() and (out / "table.md").read_text() == result.table_md
