@@ -518,7 +518,9 @@ def _check_score_kind(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
     """The record's kind of score must be the one of the score set's first record."""
     kind = record.score_kind
     if record.kind != JUDGE_KIND and record.judge is not None:
-        raise where.error(f"a judge record in a score record of kind {record.kind!r}; only kind 'judge' has one", "judge")
+        raise where.error(
+            f"a judge record in a score record of kind {record.kind!r}; only kind 'judge' has one", "judge"
+        )
     if rows.score_kind is None:
         if record.kind == JUDGE_KIND and rows.ids:
             raise where.error(
@@ -536,7 +538,7 @@ def _check_score_kind(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
             )
         rows.score_kind, rows.kind_where = kind, where
         return
-    if kind != rows.score_kind and JUDGE_KIND in (kind.kind, rows.score_kind.kind) and kind.kind != rows.score_kind.kind:
+    if kind.kind != rows.score_kind.kind and JUDGE_KIND in (kind.kind, rows.score_kind.kind):
         assert rows.kind_where is not None
         raise where.error(
             f"mixed kinds of score: this record is {kind.describe()}, {rows.kind_where.describe()} is "

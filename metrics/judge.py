@@ -221,7 +221,9 @@ def rb2_judge_strata(
     return names, strata
 
 
-def _judge_cells(cells: np.ndarray, domains: np.ndarray, unscored: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _judge_cells(
+    cells: np.ndarray, domains: np.ndarray, unscored: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Validated ``(n, 3, 3)`` cells (0 on unscored rows), domain codes and the unscored mask."""
     cells = np.asarray(cells, dtype=np.float64)
     domains = np.asarray(domains)

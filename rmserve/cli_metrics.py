@@ -4,7 +4,9 @@ Each command parses its options into a :class:`rmserve.metrics.report.MetricsCon
 one library function and renders the result (Markdown on stdout, or JSON with ``--json``).
 Score records of a generative judge are evaluated from their verdicts, with parse-failure
 rates in the tables (:mod:`rmserve.metrics.judge`); records of different kinds of score in
-one score set are bad input. Exit codes follow :mod:`rmserve.cli_common`: a :class:`rmserve.errors.DataError` in the score
+one score set are bad input.
+
+Exit codes follow :mod:`rmserve.cli_common`: a :class:`rmserve.errors.DataError` in the score
 files ends the command with exit code 2 and one line on stderr naming file, line and field.
 """
 

@@ -203,7 +203,8 @@ def pairwise_calls(n_failed: int, n_cut_failed: int, n_cut_ok: int) -> tuple[Jud
 
 def rmbench_records() -> list[ScoreRecord]:
     records = []
-    for id, cells, calls in (("0", CHAT_CELLS["0"], pairwise_calls(2, 1, 1)), ("1", CHAT_CELLS["1"], pairwise_calls(0, 0, 0))):
+    for id, calls in (("0", pairwise_calls(2, 1, 1)), ("1", pairwise_calls(0, 0, 0))):
+        cells = CHAT_CELLS[id]
         judge = JudgeGroupResult(
             benchmark="rm-bench", domain="chat", id=id, protocol="rmbench-pairwise", compat="none", num_chosen=3,
             calls=calls, cells=cells,
@@ -387,7 +388,9 @@ def test_ranking_protocol_header_names_seed_and_compat():
     evaluation = evaluate_records(records, MetricsConfig(resamples=0))
     assert evaluation.result.subset("Math").score == pytest.approx(1.25 / 3, abs=1e-15)
     table = render_markdown(evaluation)
-    assert "Judge: protocol rb2-ranking (--protocol auto); compat official; seed 7; 3 calls, 1 without a verdict" in table
+    assert (
+        "Judge: protocol rb2-ranking (--protocol auto); compat official; seed 7; 3 calls, 1 without a verdict"
+    ) in table
     assert "| Math | 3 | 41.7 | — | 33.3% (1/3) | 0 |" in table
 
 
@@ -415,7 +418,8 @@ def test_the_run_pipeline_reports_a_judge_score_file(tmp_path):
     out.mkdir()
     chat = [msgspec.structs.replace(r, fingerprint="fp-judge") for r in rmbench_records()[:2]]
     # code/0: the judge could not take it (null rewards, errors): counted as every comparison lost.
-    code = msgspec.structs.replace(judge_record("rm-bench", "code", "0", 3, 6, None, mode="pairwise"), fingerprint="fp-judge")
+    code = judge_record("rm-bench", "code", "0", 3, 6, None, mode="pairwise")
+    code = msgspec.structs.replace(code, fingerprint="fp-judge")
     write_jsonl(out / "scores.jsonl", [*chat, code])
     info = ModelInfo(name="judge-lm", max_model_len=4096, dtype="float32", fingerprint="fp-judge", engine="vllm",
                      kind="judge", mode="pairwise")
