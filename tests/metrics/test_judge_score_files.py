@@ -227,7 +227,7 @@ def test_rmbench_pairwise_figures_and_unscored_group():
     )
 
 
-def test_rmbench_table_says_the_protocol_is_rmservés_own():
+def test_rmbench_table_says_the_protocol_is_rmserve_own():
     evaluation = evaluate_records(rmbench_records(), MetricsConfig(resamples=0))
     table = render_markdown(evaluation)
     # chat: 2 failed of 36 calls (5.6 %), 2 cut (1 failed, 1 with a verdict); safety: no calls made.
