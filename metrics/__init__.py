@@ -2,6 +2,7 @@
 
 Modules: :mod:`~rmserve.metrics.rmbench` and :mod:`~rmserve.metrics.rewardbench2` (pure array
 functions), :mod:`~rmserve.metrics.dpo` (DPO rewards recomputed from a score file's extras),
+:mod:`~rmserve.metrics.judge` (figures and parse failures of a generative judge's verdicts),
 :mod:`~rmserve.metrics.bootstrap` (intervals and paired comparisons),
 :mod:`~rmserve.metrics.inputs` (score-file readers), :mod:`~rmserve.metrics.report` (tables,
 JSON, heatmaps and the :func:`~rmserve.metrics.report.evaluate_files` entry point).

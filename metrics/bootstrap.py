@@ -386,6 +386,63 @@ def paired_rb2(
     return _paired(strata_a, strata_b, figures, config)
 
 
+# --- any kind of score, from its strata ------------------------------------------------
+
+
+def _figure_fn(benchmark: str, names: list[str], strata: Sequence[np.ndarray]):
+    sizes = [np.shape(s)[0] for s in strata]
+    if benchmark == "rm-bench":
+        return _rmbench_figure_fn(names, sizes)
+    return _rb2_figure_fn(names, sizes)
+
+
+def strata_intervals(
+    benchmark: str, names: list[str], strata: Sequence[np.ndarray], config: BootstrapConfig
+) -> dict[str, Interval]:
+    """Percentile interval of every figure from a score set's strata, whatever scored it.
+
+    Args:
+        benchmark: ``rm-bench`` or ``rewardbench2``.
+        names: the strata names: RM-Bench source domains, or RewardBench 2 subsets, in the
+            order of :data:`rmserve.schema.RMBENCH_DOMAINS` / :data:`rmserve.schema.RB2_SUBSETS`.
+        strata: per name the per-unit values: RM-Bench ``(n_s, 4)`` hard / normal / easy /
+            score shares; RewardBench 2 ``(n_s, 1)`` credits, Ties ``(P, 8)`` per-prompt sums.
+            (A generative judge's strata come from :mod:`rmserve.metrics.judge`.)
+        config: resampling settings.
+
+    Returns:
+        Figure name → interval, names as :func:`rmbench_draws` / :func:`rb2_draws`.
+    """
+    figures = _figure_fn(benchmark, names, strata)
+    return _intervals(figures(stratum_sums(strata, config)), config.confidence)
+
+
+def score_strata(benchmark: str, *arrays: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
+    """The strata of a reward-scored set: RM-Bench ``(rewards, domains)``, RewardBench 2
+    ``(scores, lengths, num_correct, subsets, ids)``."""
+    if benchmark == "rm-bench":
+        return _rmbench_strata(*arrays)
+    return _rb2_strata(*arrays)
+
+
+def paired_strata(
+    benchmark: str,
+    names: list[str],
+    strata_a: Sequence[np.ndarray],
+    strata_b: Sequence[np.ndarray],
+    config: BootstrapConfig,
+) -> dict[str, PairedFigure]:
+    """Paired comparison B − A from both sides' strata over the same, row-aligned groups (each
+    side may come from rewards or from a judge's verdicts; see :func:`strata_intervals`).
+
+    Raises:
+        ValueError: strata of different sizes on the two sides.
+    """
+    if [np.shape(a)[0] for a in strata_a] != [np.shape(b)[0] for b in strata_b]:
+        raise ValueError("A and B strata must have the same units")
+    return _paired(strata_a, strata_b, _figure_fn(benchmark, names, strata_a), config)
+
+
 # --- pairing ----------------------------------------------------------------------------
 
 

@@ -41,6 +41,15 @@ score the records hold (``score_kind``: classifier, or DPO with its mode, refere
 None for the official formats, which do not say). Score records of one score set must agree on
 it.
 
+Generative judges: score records of kind ``judge`` carry the judge's record of the group
+(``judge``, a :class:`~rmserve.judge_records.JudgeGroupResult`), collected per row into the
+score set's ``judge`` column; the figures come from it (:mod:`rmserve.metrics.judge`). A
+judge record must name its own group and ``num_chosen`` and use a protocol of that benchmark
+and subset; a judge's score record without one must carry ``errors`` (the judge could not take
+the group) and is counted as an unscored group. Judge records cannot share a score set with
+records of another kind (classifier, DPO) or with the official result formats: the error
+names the record and says so; ``dpo_reward`` does not apply to them.
+
 DPO rewards: with ``dpo_reward`` (``avg``, ``sum``, ``norm`` or ``reference``) the rewards of
 ``score-records`` are recomputed from each record's ``extras`` by
 :func:`rmserve.metrics.dpo.dpo_rewards` instead of taken from ``rewards`` (a response without a
@@ -65,7 +74,11 @@ from rmserve.datasets import RB2_TIES_ID, TornLine, loads_json, strip_bom
 from rmserve.errors import DataError, field_path, validation_reason
 from rmserve.metrics.dpo import DPO_EXTRAS_NEEDED, DPO_REWARD_FORMULAS, DPO_REWARDS, dpo_rewards
 from rmserve.metrics.rewardbench2 import TIES
+from rmserve.judge_records import JudgeGroupResult
 from rmserve.schema import BENCHMARKS, RB2_SUBSETS, RMBENCH_DOMAINS, RMBENCH_STYLES, ScoreKind, ScoreRecord
+
+JUDGE_KIND = "judge"
+"""``ScoreRecord.kind`` of a generative judge's records."""
 
 FORMATS: tuple[str, ...] = ("score-records", "rm-bench-results", "rewardbench2-items")
 """Score-file formats, in detection order."""
@@ -106,6 +119,11 @@ class RMBenchScores:
         models: the distinct ``(model name, fingerprint)`` pairs of the score records, in
             order of first appearance; empty when the files do not record them (official
             result files).
+        judge: for score records of kind ``judge``, an ``(n,)`` object array, read-only: per
+            group its :class:`~rmserve.judge_records.JudgeGroupResult`, None where the judge
+            could not take the group (null rewards and errors); the figures are computed from
+            these (:mod:`rmserve.metrics.judge`), never from ``rewards``. None for every other
+            kind of score.
     """
 
     benchmark: ClassVar[str] = "rm-bench"
@@ -117,6 +135,7 @@ class RMBenchScores:
     score_kind: ScoreKind | None = None
     reward: str = SCORED_REWARDS
     models: tuple[tuple[str, str], ...] = field(default=())
+    judge: np.ndarray | None = None
 
     @property
     def n_groups(self) -> int:
@@ -137,6 +156,7 @@ class RMBenchScores:
             score_kind=self.score_kind,
             reward=self.reward,
             models=self.models,
+            judge=None if self.judge is None else _frozen(self.judge[order]),
         )
 
 
@@ -156,6 +176,7 @@ class RB2Scores:
             line, ids repeated outside Ties), one sentence each.
         score_kind, reward: as for :class:`RMBenchScores`.
         models: as :attr:`RMBenchScores.models`.
+        judge: as :attr:`RMBenchScores.judge`.
     """
 
     benchmark: ClassVar[str] = "rewardbench2"
@@ -169,6 +190,7 @@ class RB2Scores:
     score_kind: ScoreKind | None = None
     reward: str = SCORED_REWARDS
     models: tuple[tuple[str, str], ...] = field(default=())
+    judge: np.ndarray | None = None
 
     @property
     def n_groups(self) -> int:
@@ -191,6 +213,7 @@ class RB2Scores:
             score_kind=self.score_kind,
             reward=self.reward,
             models=self.models,
+            judge=None if self.judge is None else _frozen(self.judge[order]),
         )
 
 
@@ -265,6 +288,8 @@ class _Rows:
     """Where the first score record (whose ``score_kind`` the others must share) was read."""
     models: dict[tuple[str, str], None] = field(default_factory=dict)
     """The distinct (model name, fingerprint) pairs of score records, in order of first appearance."""
+    judge: list[JudgeGroupResult | None] = field(default_factory=list)
+    """Per row its judge record (score records of kind ``judge``; None elsewhere)."""
 
 
 @dataclass(frozen=True)
@@ -468,6 +493,7 @@ def _add(rows: _Rows, domain: str, record_id: str, rewards: list[float], num_cor
     rows.ids.append(record_id)
     rows.rewards.append(rewards)
     rows.num_correct.append(num_correct)
+    rows.judge.append(None)
 
 
 MAX_NAMED_KEYS = 20
@@ -491,9 +517,36 @@ def _repeated_keys_warning(path: str, repeated: Sequence[tuple[str, str, _Where,
 def _check_score_kind(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
     """The record's kind of score must be the one of the score set's first record."""
     kind = record.score_kind
+    if record.kind != JUDGE_KIND and record.judge is not None:
+        raise where.error(
+            f"a judge record in a score record of kind {record.kind!r}; only kind 'judge' has one", "judge"
+        )
     if rows.score_kind is None:
+        if record.kind == JUDGE_KIND and rows.ids:
+            raise where.error(
+                f"judge score records cannot be mixed with official result records ({rows.first_file}): a judge's "
+                "figures come from its verdicts, the others' from rewards; give files of one kind of score",
+                "kind",
+                value=record.kind,
+            )
+        if record.kind == JUDGE_KIND and rows.dpo_reward is not None:
+            raise where.error(
+                f"--dpo-reward {rows.dpo_reward} recomputes a DPO run's rewards; these are a generative judge's "
+                "scores, whose figures come from its verdicts",
+                "kind",
+                value=record.kind,
+            )
         rows.score_kind, rows.kind_where = kind, where
         return
+    if kind.kind != rows.score_kind.kind and JUDGE_KIND in (kind.kind, rows.score_kind.kind):
+        assert rows.kind_where is not None
+        raise where.error(
+            f"mixed kinds of score: this record is {kind.describe()}, {rows.kind_where.describe()} is "
+            f"{rows.score_kind.describe()}; a judge's figures come from its verdicts and the others' from rewards, "
+            "so one score set holds one kind: give the judge's score files on their own",
+            "kind",
+            value=kind.kind,
+        )
     if kind != rows.score_kind:
         assert rows.kind_where is not None
         name = next(
@@ -574,8 +627,51 @@ def _score_record(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
         _rmbench_row(rows, record.domain, record_id, rewards, where)
     else:
         _rb2_row(rows, record.domain, record_id, record.num_chosen, rewards, where, "rewards")
+    if record.kind == JUDGE_KIND:
+        rows.judge[-1] = _judge_result(record, record_id, where)
     if rows.dpo_reward is not None:
         _dpo_extras(rows, record, where)
+
+
+def _judge_result(record: ScoreRecord, record_id: str, where: _Where) -> JudgeGroupResult | None:
+    """The judge record of a score record of kind ``judge``, checked against the group.
+
+    None when the judge could not take the group: then the record must say why (``errors``)
+    and is counted as an unscored group. A judge record for another group, or with another
+    ``num_chosen``, is an error.
+    """
+    judge = record.judge
+    if judge is None:
+        if record.scored:
+            raise where.error(
+                "missing: a judge's score record holds the judge's verdicts, or errors saying why the judge could "
+                "not take the group; this one has neither",
+                "judge",
+            )
+        return None
+    if (judge.benchmark, judge.domain, judge.id) != (record.benchmark, record.domain, record_id):
+        raise where.error(
+            f"is for group ({judge.benchmark}, {judge.domain}, {judge.id}), not this record's "
+            f"({record.benchmark}, {record.domain}, {record_id})",
+            "judge",
+        )
+    if judge.num_chosen != record.num_chosen:
+        raise where.error(
+            f"num_chosen {judge.num_chosen} differs from the record's {record.num_chosen}",
+            "judge.num_chosen",
+            value=judge.num_chosen,
+        )
+    expected = ("rmbench-pairwise",) if record.benchmark == "rm-bench" else (
+        ("rb2-rating-ties",) if record.domain == TIES else ("rb2-ranking", "rb2-rating")
+    )
+    if judge.protocol not in expected:
+        raise where.error(
+            f"protocol {judge.protocol!r} does not score {record.benchmark} {record.domain}; expected "
+            f"{' or '.join(expected)}",
+            "judge.protocol",
+            value=judge.protocol,
+        )
+    return judge
 
 
 def _rmbench_result(rows: _Rows, record: _RMBenchResultRow, where: _Where, fallback_domain: str | None) -> None:
@@ -642,6 +738,12 @@ def _read_file(rows: _Rows, path: Path, *, domain: str | None, benchmark: str | 
                 f"is a {kind} record, which has no DPO extras: --dpo-reward {rows.dpo_reward} needs rmserve score "
                 "records of a DPO run",
                 "extras",
+            )
+        if kind != "score-records" and rows.score_kind is not None and rows.score_kind.kind == JUDGE_KIND:
+            raise where.error(
+                f"is a {kind} record, which cannot be mixed with the judge score records of {rows.first_file}: a "
+                "judge's figures come from its verdicts, the others' from rewards; give files of one kind of score",
+                "kind",
             )
         record_benchmark = value.get("benchmark") if kind == "score-records" else _FORMAT_BENCHMARK[kind]
         if record_benchmark not in BENCHMARKS:
@@ -728,9 +830,14 @@ def _to_scores_in_file_order(rows: _Rows) -> ScoreSet:
     ids = _frozen(np.array(rows.ids, dtype=str))
     lengths = np.fromiter((len(r) for r in rows.rewards), dtype=np.int64, count=len(rows.rewards))
     scores, reward = _rewards(rows, lengths)
+    judge = None
+    if rows.score_kind is not None and rows.score_kind.kind == JUDGE_KIND:
+        judge = np.empty(len(rows.judge), dtype=object)
+        judge[:] = rows.judge
+        judge = _frozen(judge)
     common = {
         "files": tuple(rows.files), "warnings": tuple(rows.warnings), "score_kind": rows.score_kind, "reward": reward,
-        "models": tuple(rows.models),
+        "models": tuple(rows.models), "judge": judge,
     }
     if rows.benchmark == "rm-bench":
         return RMBenchScores(rewards=_frozen(scores.reshape(-1, 6)), domains=domains, ids=ids, **common)

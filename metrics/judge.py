@@ -18,6 +18,14 @@ safety pooling and the overall figures are the classifier path's
 (:mod:`rmserve.metrics.rmbench`). Fed 0/1 cells equal to the classifier win indicators it gives
 exactly :func:`rmserve.metrics.rmbench.rmbench_accuracy`.
 
+Both paths share one assembly: :func:`rmserve.metrics.rmbench.rmbench_from_parts` (domain
+pooling, :class:`~rmserve.metrics.rmbench.DomainAccuracy`) and
+:func:`rmserve.metrics.rewardbench2.rb2_from_parts` (per-subset means, ``RB2Result``); the
+bootstrap resamples the same strata (:func:`rb2_judge_strata`, :func:`rmbench_judge_strata`).
+A group the judge could not take (no judge record: null rewards and errors in its score
+record) is counted exactly as the classifier path counts a group without rewards: credit 0
+outside Ties, all-NaN rewards in Ties, every RM-Bench cell lost, and in ``n_nan_groups``.
+
 Parse failures (:func:`parse_failure_rates`): per (benchmark, subset or domain), the share of
 judge calls whose output gave no verdict or rating, with the calls cut at ``max_tokens`` and the
 failure reasons counted. Direction: lower is better.
@@ -27,22 +35,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from rmserve.judge_records import JudgeGroupResult
-from rmserve.metrics.rewardbench2 import TIES, RB2Result, SubsetScore, check_subsets, ties_score
-from rmserve.metrics.rmbench import (
-    DOMAIN_PARTS,
-    NUM_STYLES,
-    REPORT_DOMAINS,
-    DomainAccuracy,
-    RMBenchResult,
-    combine_domains,
-    domain_codes,
-    matrix_figures,
-)
+from rmserve.judge_records import JUDGE_PROTOCOLS, JudgeGroupResult
+from rmserve.metrics.rewardbench2 import TIES, RB2Result, check_subsets, rb2_from_parts, ties_prompts, ties_score
+from rmserve.metrics.rmbench import NUM_STYLES, RMBenchResult, cell_contributions, domain_codes, rmbench_from_parts
 from rmserve.schema import RB2_SUBSETS, RMBENCH_DOMAINS
 
 FAILED_RATING = -1.0
@@ -84,6 +83,8 @@ class RB2JudgeArrays:
         num_correct: ``(n,)`` correct responses per row.
         subsets: ``(n,)`` subset labels.
         ids: ``(n,)`` group ids.
+        unscored: ``(n,)`` bool, the group has no judge record (the judge could not take it);
+            None when every group has one.
     """
 
     credit: np.ndarray
@@ -92,37 +93,32 @@ class RB2JudgeArrays:
     num_correct: np.ndarray
     subsets: np.ndarray
     ids: np.ndarray
+    unscored: np.ndarray | None = None
 
 
-def rewardbench2_judge_scores(
+def _unscored_mask(unscored: np.ndarray | None, n: int) -> np.ndarray:
+    if unscored is None:
+        return np.zeros(n, dtype=bool)
+    unscored = np.asarray(unscored, dtype=bool)
+    if unscored.shape != (n,):
+        raise ValueError(f"unscored must have shape ({n},), got {unscored.shape}")
+    return unscored
+
+
+def _rb2_judge_inputs(
     credit: np.ndarray,
     subsets: np.ndarray,
     ratings: np.ndarray,
     lengths: np.ndarray,
     num_correct: np.ndarray,
     ids: np.ndarray,
-) -> RB2Result:
-    """RewardBench 2 subset scores of a generative judge.
+    unscored: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None]:
+    """Validated (credit with 0 on unscored rows, unscored mask, subsets, Ties inputs or None).
 
-    Args:
-        credit: ``(n,)`` official per-group credit in [0, 1]; read on non-Ties rows only.
-        subsets: ``(n,)`` labels from :data:`rmserve.schema.RB2_SUBSETS`.
-        ratings: ``(n, L)`` ratings, NaN = failed (counted as :data:`FAILED_RATING`); read on
-            Ties rows only, positions ``>= lengths`` ignored.
-        lengths: ``(n,)`` responses per row.
-        num_correct: ``(n,)`` correct responses per row (leading).
-        ids: ``(n,)`` ids; Ties ids are ``ref:N`` / ``tied:N``.
-
-    Returns:
-        :class:`~rmserve.metrics.rewardbench2.RB2Result`; ``n_nan_groups`` is 0 everywhere
-        (judge failures are counted by :func:`parse_failure_rates`).
-
-    Raises:
-        ValueError: bad shapes, zero groups, an unknown subset, a non-Ties credit that is not
-            a finite value in [0, 1], or malformed Ties rows.
-
-    Source: allenai/reward-bench ``scripts/run_generative_v2.py`` (per-subset
-    ``sum(results) / n``; Ties via ``process_single_model`` on the ratings).
+    The Ties inputs are ``(ratings, lengths, num_correct, ids)`` of the Ties rows with a failed
+    rating filled with :data:`FAILED_RATING` and an unscored row left all NaN (counted as the
+    classifier path counts a group without rewards).
     """
     credit = np.asarray(credit, dtype=np.float64)
     ratings = np.asarray(ratings, dtype=np.float64)
@@ -137,51 +133,98 @@ def rewardbench2_judge_scores(
     ids = np.asarray(ids)
     if lengths.shape != (n,) or num_correct.shape != (n,) or ids.shape != (n,):
         raise ValueError(f"lengths, num_correct and ids must have shape ({n},)")
+    unscored = _unscored_mask(unscored, n)
     is_ties = subsets == TIES
-    bad = ~is_ties & ~((credit >= 0.0) & (credit <= 1.0))
+    bad = ~is_ties & ~unscored & ~((credit >= 0.0) & (credit <= 1.0))
     if bad.any():
         rows = np.flatnonzero(bad)[:5].tolist()
         raise ValueError(f"credit must be a finite value in [0, 1] on non-Ties rows; rows {rows}")
-    results: list[SubsetScore] = []
-    ties = None
-    for name in RB2_SUBSETS:
-        mask = subsets == name
-        count = int(mask.sum())
-        if count == 0:
-            continue
-        if name == TIES:
-            filled = np.where(np.isnan(ratings[mask]), FAILED_RATING, ratings[mask])
-            ties = ties_score(filled, lengths[mask], num_correct[mask], ids[mask])
-            results.append(SubsetScore(name, ties.score, count, 0))
-        else:
-            results.append(SubsetScore(name, float(credit[mask].mean()), count, 0))
-    present = {s.subset for s in results}
-    missing = tuple(s for s in RB2_SUBSETS if s not in present)
-    return RB2Result(
-        subsets=tuple(results),
-        ties=ties,
-        average=float(np.mean([s.score for s in results])),
-        missing=missing,
-        partial=bool(missing),
-    )
+    credit = np.where(unscored, 0.0, credit)
+    ties_inputs = None
+    if is_ties.any():
+        filled = np.where(np.isnan(ratings) & ~unscored[:, None], FAILED_RATING, ratings)
+        filled[unscored] = np.nan
+        ties_inputs = (filled[is_ties], lengths[is_ties], num_correct[is_ties], ids[is_ties])
+    return credit, unscored, subsets, ties_inputs
 
 
-def rmbench_judge_accuracy(cells: np.ndarray, domains: np.ndarray) -> RMBenchResult:
-    """RM-Bench figures from per-group judge cells (rmserve's pairwise protocol, not official).
+def rewardbench2_judge_scores(
+    credit: np.ndarray,
+    subsets: np.ndarray,
+    ratings: np.ndarray,
+    lengths: np.ndarray,
+    num_correct: np.ndarray,
+    ids: np.ndarray,
+    unscored: np.ndarray | None = None,
+) -> RB2Result:
+    """RewardBench 2 subset scores of a generative judge.
 
     Args:
-        cells: ``(n, 3, 3)`` (or ``(n, 9)`` row-major) values in [0, 1]: row = chosen style,
-            column = rejected style (concise, detailed plain, detailed markdown).
-        domains: ``(n,)`` source-domain labels from :data:`rmserve.schema.RMBENCH_DOMAINS`.
+        credit: ``(n,)`` official per-group credit in [0, 1]; read on non-Ties rows only.
+        subsets: ``(n,)`` labels from :data:`rmserve.schema.RB2_SUBSETS`.
+        ratings: ``(n, L)`` ratings, NaN = failed (counted as :data:`FAILED_RATING`); read on
+            Ties rows only, positions ``>= lengths`` ignored.
+        lengths: ``(n,)`` responses per row.
+        num_correct: ``(n,)`` correct responses per row (leading).
+        ids: ``(n,)`` ids; Ties ids are ``ref:N`` / ``tied:N``.
+        unscored: ``(n,)`` bool, groups the judge could not take (no judge record), or None
+            (none). They are counted as the classifier path counts a group without rewards:
+            credit 0 outside Ties, all-NaN rewards in Ties (never accurate, never preferred,
+            margin term 0), and in ``n_nan_groups``; their ``credit`` / ``ratings`` are not read.
 
     Returns:
-        :class:`~rmserve.metrics.rmbench.RMBenchResult` (``n_nan_groups`` 0); per reported
-        domain the matrix is the mean of its groups' cells (safety pools both parts by group
-        count), then hard / normal / easy as :func:`rmserve.metrics.rmbench.matrix_figures`.
+        :class:`~rmserve.metrics.rewardbench2.RB2Result` (assembled by
+        :func:`~rmserve.metrics.rewardbench2.rb2_from_parts`, as the classifier path);
+        ``n_nan_groups`` counts the unscored groups (parse failures are counted by
+        :func:`parse_failure_rates`).
 
     Raises:
-        ValueError: bad shapes, zero groups, a cell outside [0, 1] or NaN, an unknown domain.
+        ValueError: bad shapes, zero groups, an unknown subset, a non-Ties credit that is not
+            a finite value in [0, 1] on a scored row, or malformed Ties rows.
+
+    Source: allenai/reward-bench ``scripts/run_generative_v2.py`` (per-subset
+    ``sum(results) / n``; Ties via ``process_single_model`` on the ratings).
     """
+    credit, unscored, subsets, ties_inputs = _rb2_judge_inputs(
+        credit, subsets, ratings, lengths, num_correct, ids, unscored
+    )
+    ties = ties_score(*ties_inputs) if ties_inputs is not None else None
+    return rb2_from_parts(credit, unscored, subsets, ties)
+
+
+def rb2_judge_strata(
+    credit: np.ndarray,
+    subsets: np.ndarray,
+    ratings: np.ndarray,
+    lengths: np.ndarray,
+    num_correct: np.ndarray,
+    ids: np.ndarray,
+    unscored: np.ndarray | None = None,
+) -> tuple[list[str], list[np.ndarray]]:
+    """Bootstrap strata of a judge's RewardBench 2 results (arguments as
+    :func:`rewardbench2_judge_scores`): per subset present, in leaderboard order, its name and
+    per-unit values: ``(n_s, 1)`` credits, or for Ties the ``(P, 8)`` per-prompt table
+    (:meth:`~rmserve.metrics.rewardbench2.TiesPrompts.unit_values`). The same strata the
+    classifier path resamples, so intervals and paired comparisons treat both alike."""
+    credit, _, subsets, ties_inputs = _rb2_judge_inputs(credit, subsets, ratings, lengths, num_correct, ids, unscored)
+    names, strata = [], []
+    for name in RB2_SUBSETS:
+        mask = subsets == name
+        if not mask.any():
+            continue
+        names.append(name)
+        if name == TIES:
+            assert ties_inputs is not None
+            strata.append(ties_prompts(*ties_inputs)[0].unit_values())
+        else:
+            strata.append(credit[mask][:, None])
+    return names, strata
+
+
+def _judge_cells(
+    cells: np.ndarray, domains: np.ndarray, unscored: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Validated ``(n, 3, 3)`` cells (0 on unscored rows), domain codes and the unscored mask."""
     cells = np.asarray(cells, dtype=np.float64)
     domains = np.asarray(domains)
     if cells.ndim == 2 and cells.shape[1] == NUM_STYLES * NUM_STYLES:
@@ -192,36 +235,58 @@ def rmbench_judge_accuracy(cells: np.ndarray, domains: np.ndarray) -> RMBenchRes
         raise ValueError("cells holds no groups")
     if domains.shape != (cells.shape[0],):
         raise ValueError(f"domains must have shape ({cells.shape[0]},), got {domains.shape}")
+    unscored = _unscored_mask(unscored, cells.shape[0])
+    cells = np.where(unscored[:, None, None], 0.0, cells)
     if not ((cells >= 0.0) & (cells <= 1.0)).all():
         raise ValueError("cells must lie in [0, 1] (NaN is not allowed)")
-    codes = domain_codes(domains)
-    part_index = {name: k for k, name in enumerate(RMBENCH_DOMAINS)}
-    results: list[DomainAccuracy] = []
-    for name in REPORT_DOMAINS:
-        present = tuple(p for p in DOMAIN_PARTS[name] if (codes == part_index[p]).any())
-        if not present:
-            continue
-        mask = np.isin(codes, [part_index[p] for p in present])
-        matrix = cells[mask].mean(axis=0)
-        hard, normal, easy, score = matrix_figures(matrix)
-        results.append(
-            DomainAccuracy(
-                domain=name,
-                parts=present,
-                matrix=tuple(tuple(float(x) for x in row) for row in matrix),
-                hard=hard,
-                normal=normal,
-                easy=easy,
-                score=score,
-                n_groups=int(mask.sum()),
-                n_nan_groups=0,
-            )
-        )
-    hard, normal, easy, score = combine_domains({d.domain: (d.hard, d.normal, d.easy, d.score) for d in results})
-    missing = tuple(p for p in RMBENCH_DOMAINS if not (codes == part_index[p]).any())
-    return RMBenchResult(
-        domains=tuple(results), hard=hard, normal=normal, easy=easy, score=score, missing=missing, partial=bool(missing)
+    return cells, domain_codes(domains), unscored
+
+
+def rmbench_judge_accuracy(cells: np.ndarray, domains: np.ndarray, unscored: np.ndarray | None = None) -> RMBenchResult:
+    """RM-Bench figures from per-group judge cells (rmserve's pairwise protocol, not official).
+
+    Args:
+        cells: ``(n, 3, 3)`` (or ``(n, 9)`` row-major) values in [0, 1]: row = chosen style,
+            column = rejected style (concise, detailed plain, detailed markdown).
+        domains: ``(n,)`` source-domain labels from :data:`rmserve.schema.RMBENCH_DOMAINS`.
+        unscored: ``(n,)`` bool, groups the judge could not take (no judge record), or None.
+            Their cells are not read and count 0 (every comparison lost, as the classifier
+            path counts a NaN reward) and they are counted in ``n_nan_groups``.
+
+    Returns:
+        :class:`~rmserve.metrics.rmbench.RMBenchResult`; per reported domain the matrix is the
+        mean of its groups' cells (safety pools both parts by group count), then hard / normal
+        / easy, all assembled by :func:`~rmserve.metrics.rmbench.rmbench_from_parts` as the
+        classifier path.
+
+    Raises:
+        ValueError: bad shapes, zero groups, a cell of a scored row outside [0, 1] or NaN, an
+            unknown domain.
+    """
+    cells, codes, unscored = _judge_cells(cells, domains, unscored)
+    n_parts = len(RMBENCH_DOMAINS)
+    sums = np.zeros((n_parts, NUM_STYLES, NUM_STYLES))
+    np.add.at(sums, codes, cells)
+    return rmbench_from_parts(
+        sums, np.bincount(codes, minlength=n_parts), np.bincount(codes[unscored], minlength=n_parts)
     )
+
+
+def rmbench_judge_strata(
+    cells: np.ndarray, domains: np.ndarray, unscored: np.ndarray | None = None
+) -> tuple[list[str], list[np.ndarray]]:
+    """Bootstrap strata of a judge's RM-Bench cells (arguments as :func:`rmbench_judge_accuracy`):
+    per source domain present, its name and the ``(n_s, 4)`` per-group hard / normal / easy /
+    score shares (:func:`~rmserve.metrics.rmbench.cell_contributions`), as the classifier path."""
+    cells, codes, _ = _judge_cells(cells, domains, unscored)
+    contributions = cell_contributions(cells)
+    names, strata = [], []
+    for k, part in enumerate(RMBENCH_DOMAINS):
+        mask = codes == k
+        if mask.any():
+            names.append(part)
+            strata.append(contributions[mask])
+    return names, strata
 
 
 def parse_failure_rates(
@@ -286,7 +351,9 @@ def judge_parse_failures(results: Sequence[JudgeGroupResult]) -> tuple[ParseFail
 
 
 def rb2_judge_arrays(results: Sequence[JudgeGroupResult]) -> RB2JudgeArrays:
-    """Arrays for :func:`rewardbench2_judge_scores` from RewardBench 2 judge records.
+    """Arrays for :func:`rewardbench2_judge_scores` from RewardBench 2 judge records alone
+    (:func:`rb2_judge_rows` with each record's own key; a record without ratings gets the
+    widest row's length).
 
     Raises:
         ValueError: no records, a record of another benchmark, a non-Ties record without
@@ -294,35 +361,18 @@ def rb2_judge_arrays(results: Sequence[JudgeGroupResult]) -> RB2JudgeArrays:
     """
     if not results:
         raise ValueError("no judge results")
-    n = len(results)
-    width = max(len(r.ratings) if r.ratings is not None else r.num_chosen + 1 for r in results)
-    credit = np.full(n, np.nan)
-    ratings = np.full((n, width), np.nan)
-    lengths = np.zeros(n, dtype=np.int64)
-    for k, r in enumerate(results):
-        where = f"{r.benchmark}/{r.domain}/{r.id}"
+    for r in results:
         if r.benchmark != "rewardbench2":
-            raise ValueError(f"{where}: not a RewardBench 2 record")
-        if r.domain == TIES:
-            if r.ratings is None:
-                raise ValueError(f"{where}: a Ties record needs ratings (protocol {r.protocol})")
-        elif r.credit is None:
-            raise ValueError(f"{where}: a non-Ties record needs a credit (protocol {r.protocol})")
-        if r.credit is not None:
-            credit[k] = r.credit
-        if r.ratings is not None:
-            lengths[k] = len(r.ratings)
-            ratings[k, : len(r.ratings)] = [np.nan if x is None else x for x in r.ratings]
-        else:
-            lengths[k] = width
-    return RB2JudgeArrays(
-        credit=credit,
-        ratings=ratings,
-        lengths=lengths,
-        num_correct=np.array([r.num_chosen for r in results], dtype=np.int64),
-        subsets=np.array([r.domain for r in results]),
-        ids=np.array([r.id for r in results]),
+            raise ValueError(f"{r.benchmark}/{r.domain}/{r.id}: not a RewardBench 2 record")
+    width = max(len(r.ratings) if r.ratings is not None else r.num_chosen + 1 for r in results)
+    arrays = rb2_judge_rows(
+        results,
+        np.array([len(r.ratings) if r.ratings is not None else width for r in results], dtype=np.int64),
+        np.array([r.num_chosen for r in results], dtype=np.int64),
+        np.array([r.domain for r in results]),
+        np.array([r.id for r in results]),
     )
+    return replace(arrays, unscored=None)
 
 
 def rewardbench2_from_judge(results: Sequence[JudgeGroupResult]) -> RB2Result:
@@ -333,15 +383,168 @@ def rewardbench2_from_judge(results: Sequence[JudgeGroupResult]) -> RB2Result:
 
 
 def rmbench_from_judge(results: Sequence[JudgeGroupResult]) -> RMBenchResult:
-    """RM-Bench figures of ``rmbench-pairwise`` judge records (:func:`rmbench_judge_accuracy`).
+    """RM-Bench figures of ``rmbench-pairwise`` judge records (:func:`rmbench_judge_rows`, then
+    :func:`rmbench_judge_accuracy`).
 
     Raises:
         ValueError: no records, or a record without ``cells`` (the group is named).
     """
     if not results:
         raise ValueError("no judge results")
-    for r in results:
+    domains = np.array([r.domain for r in results])
+    cells, _ = rmbench_judge_rows(results, domains, np.array([r.id for r in results]))
+    return rmbench_judge_accuracy(cells, domains)
+
+
+def rb2_judge_rows(
+    results: Sequence[JudgeGroupResult | None],
+    lengths: np.ndarray,
+    num_correct: np.ndarray,
+    subsets: np.ndarray,
+    ids: np.ndarray,
+) -> RB2JudgeArrays:
+    """Arrays for :func:`rewardbench2_judge_scores` from the rows of a score set of judge records.
+
+    Args:
+        results: ``(n,)`` per group its judge record, None where the judge could not take the
+            group (the score record has null rewards and errors, no ``judge``).
+        lengths, num_correct, subsets, ids: ``(n,)`` the score set's columns (responses per
+            group, correct responses, subset, id), which the judge records must agree with.
+
+    Returns:
+        :class:`RB2JudgeArrays` with ``unscored`` set where ``results`` holds None.
+
+    Raises:
+        ValueError: a length mismatch, a record whose key, ``num_chosen`` or rating count
+            differs from its row, a non-Ties record without ``credit`` or a Ties record
+            without ``ratings`` (the group is named).
+    """
+    n = len(results)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.shape != (n,) or np.shape(num_correct) != (n,) or np.shape(subsets) != (n,) or np.shape(ids) != (n,):
+        raise ValueError(f"lengths, num_correct, subsets and ids must have shape ({n},)")
+    width = int(lengths.max()) if n else 0
+    credit = np.full(n, np.nan)
+    ratings = np.full((n, width), np.nan)
+    unscored = np.zeros(n, dtype=bool)
+    for k, r in enumerate(results):
+        if r is None:
+            unscored[k] = True
+            continue
+        where = f"rewardbench2/{subsets[k]}/{ids[k]}"
+        if (r.benchmark, r.domain, r.id) != ("rewardbench2", str(subsets[k]), str(ids[k])):
+            raise ValueError(f"{where}: its judge record is for {r.benchmark}/{r.domain}/{r.id}")
+        if r.num_chosen != int(num_correct[k]):
+            raise ValueError(f"{where}: judge num_chosen {r.num_chosen} differs from the group's {int(num_correct[k])}")
+        if subsets[k] == TIES:
+            if r.ratings is None:
+                raise ValueError(f"{where}: a Ties record needs ratings (protocol {r.protocol})")
+        elif r.credit is None:
+            raise ValueError(f"{where}: a non-Ties record needs a credit (protocol {r.protocol})")
+        if r.credit is not None:
+            credit[k] = r.credit
+        if r.ratings is not None:
+            if len(r.ratings) != lengths[k]:
+                raise ValueError(f"{where}: {len(r.ratings)} ratings for {int(lengths[k])} responses")
+            ratings[k, : len(r.ratings)] = [np.nan if x is None else x for x in r.ratings]
+    return RB2JudgeArrays(
+        credit=credit,
+        ratings=ratings,
+        lengths=lengths,
+        num_correct=np.asarray(num_correct, dtype=np.int64),
+        subsets=np.asarray(subsets),
+        ids=np.asarray(ids),
+        unscored=unscored,
+    )
+
+
+def rmbench_judge_rows(
+    results: Sequence[JudgeGroupResult | None], domains: np.ndarray, ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(cells (n, 9), unscored (n,))`` for :func:`rmbench_judge_accuracy` from the rows of a
+    score set of judge records (None = the judge could not take the group: its cells are NaN
+    and ``unscored`` is True).
+
+    Raises:
+        ValueError: a length mismatch, a record whose key differs from its row, or a record
+            without ``cells`` (the group is named).
+    """
+    n = len(results)
+    if np.shape(domains) != (n,) or np.shape(ids) != (n,):
+        raise ValueError(f"domains and ids must have shape ({n},)")
+    cells = np.full((n, NUM_STYLES * NUM_STYLES), np.nan)
+    unscored = np.zeros(n, dtype=bool)
+    for k, r in enumerate(results):
+        if r is None:
+            unscored[k] = True
+            continue
+        where = f"rm-bench/{domains[k]}/{ids[k]}"
+        if (r.benchmark, r.domain, r.id) != ("rm-bench", str(domains[k]), str(ids[k])):
+            raise ValueError(f"{where}: its judge record is for {r.benchmark}/{r.domain}/{r.id}")
         if r.cells is None:
-            raise ValueError(f"{r.benchmark}/{r.domain}/{r.id}: no pairwise cells (protocol {r.protocol})")
-    cells = np.array([r.cells for r in results], dtype=np.float64)
-    return rmbench_judge_accuracy(cells, np.array([r.domain for r in results]))
+            raise ValueError(f"{where}: no pairwise cells (protocol {r.protocol})")
+        cells[k] = r.cells
+    return cells, unscored
+
+
+RMSERVE_PROTOCOLS: tuple[str, ...] = ("rmbench-pairwise",)
+"""Judge protocols that are rmserve's own, not an official benchmark protocol (RM-Bench ships
+no judge script); every output that shows their figures says so."""
+
+
+@dataclass(frozen=True)
+class JudgeSummary:
+    """What a table header says about a judge's score set.
+
+    Attributes:
+        mode: the protocol choice the run was made with (``auto``, ``ranking``, ``ratings``,
+            ``pairwise``; the score records' ``mode``), None when not recorded.
+        protocols: the protocols of the judge records, in :data:`~rmserve.judge_records.JUDGE_PROTOCOLS`
+            order (e.g. ``rb2-ranking`` and ``rb2-rating-ties``).
+        compat: the output readers used (``none`` / ``official``), sorted.
+        seeds: the distinct seeds the ranking positions were drawn from, sorted (empty when no
+            record draws one: the rating and pairwise protocols draw nothing).
+        n_groups: groups in the score set.
+        n_judged: groups with a judge record.
+        n_calls: judge calls over all records.
+        n_failed: calls without a verdict / rating (truncated ones included).
+        n_truncated: calls cut at ``max_tokens`` (parsed or not).
+        rmserve_protocols: the protocols among ``protocols`` that are rmserve's own
+            (:data:`RMSERVE_PROTOCOLS`), not official ones.
+    """
+
+    mode: str | None
+    protocols: tuple[str, ...]
+    compat: tuple[str, ...]
+    seeds: tuple[int, ...]
+    n_groups: int
+    n_judged: int
+    n_calls: int
+    n_failed: int
+    n_truncated: int
+    rmserve_protocols: tuple[str, ...]
+
+    @property
+    def n_unjudged(self) -> int:
+        """Groups the judge could not take (no judge record)."""
+        return self.n_groups - self.n_judged
+
+
+def judge_summary(results: Sequence[JudgeGroupResult | None], mode: str | None = None) -> JudgeSummary:
+    """The :class:`JudgeSummary` of a score set's judge records (None = a group without one)."""
+    judged = [r for r in results if r is not None]
+    used = {r.protocol for r in judged}
+    protocols = tuple(p for p in JUDGE_PROTOCOLS if p in used)
+    calls = [c for r in judged for c in r.calls]
+    return JudgeSummary(
+        mode=mode,
+        protocols=protocols,
+        compat=tuple(sorted({r.compat for r in judged})),
+        seeds=tuple(sorted({r.seed for r in judged if r.seed is not None})),
+        n_groups=len(results),
+        n_judged=len(judged),
+        n_calls=len(calls),
+        n_failed=sum(1 for c in calls if not c.parse.ok),
+        n_truncated=sum(1 for c in calls if c.truncated),
+        rmserve_protocols=tuple(p for p in protocols if p in RMSERVE_PROTOCOLS),
+    )

@@ -10,6 +10,13 @@ Library entry points (what ``rmserve metrics`` and ``rmserve eval`` call):
 * :func:`compare_files` → :class:`Comparison` (paired B − A), rendered by
   :func:`render_comparison` / :func:`comparison_dict`.
 
+Score records of a generative judge (kind ``judge``) are evaluated from their verdicts
+(:mod:`rmserve.metrics.judge`), never from their per-response rewards: the same figures and
+bootstrap strata as the classifier path, plus a :class:`JudgeReport` (protocols, compat,
+seeds, calls cut at ``max_tokens``, parse failures per subset / domain) that the table, the
+JSON and the heatmaps show. A group the judge could not take is counted as a classifier's
+unscored group (``n_nan_groups``).
+
 Tables follow the leaderboard column order and show percent with one decimal; the JSON
 holds fractions at full precision. matplotlib is imported only when plotting.
 """
@@ -33,11 +40,15 @@ from rmserve.metrics.bootstrap import (
     match_groups,
     paired_rb2,
     paired_rmbench,
+    paired_strata,
     rb2_intervals,
     rmbench_intervals,
+    score_strata,
+    strata_intervals,
 )
 from rmserve.metrics.dpo import DPO_REWARD_FORMULAS, DPO_REWARDS
 from rmserve.metrics.inputs import (
+    JUDGE_KIND,
     SCORED_REWARDS,
     RB2Scores,
     RMBenchScores,
@@ -45,6 +56,18 @@ from rmserve.metrics.inputs import (
     read_score_files,
     repeated_keys,
     scores_from_records,
+)
+from rmserve.metrics.judge import (
+    JudgeSummary,
+    ParseFailures,
+    judge_parse_failures,
+    judge_summary,
+    rb2_judge_rows,
+    rb2_judge_strata,
+    rewardbench2_judge_scores,
+    rmbench_judge_accuracy,
+    rmbench_judge_rows,
+    rmbench_judge_strata,
 )
 from rmserve.metrics.rewardbench2 import TIES, TIES_WEIGHTS, RB2Result, rewardbench2_scores
 from rmserve.metrics.rmbench import DOMAIN_PARTS, REPORT_DOMAINS, DomainAccuracy, RMBenchResult, rmbench_accuracy
@@ -71,6 +94,52 @@ MISSING_CELL = "—"
 """Table cell for a figure with no groups."""
 
 _STYLE_LABELS = tuple(s.replace("_", "\n") for s in RMBENCH_STYLES)
+
+JUDGE_VERDICTS = "judge-verdicts"
+"""``reward`` of an evaluation of a generative judge: the figures come from the judge's
+verdicts (credits, ratings, pairwise cells in the score records' ``judge``), not from rewards."""
+
+RMSERVE_PROTOCOL_NOTE = (
+    "rmbench-pairwise is rmserve's own judge protocol for RM-Bench (each chosen/rejected style pair judged in "
+    "both orders), not an official one: RM-Bench publishes no judge protocol"
+)
+"""The sentence every output showing RM-Bench judge figures carries."""
+
+
+@dataclass(frozen=True)
+class JudgeReport:
+    """What an evaluation of a generative judge adds to its figures.
+
+    Attributes:
+        summary: protocols, mode, compat, seeds and call counts (:class:`~rmserve.metrics.judge.JudgeSummary`).
+        parse_failures: per source domain / subset the calls without a verdict or rating
+            (:class:`~rmserve.metrics.judge.ParseFailures`; truncated calls counted).
+    """
+
+    summary: JudgeSummary
+    parse_failures: tuple[ParseFailures, ...]
+
+    def pooled(self, parts: Sequence[str]) -> ParseFailures | None:
+        """The parse failures of ``parts`` together (e.g. both safety parts of RM-Bench), or
+        None when no call was made for any of them."""
+        rows = [p for p in self.parse_failures if p.domain in parts]
+        if not rows:
+            return None
+        n_calls = sum(r.n_calls for r in rows)
+        n_failed = sum(r.n_failed for r in rows)
+        reasons: dict[str, int] = {}
+        for r in rows:
+            for reason, count in r.reasons:
+                reasons[reason] = reasons.get(reason, 0) + count
+        return ParseFailures(
+            benchmark=rows[0].benchmark,
+            domain="+".join(r.domain for r in rows),
+            n_calls=n_calls,
+            n_failed=n_failed,
+            rate=n_failed / n_calls if n_calls else float("nan"),
+            n_truncated=sum(r.n_truncated for r in rows),
+            reasons=tuple(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+        )
 
 
 @dataclass(frozen=True)
@@ -136,6 +205,8 @@ class Evaluation:
             (recomputed from the DPO extras, ``MetricsConfig.dpo_reward``).
         models: the distinct ``(model name, fingerprint)`` pairs the score records name
             (empty when the files do not record them); the figures print them.
+        judge: for a generative judge's score records, its :class:`JudgeReport` (the figures
+            then come from the verdicts and ``reward`` is :data:`JUDGE_VERDICTS`); else None.
     """
 
     benchmark: str
@@ -148,6 +219,7 @@ class Evaluation:
     score_kind: ScoreKind | None = None
     reward: str = SCORED_REWARDS
     models: tuple[tuple[str, str], ...] = ()
+    judge: JudgeReport | None = None
 
     def figures(self) -> dict[str, float]:
         """Figure name → point value (names as the interval keys)."""
@@ -167,7 +239,9 @@ class Comparison:
         warnings: the readers' warnings for A then B (e.g. a dropped torn last line).
         score_kind_a, score_kind_b: what kind of score each side's records hold (None for
             official result files).
-        reward: the reward both sides' figures use (see :attr:`Evaluation.reward`).
+        reward: the reward A's figures use (see :attr:`Evaluation.reward`; a generative
+            judge's side uses :data:`JUDGE_VERDICTS`).
+        reward_b: B's, when it differs from A's (a classifier against a judge); else None.
         notes: what the reader of the table must know, one sentence each: groups or domains
             present on one side only (the comparison is then partial), and A and B being
             the same model (same fingerprint) or holding identical scores.
@@ -186,6 +260,7 @@ class Comparison:
     reward: str = SCORED_REWARDS
     notes: tuple[str, ...] = ()
     partial: bool = False
+    reward_b: str | None = None
 
 
 # --- evaluation -------------------------------------------------------------------------
@@ -222,6 +297,8 @@ def evaluate(scores: ScoreSet, config: MetricsConfig | None = None) -> Evaluatio
     """
     config = config or MetricsConfig()
     boot = config.bootstrap()
+    if scores.judge is not None:
+        return _evaluate_judge(scores, config, boot)
     if isinstance(scores, RMBenchScores):
         result: RMBenchResult | RB2Result = rmbench_accuracy(scores.rewards, scores.domains)
         intervals = rmbench_intervals(scores.rewards, scores.domains, boot) if boot else {}
@@ -240,6 +317,51 @@ def evaluate(scores: ScoreSet, config: MetricsConfig | None = None) -> Evaluatio
         score_kind=scores.score_kind,
         reward=scores.reward,
         models=scores.models,
+    )
+
+
+def _judge_strata(scores: ScoreSet) -> tuple[RMBenchResult | RB2Result, list[str], list[np.ndarray]]:
+    """Figures and bootstrap strata of a judge's score set, from its verdicts (never its rewards).
+
+    Raises:
+        DataError: a judge record that does not fit its group (names the files).
+    """
+    assert scores.judge is not None
+    results = list(scores.judge)
+    try:
+        if isinstance(scores, RMBenchScores):
+            cells, unscored = rmbench_judge_rows(results, scores.domains, scores.ids)
+            result: RMBenchResult | RB2Result = rmbench_judge_accuracy(cells, scores.domains, unscored)
+            names, strata = rmbench_judge_strata(cells, scores.domains, unscored)
+        else:
+            a = rb2_judge_rows(results, scores.lengths, scores.num_correct, scores.subsets, scores.ids)
+            arrays = (a.credit, a.subsets, a.ratings, a.lengths, a.num_correct, a.ids, a.unscored)
+            result = rewardbench2_judge_scores(*arrays)
+            names, strata = rb2_judge_strata(*arrays)
+    except ValueError as exc:
+        raise DataError(str(exc), path=", ".join(scores.files), field="judge") from None
+    return result, names, strata
+
+
+def _evaluate_judge(scores: ScoreSet, config: MetricsConfig, boot: BootstrapConfig | None) -> Evaluation:
+    """:func:`evaluate` of a generative judge's score records (figures from the verdicts)."""
+    assert scores.judge is not None
+    result, names, strata = _judge_strata(scores)
+    intervals = strata_intervals(scores.benchmark, names, strata, boot) if boot else {}
+    judged = [r for r in scores.judge if r is not None]
+    mode = scores.score_kind.mode if scores.score_kind is not None else None
+    return Evaluation(
+        benchmark=scores.benchmark,
+        files=scores.files,
+        n_groups=scores.n_groups,
+        result=result,
+        intervals=MappingProxyType(dict(intervals)),
+        config=config,
+        warnings=scores.warnings,
+        score_kind=scores.score_kind,
+        reward=JUDGE_VERDICTS,
+        models=scores.models,
+        judge=JudgeReport(summary=judge_summary(list(scores.judge), mode), parse_failures=judge_parse_failures(judged)),
     )
 
 
@@ -364,17 +486,15 @@ def compare_scores(
                 f"A and B are the same model (same fingerprint {next(iter(fa))}): differences are only "
                 "scoring noise, 0 when scoring is deterministic."
             )
-    same_scores = (
+    judged = a.judge is not None or b.judge is not None
+    same_scores = not judged and (
         np.array_equal(a.rewards, b.rewards, equal_nan=True)
         if isinstance(a, RMBenchScores)
         else np.array_equal(a.scores, b.scores, equal_nan=True)  # type: ignore[union-attr]
     )
     if same_scores:
         notes.append("A and B hold identical scores for every group: every difference is 0.")
-    if isinstance(a, RMBenchScores):
-        assert isinstance(b, RMBenchScores)
-        paired = paired_rmbench(a.rewards, b.rewards, a.domains, boot)
-    else:
+    if isinstance(a, RB2Scores):
         assert isinstance(b, RB2Scores)
         differs = (a.lengths != b.lengths) | (a.num_correct != b.num_correct)
         if differs.any():
@@ -385,6 +505,15 @@ def compare_scores(
                 path=name_b,
                 field="scores",
             )
+    if judged:
+        names, strata_a = _strata(a)
+        _, strata_b = _strata(b)
+        paired = paired_strata(a.benchmark, names, strata_a, strata_b, boot)
+    elif isinstance(a, RMBenchScores):
+        assert isinstance(b, RMBenchScores)
+        paired = paired_rmbench(a.rewards, b.rewards, a.domains, boot)
+    else:
+        assert isinstance(b, RB2Scores)
         paired = paired_rb2(a.scores, a.lengths, b.scores, b.lengths, a.num_correct, a.subsets, a.ids, boot)
     return Comparison(
         notes=tuple(notes),
@@ -398,8 +527,24 @@ def compare_scores(
         warnings=a.warnings + b.warnings,
         score_kind_a=a.score_kind,
         score_kind_b=b.score_kind,
-        reward=a.reward,
+        reward=_set_reward(a),
+        reward_b=_set_reward(b) if _set_reward(b) != _set_reward(a) else None,
     )
+
+
+def _set_reward(scores: ScoreSet) -> str:
+    """The reward a score set's figures use (:data:`JUDGE_VERDICTS` for a judge's)."""
+    return JUDGE_VERDICTS if scores.judge is not None else scores.reward
+
+
+def _strata(scores: ScoreSet) -> tuple[list[str], list[np.ndarray]]:
+    """Bootstrap strata of a score set: from a judge's verdicts, or from the rewards."""
+    if scores.judge is not None:
+        _, names, strata = _judge_strata(scores)
+        return names, strata
+    if isinstance(scores, RMBenchScores):
+        return score_strata("rm-bench", scores.rewards, scores.domains)
+    return score_strata("rewardbench2", scores.scores, scores.lengths, scores.num_correct, scores.subsets, scores.ids)
 
 
 def compare_files(path_a: str | Path, path_b: str | Path, config: MetricsConfig | None = None) -> Comparison:
@@ -483,8 +628,18 @@ def _notes(evaluation: Evaluation) -> list[str]:
                 f"Avg is the mean of {', '.join(present)} only (partial)."
             )
         nan_groups = sum(s.n_nan_groups for s in result.subsets)
-    if nan_groups:
+    if nan_groups and evaluation.judge is not None:
+        what = "every comparison counts as lost" if isinstance(result, RMBenchResult) else (
+            "credit 0; in Ties never accurate or preferred"
+        )
+        notes.append(
+            f"{nan_groups} group(s) could not be judged (no verdicts: null rewards and errors in the score file); "
+            f"they are counted as a classifier's unscored group is ({what})."
+        )
+    elif nan_groups:
         notes.append(f"{nan_groups} group(s) have a missing (NaN) reward; their comparisons count as losses.")
+    if evaluation.judge is not None and evaluation.judge.summary.rmserve_protocols:
+        notes.append(RMSERVE_PROTOCOL_NOTE + ".")
     return notes
 
 
@@ -506,7 +661,7 @@ def _score_kind_dict(kind: ScoreKind | None) -> dict[str, Any] | None:
 
 
 def _reward_dict(reward: str) -> dict[str, Any]:
-    if reward == SCORED_REWARDS:
+    if reward in (SCORED_REWARDS, JUDGE_VERDICTS):
         return {"name": reward, "formula": None}
     name = reward.removeprefix("dpo:")
     return {"name": reward, "formula": DPO_REWARD_FORMULAS[name]}
@@ -517,8 +672,43 @@ def reward_text(reward: str) -> str:
     policy_logp / answer_tokens, recomputed from the extras``."""
     if reward == SCORED_REWARDS:
         return "rewards as scored"
+    if reward == JUDGE_VERDICTS:
+        return "figures from the judge's verdicts (credits, ratings, pairwise cells), not from its rewards"
     name = reward.removeprefix("dpo:")
     return f"DPO reward {name} = {DPO_REWARD_FORMULAS[name]}, recomputed from the extras"
+
+
+def _failures_dict(failures: ParseFailures | None) -> dict[str, Any] | None:
+    if failures is None:
+        return None
+    return {
+        "rate": failures.rate,
+        "n_failed": failures.n_failed,
+        "n_calls": failures.n_calls,
+        "n_truncated": failures.n_truncated,
+        "reasons": dict(failures.reasons),
+    }
+
+
+def _judge_dict(judge: JudgeReport | None) -> dict[str, Any] | None:
+    if judge is None:
+        return None
+    summary = judge.summary
+    return {
+        "mode": summary.mode,
+        "protocols": list(summary.protocols),
+        "compat": list(summary.compat),
+        "seeds": list(summary.seeds),
+        "n_groups": summary.n_groups,
+        "n_judged": summary.n_judged,
+        "n_unjudged": summary.n_unjudged,
+        "n_calls": summary.n_calls,
+        "n_failed": summary.n_failed,
+        "parse_failure_rate": summary.n_failed / summary.n_calls if summary.n_calls else None,
+        "n_truncated": summary.n_truncated,
+        "rmserve_protocols": list(summary.rmserve_protocols),
+        "protocol_note": RMSERVE_PROTOCOL_NOTE if summary.rmserve_protocols else None,
+    }
 
 
 def result_dict(evaluation: Evaluation) -> dict[str, Any]:
@@ -527,7 +717,13 @@ def result_dict(evaluation: Evaluation) -> dict[str, Any]:
     Keys: ``benchmark``, ``files``, ``n_groups``, ``score_kind`` (``kind``, ``mode``,
     ``ref_model``, ``compat`` of the score records; null for official result files),
     ``reward`` (``name``: ``rewards`` or ``dpo:<avg|sum|norm|reference>``; ``formula``: the
-    DPO formula or null), ``partial``, ``missing``, ``notes``, ``warnings``, ``bootstrap`` and,
+    DPO formula or null; ``judge-verdicts`` for a generative judge), ``partial``, ``missing``,
+    ``notes``, ``warnings``, ``bootstrap``, ``judge`` (null unless the records are a generative
+    judge's: ``mode``, ``protocols``, ``compat``, ``seeds``, ``n_calls``, ``n_failed``,
+    ``parse_failure_rate``, ``n_truncated`` (calls cut at ``max_tokens``), ``n_unjudged``
+    (groups the judge could not take), ``rmserve_protocols`` and ``protocol_note``; each
+    domain / subset then also has ``parse_failures``: ``rate``, ``n_failed``, ``n_calls``,
+    ``n_truncated``, ``reasons``) and,
     for RM-Bench, ``domains`` (score / hard / normal / easy / matrix / n_groups / n_nan_groups /
     parts / interval) and ``overall``; for RewardBench 2,
     ``subsets`` (score / n_groups / n_nan_groups / interval; Ties also its components) and
@@ -546,7 +742,9 @@ def result_dict(evaluation: Evaluation) -> dict[str, Any]:
         "notes": _notes(evaluation),
         "warnings": list(evaluation.warnings),
         "bootstrap": _bootstrap_dict(evaluation.config),
+        "judge": _judge_dict(evaluation.judge),
     }
+    judge = evaluation.judge
     if isinstance(result, RMBenchResult):
         figures = ("score", "hard", "normal", "easy")
         out["domains"] = {
@@ -560,6 +758,7 @@ def result_dict(evaluation: Evaluation) -> dict[str, Any]:
                 "n_nan_groups": d.n_nan_groups,
                 "parts": list(d.parts),
                 "interval": {f: _pair(iv.get(f"{d.domain}.{f}")) for f in figures} if iv else None,
+                **({"parse_failures": _failures_dict(judge.pooled(d.parts))} if judge is not None else {}),
             }
             for d in result.domains
         }
@@ -580,6 +779,8 @@ def result_dict(evaluation: Evaluation) -> dict[str, Any]:
             "n_nan_groups": s.n_nan_groups,
             "interval": _pair(iv.get(s.subset)),
         }
+        if judge is not None:
+            entry["parse_failures"] = _failures_dict(judge.pooled((s.subset,)))
         if s.subset == TIES and result.ties is not None:
             ties = result.ties
             entry["components"] = {c: getattr(ties, c) for c in TIES_WEIGHTS}
@@ -597,7 +798,8 @@ def result_dict(evaluation: Evaluation) -> dict[str, Any]:
 
 def comparison_dict(comparison: Comparison) -> dict[str, Any]:
     """The JSON form of a comparison: ``score_kind_a``/``score_kind_b`` and ``reward`` (as in
-    :func:`result_dict`), ``warnings`` and, per figure, ``a``, ``b``, ``difference`` (B − A),
+    :func:`result_dict`; also ``reward_b`` when B's differs from A's, e.g. a judge against a
+    classifier), ``warnings`` and, per figure, ``a``, ``b``, ``difference`` (B − A),
     ``interval`` and ``excludes_zero``; fractions at full precision."""
     return {
         "benchmark": comparison.benchmark,
@@ -607,6 +809,7 @@ def comparison_dict(comparison: Comparison) -> dict[str, Any]:
         "score_kind_a": _score_kind_dict(comparison.score_kind_a),
         "score_kind_b": _score_kind_dict(comparison.score_kind_b),
         "reward": _reward_dict(comparison.reward),
+        **({"reward_b": _reward_dict(comparison.reward_b)} if comparison.reward_b is not None else {}),
         "warnings": list(comparison.warnings),
         "notes": list(comparison.notes),
         "partial": comparison.partial,
@@ -667,8 +870,11 @@ def render_markdown(evaluation: Evaluation) -> str:
         title, columns = "RM-Bench", RMBENCH_COLUMNS
     else:
         title, columns = "RewardBench 2", RB2_COLUMNS
+    judge = evaluation.judge
     heading = title
-    if evaluation.reward != SCORED_REWARDS:
+    if judge is not None:
+        heading += ": generative judge"
+    elif evaluation.reward != SCORED_REWARDS:
         heading += f": DPO reward {evaluation.reward.removeprefix('dpo:')}"
     kind = _kind_text(evaluation.score_kind)
     lines = [
@@ -678,12 +884,16 @@ def render_markdown(evaluation: Evaluation) -> str:
         f"Scores: {kind}; {reward_text(evaluation.reward)}.",
         "",
     ]
+    if judge is not None:
+        lines += [judge_header(judge.summary), ""]
     lines += _header([""] + [h for h, _ in columns])
     lines.append(
         _row(["Accuracy (%)" if title == "RM-Bench" else "Score (%)"] + [_pct(figures.get(f)) for _, f in columns])
     )
     if iv:
         lines.append(_row([f"{level}% CI"] + [_span(iv.get(f)) if f in figures else MISSING_CELL for _, f in columns]))
+    if judge is not None:
+        lines.append(_row(["Parse failures (%)"] + [_column_failures(judge, result, f) for _, f in columns]))
     notes = _notes(evaluation)
     if notes or evaluation.warnings:
         lines.append("")
@@ -691,19 +901,24 @@ def render_markdown(evaluation: Evaluation) -> str:
         lines += [f"Note: {n}" for n in notes]
     lines.append("")
     if isinstance(result, RMBenchResult):
-        lines += _header(["Domain", "Groups", "Easy", "Normal", "Hard", "Score"])
+        extra = ["Parse failures", "Cut at max_tokens"] if judge is not None else []
+        lines += _header(["Domain", "Groups", "Easy", "Normal", "Hard", "Score", *extra])
         for d in result.domains:
             cells = [d.domain, str(d.n_groups)]
             for f in ("easy", "normal", "hard", "score"):
                 name = f"{d.domain}.{f}"
                 cells.append(_pct(figures[name]) + (f" ({_span(iv[name])})" if name in iv else ""))
+            if judge is not None:
+                cells += _failure_cells(judge.pooled(d.parts))
             lines.append(_row(cells))
     else:
-        lines += _header(["Subset", "Groups", "Score", f"{level}% CI"])
+        extra = ["Parse failures", "Cut at max_tokens"] if judge is not None else []
+        lines += _header(["Subset", "Groups", "Score", f"{level}% CI", *extra])
         for s in result.subsets:
-            lines.append(
-                _row([s.subset, str(s.n_groups), _pct(s.score), _span(iv.get(s.subset)) if iv else MISSING_CELL])
-            )
+            cells = [s.subset, str(s.n_groups), _pct(s.score), _span(iv.get(s.subset)) if iv else MISSING_CELL]
+            if judge is not None:
+                cells += _failure_cells(judge.pooled((s.subset,)))
+            lines.append(_row(cells))
         if result.ties is not None:
             lines += ["", *_header(["Ties component", "Weight", "Value", f"{level}% CI"])]
             for c, weight in TIES_WEIGHTS.items():
@@ -718,6 +933,57 @@ def render_markdown(evaluation: Evaluation) -> str:
             f"seed {evaluation.config.seed}.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _failure_text(failures: ParseFailures | None) -> str:
+    """``"2.5 (3/120)"``: percent of calls without a verdict or rating, then the counts."""
+    if failures is None or failures.n_calls == 0:
+        return MISSING_CELL
+    return f"{_pct(failures.rate)} ({failures.n_failed}/{failures.n_calls})"
+
+
+def _failure_cells(failures: ParseFailures | None) -> list[str]:
+    """The detail table's parse-failure cells: ``"2.5% (3/120)"`` and the calls cut at ``max_tokens``."""
+    if failures is None or failures.n_calls == 0:
+        return [MISSING_CELL, MISSING_CELL]
+    return [f"{_pct(failures.rate)}% ({failures.n_failed}/{failures.n_calls})", str(failures.n_truncated)]
+
+
+def _column_failures(judge: JudgeReport, result: RMBenchResult | RB2Result, figure: str) -> str:
+    """The parse-failure cell under a leaderboard column: its domain's or subset's, every
+    call's under Avg, empty under RM-Bench's Easy / Normal / Hard (they span all domains)."""
+    if figure in ("overall.score", "average"):
+        parts = [p.domain for p in judge.parse_failures]
+        return _failure_text(judge.pooled(parts))
+    if isinstance(result, RMBenchResult):
+        if figure.startswith("overall."):
+            return ""
+        domain = result.domain(figure.split(".", 1)[0])
+        return _failure_text(judge.pooled(domain.parts)) if domain is not None else MISSING_CELL
+    return _failure_text(judge.pooled((figure,)))
+
+
+def judge_header(summary: JudgeSummary) -> str:
+    """The header line of a judge's table: protocol(s) and the ``--protocol`` choice, compat,
+    seed, calls, parse failures and calls cut at ``max_tokens``, and, for rmserve's own
+    protocol, that it is not an official one."""
+    plural = "s" if len(summary.protocols) > 1 else ""
+    protocol = f"protocol{plural} {', '.join(summary.protocols) or 'none recorded'}"
+    if summary.mode:
+        protocol += f" (--protocol {summary.mode})"
+    if summary.rmserve_protocols:
+        own = ", ".join(summary.rmserve_protocols)
+        protocol += f"; {own} is rmserve's own protocol for RM-Bench, not an official one"
+    if summary.seeds:
+        seed = f"seed{'s' if len(summary.seeds) > 1 else ''} {', '.join(map(str, summary.seeds))}"
+    else:
+        seed = "seed: none drawn (only the ranking protocol draws answer positions)"
+    rate = f" ({100 * summary.n_failed / summary.n_calls:.1f}%)" if summary.n_calls else ""
+    return (
+        f"Judge: {protocol}; compat {', '.join(summary.compat) or 'not recorded'}; {seed}; "
+        f"{summary.n_calls:,} calls, {summary.n_failed:,} without a verdict or rating{rate}, "
+        f"{summary.n_truncated:,} cut at max_tokens (a cut call counts as a failure when nothing was read)."
+    )
 
 
 def _figure_label(figure: str) -> str:
@@ -740,7 +1006,9 @@ def render_comparison(comparison: Comparison) -> str:
         "",
         f"A: {', '.join(comparison.files_a)} ({_kind_text(comparison.score_kind_a)})  ",
         f"B: {', '.join(comparison.files_b)} ({_kind_text(comparison.score_kind_b)})  ",
-        f"Reward: {reward_text(comparison.reward)}.",
+        f"Reward: {reward_text(comparison.reward)}."
+        if comparison.reward_b is None
+        else f"Reward: A {reward_text(comparison.reward)}; B {reward_text(comparison.reward_b)}.",
         "",
         *(f"Warning: {w}" for w in comparison.warnings),
         *([""] if comparison.warnings else []),
@@ -801,8 +1069,36 @@ def model_label(models: Sequence[tuple[str, str]], *, width: int = 90) -> str:
     return "\n".join(textwrap.wrap(text, width=width))
 
 
+def kind_label(kind: ScoreKind | None, reward: str = SCORED_REWARDS) -> str:
+    """Which kind of score a figure shows, in words for a plot: ``classifier rewards``, ``DPO
+    implicit reward (mode reference, reference 'ref')`` (or the recomputed ``DPO reward avg``),
+    ``generative judge (--protocol pairwise, compat none)``, or
+    ``kind of score not recorded`` (official result files)."""
+    if reward.startswith("dpo:"):
+        return f"DPO reward {reward.removeprefix('dpo:')} (recomputed from the extras)"
+    if kind is None:
+        return "kind of score not recorded"
+    if kind.kind == "classifier":
+        return "classifier rewards" + (f" (compat {kind.compat})" if kind.compat != "none" else "")
+    if kind.kind == "dpo":
+        parts = [f"mode {kind.mode}"] if kind.mode else []
+        if kind.ref_model:
+            parts.append(f"reference {kind.ref_model!r}")
+        parts.append(f"compat {kind.compat}")
+        return f"DPO implicit reward ({', '.join(parts)})"
+    if kind.kind == JUDGE_KIND:
+        mode = f"--protocol {kind.mode}, " if kind.mode else ""
+        return f"generative judge ({mode}compat {kind.compat})"
+    return kind.describe()
+
+
 def plot_heatmaps(
-    result: RMBenchResult, out_dir: str | Path, *, models: Sequence[tuple[str, str]] = ()
+    result: RMBenchResult,
+    out_dir: str | Path,
+    *,
+    models: Sequence[tuple[str, str]] = (),
+    kind: ScoreKind | None = None,
+    reward: str = SCORED_REWARDS,
 ) -> list[Path]:
     """Write one PNG per RM-Bench domain present: its 3×3 win matrix in percent.
 
@@ -811,8 +1107,9 @@ def plot_heatmaps(
     style. Each cell names its region (:func:`heatmap_region`: hard above the diagonal,
     normal on it, easy below; the diagonal is outlined); the title gives the domain, its
     group count and its hard / normal / easy figures; the foot names the model and
-    fingerprint (:func:`model_label` of ``models``). Uses matplotlib's Agg canvas (no pyplot,
-    no display).
+    fingerprint (:func:`model_label` of ``models``) and the title the kind of score
+    (:func:`kind_label` of ``kind`` and ``reward``: classifier, DPO or generative judge). Uses
+    matplotlib's Agg canvas (no pyplot, no display).
 
     Returns:
         The written paths (``heatmap-<domain>.png``).
@@ -820,18 +1117,27 @@ def plot_heatmaps(
     out_dir = Path(out_dir)
     paths = []
     for d in result.domains:
-        fig = heatmap_figure(d, models)
+        fig = heatmap_figure(d, models, kind=kind, reward=reward)
         path = out_dir / f"heatmap-{d.domain}.png"
         fig.savefig(path, dpi=110)
         paths.append(path)
     return paths
 
 
-def heatmap_figure(domain: DomainAccuracy, models: Sequence[tuple[str, str]] = ()) -> Any:
+def heatmap_figure(
+    domain: DomainAccuracy,
+    models: Sequence[tuple[str, str]] = (),
+    *,
+    kind: ScoreKind | None = None,
+    reward: str = SCORED_REWARDS,
+) -> Any:
     """The matplotlib ``Figure`` of one domain's heatmap (see :func:`plot_heatmaps`), not saved.
 
     ``domain`` is one entry of :attr:`RMBenchResult.domains` (its ``matrix`` holds 3×3
-    fractions); ``models`` as in :func:`model_label`.
+    fractions); ``models`` as in :func:`model_label`; ``kind`` and ``reward`` as in
+    :func:`kind_label` (the title's first line names the kind of score). For a generative
+    judge a cell is the judge's mean preference for the chosen answer (both orders), and the
+    colour bar says so.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -856,14 +1162,24 @@ def heatmap_figure(domain: DomainAccuracy, models: Sequence[tuple[str, str]] = (
     for k in range(3):  # the normal (diagonal) cells, outlined
         ax.add_patch(Rectangle((k - 0.5, k - 0.5), 1, 1, fill=False, edgecolor="white", linewidth=2.5))
         ax.add_patch(Rectangle((k - 0.5, k - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=1, linestyle="--"))
+    import textwrap
+
+    judged = kind is not None and kind.kind == JUDGE_KIND
     ax.set_title(
         f"RM-Bench {d.domain} ({d.n_groups} groups)\n"
+        + "\n".join(textwrap.wrap(kind_label(kind, reward), width=70))
+        + "\n"
         f"hard {100 * d.hard:.1f}%  ·  normal {100 * d.normal:.1f}%  ·  easy {100 * d.easy:.1f}%",
         fontsize=10,
     )
-    fig.colorbar(image, ax=ax, label="chosen outscores rejected (% of groups)", shrink=0.8)
+    bar = (
+        "judge prefers chosen (%, mean of both orders)" if judged else "chosen outscores rejected (% of groups)"
+    )
+    fig.colorbar(image, ax=ax, label=bar, shrink=0.8)
+    protocol = "\n".join(textwrap.wrap(RMSERVE_PROTOCOL_NOTE, width=95)) + "\n" if judged else ""
     fig.supxlabel(
         "hard = above the diagonal (plainer chosen vs fancier rejected), normal = diagonal, easy = below\n"
+        + protocol
         + model_label(models),
         fontsize=8,
     )
@@ -883,13 +1199,17 @@ def write_outputs(evaluation: Evaluation, out_dir: str | Path) -> list[Path]:
     table.write_text(render_markdown(evaluation))
     paths = [results, table]
     if isinstance(evaluation.result, RMBenchResult):
-        paths += plot_heatmaps(evaluation.result, out_dir, models=evaluation.models)
+        paths += plot_heatmaps(
+            evaluation.result, out_dir, models=evaluation.models, kind=evaluation.score_kind, reward=evaluation.reward
+        )
     return paths
 
 
 __all__ = [
     "Comparison",
     "Evaluation",
+    "JUDGE_VERDICTS",
+    "JudgeReport",
     "MetricsConfig",
     "REPORT_DOMAINS",
     "compare_files",
@@ -901,6 +1221,8 @@ __all__ = [
     "figure_values",
     "heatmap_figure",
     "heatmap_region",
+    "judge_header",
+    "kind_label",
     "model_label",
     "plot_heatmaps",
     "render_comparison",

@@ -436,15 +436,54 @@ def rewardbench2_scores(
     if (num_correct[~is_ties] != 1).any():
         raise ValueError("num_correct must be 1 outside the Ties subset")
     credit, has_nan = best_of_n_credit(scores, lengths)
+    ties = None
+    if is_ties.any():
+        ties = ties_score(scores[is_ties], lengths[is_ties], num_correct[is_ties], ids[is_ties])
+    return rb2_from_parts(credit, has_nan, subsets, ties)
+
+
+def rb2_from_parts(credit: np.ndarray, has_nan: np.ndarray, subsets: np.ndarray, ties: TiesScore | None) -> RB2Result:
+    """RewardBench 2 result from per-group credits and the Ties score: the assembly shared by
+    every kind of score (rewards, judge verdicts).
+
+    Args:
+        credit: ``(n,)`` per-group credit in [0, 1]; read on non-Ties rows only (a subset
+            scores the mean of its rows).
+        has_nan: ``(n,)`` bool, the group could not be scored (counted in ``n_nan_groups``;
+            its credit must already be 0); read on non-Ties rows only.
+        subsets: ``(n,)`` labels from :data:`rmserve.schema.RB2_SUBSETS`.
+        ties: the Ties score of the Ties rows (:func:`ties_score`), None exactly when no row
+            is a Ties row.
+
+    Returns:
+        :class:`RB2Result`; average = unweighted mean of the subsets present.
+
+    Raises:
+        ValueError: zero groups, bad shapes or an unknown subset, or ``ties`` given without
+            Ties rows (or missing with them).
+
+    Source: allenai/reward-bench ``scripts/run_v2.py`` (per-subset means, the average of the
+    subsets) and ``rewardbench/utils.py`` ``process_single_model`` (Ties).
+    """
+    credit = np.asarray(credit, dtype=np.float64)
+    has_nan = np.asarray(has_nan, dtype=bool)
+    n = credit.shape[0] if credit.ndim == 1 else -1
+    if n <= 0:
+        raise ValueError(f"credit must be a non-empty 1-D array (n_groups,), got shape {credit.shape}")
+    if has_nan.shape != (n,):
+        raise ValueError(f"has_nan must have shape ({n},), got {has_nan.shape}")
+    subsets = check_subsets(subsets, n)
+    n_ties = int((subsets == TIES).sum())
+    if (ties is None) != (n_ties == 0):
+        raise ValueError(f"ties must be given exactly when there are Ties rows ({n_ties} here)")
     results: list[SubsetScore] = []
-    ties: TiesScore | None = None
     for name in RB2_SUBSETS:
         mask = subsets == name
         count = int(mask.sum())
         if count == 0:
             continue
         if name == TIES:
-            ties = ties_score(scores[mask], lengths[mask], num_correct[mask], ids[mask])
+            assert ties is not None
             results.append(SubsetScore(name, ties.score, count, ties.n_nan_groups))
         else:
             results.append(SubsetScore(name, float(credit[mask].mean()), count, int(has_nan[mask].sum())))

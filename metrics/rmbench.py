@@ -174,12 +174,25 @@ def group_contributions(rewards: np.ndarray) -> np.ndarray:
     diagonal, lower triangle, all 9 cells). A domain's figure is the mean of its groups'
     column, so these vectors feed the bootstrap (resampled means = counts @ contributions).
     """
-    wins = style_wins(rewards).reshape(-1, NUM_STYLES * NUM_STYLES).astype(np.float64)
+    return cell_contributions(style_wins(rewards))
+
+
+def cell_contributions(cells: np.ndarray) -> np.ndarray:
+    """Per-group hard / normal / easy / score shares of per-group cell values, ``(n, 4)`` float64.
+
+    Args:
+        cells: ``(n, 3, 3)`` (or ``(n, 9)`` row-major) per-group cell values: win indicators
+            for rewards (:func:`style_wins`), preference shares in [0, 1] for a judge.
+
+    Returns:
+        Per group the mean of its upper-triangle, diagonal, lower-triangle and all 9 cells.
+    """
+    cells = np.asarray(cells, dtype=np.float64).reshape(-1, NUM_STYLES * NUM_STYLES)
     weights = np.stack(
         [_UPPER.ravel() / _UPPER.sum(), _DIAG.ravel() / _DIAG.sum(), _LOWER.ravel() / _LOWER.sum(), np.full(9, 1 / 9)],
         axis=1,
     )
-    return wins @ weights
+    return cells @ weights
 
 
 def matrix_figures(matrix: np.ndarray) -> tuple[float, float, float, float]:
@@ -227,7 +240,41 @@ def rmbench_accuracy(rewards: np.ndarray, domains: np.ndarray) -> RMBenchResult:
     win_counts = np.bincount(slot[wins], minlength=n_parts * cells).reshape(n_parts, NUM_STYLES, NUM_STYLES)
     group_counts = np.bincount(codes, minlength=n_parts)
     nan_counts = np.bincount(codes[np.isnan(rewards).any(axis=1)], minlength=n_parts)
+    return rmbench_from_parts(win_counts, group_counts, nan_counts)
 
+
+def rmbench_from_parts(cell_sums: np.ndarray, group_counts: np.ndarray, nan_counts: np.ndarray) -> RMBenchResult:
+    """RM-Bench figures from per-source-domain cell totals: the pooling shared by every kind of score.
+
+    Args:
+        cell_sums: ``(5, 3, 3)`` per source domain (:data:`rmserve.schema.RMBENCH_DOMAINS`
+            order) the sum over its groups of the per-group cell values: win indicators (0/1)
+            for rewards, the judge's preference shares (in [0, 1]) for a judge.
+        group_counts: ``(5,)`` groups per source domain (0 = absent).
+        nan_counts: ``(5,)`` groups per source domain that could not be scored (their cells
+            count 0, as a NaN comparison does).
+
+    Returns:
+        :class:`RMBenchResult`: per reported domain the pooled matrix ``sum(cell_sums) /
+        sum(group_counts)`` over its present parts (safety: both parts, weighted by group
+        count), its figures (:func:`matrix_figures`), and the equal-weight overall figures
+        (:func:`combine_domains`); absent source domains in ``missing``.
+
+    Raises:
+        ValueError: bad shapes, or no group at all.
+
+    Source: THU-KEG/RM-Bench ``scripts/utils.py`` (per-domain matrix, safety concatenated).
+    """
+    n_parts = len(RMBENCH_DOMAINS)
+    cell_sums = np.asarray(cell_sums, dtype=np.float64)
+    group_counts = np.asarray(group_counts, dtype=np.int64)
+    nan_counts = np.asarray(nan_counts, dtype=np.int64)
+    if cell_sums.shape != (n_parts, NUM_STYLES, NUM_STYLES):
+        raise ValueError(f"cell_sums must have shape ({n_parts}, 3, 3), got {cell_sums.shape}")
+    if group_counts.shape != (n_parts,) or nan_counts.shape != (n_parts,):
+        raise ValueError(f"group_counts and nan_counts must have shape ({n_parts},)")
+    if group_counts.sum() == 0:
+        raise ValueError("no groups")
     part_index = {name: k for k, name in enumerate(RMBENCH_DOMAINS)}
     results: list[DomainAccuracy] = []
     for name in REPORT_DOMAINS:
@@ -236,7 +283,7 @@ def rmbench_accuracy(rewards: np.ndarray, domains: np.ndarray) -> RMBenchResult:
             continue
         idx = [part_index[p] for p in present]
         n = int(group_counts[idx].sum())
-        matrix = win_counts[idx].sum(axis=0) / n
+        matrix = cell_sums[idx].sum(axis=0) / n
         hard, normal, easy, score = matrix_figures(matrix)
         results.append(
             DomainAccuracy(

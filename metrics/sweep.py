@@ -30,6 +30,7 @@ from rmserve.metrics.report import (
     MetricsConfig,
     compare_scores,
     evaluate_records,
+    kind_label,
     result_dict,
     to_json,
 )
@@ -241,7 +242,9 @@ def curve_figure(
     if len(steps) <= MAX_STEP_TICKS:
         ax.set_xticks(steps, [str(s) for s in steps])
     missing = sorted({m for e in evaluations for m in e[benchmark].result.missing})
+    first = evaluations[0][benchmark]
     title = f"{label} by checkpoint ({len(points)} checkpoints)"
+    title += "\n" + "\n".join(textwrap.wrap(kind_label(first.score_kind, first.reward), width=70))
     if missing:
         title += "\n" + "\n".join(textwrap.wrap(f"partial: no {', '.join(missing)} in the data", width=70))
     ax.set_title(title, fontsize=11)
@@ -257,7 +260,8 @@ def plot_curves(
 
     Per figure: the value (percent) per checkpoint, its bootstrap interval (the evaluations'
     confidence level) as a shaded band, every step as an x tick (up to
-    :data:`MAX_STEP_TICKS` checkpoints), the domains absent from the data in the title, and
+    :data:`MAX_STEP_TICKS` checkpoints), the kind of score (classifier, DPO, generative judge;
+    :func:`rmserve.metrics.report.kind_label`) and the domains absent from the data in the title, and
     the model name(s) and each checkpoint's fingerprint at the foot (:func:`sweep_model_label`).
     Uses matplotlib's Agg canvas (no display). Returns the files written
     (``<benchmark>_<figure>.png``; none for a figure no checkpoint has).

@@ -2,6 +2,10 @@
 
 Each command parses its options into a :class:`rmserve.metrics.report.MetricsConfig`, calls
 one library function and renders the result (Markdown on stdout, or JSON with ``--json``).
+Score records of a generative judge are evaluated from their verdicts, with parse-failure
+rates in the tables (:mod:`rmserve.metrics.judge`); records of different kinds of score in
+one score set are bad input.
+
 Exit codes follow :mod:`rmserve.cli_common`: a :class:`rmserve.errors.DataError` in the score
 files ends the command with exit code 2 and one line on stderr naming file, line and field.
 """
@@ -28,7 +32,8 @@ RMBenchFilesArg = Annotated[
     typer.Argument(
         metavar="FILE",
         help="RM-Bench score files: rmserve score JSONL or the official RM-Bench result JSON (format detected; "
-        "several files are concatenated).",
+        "several files are concatenated). A generative judge's score records give figures from its verdicts, "
+        "with parse-failure rates.",
         show_default=False,
     ),
 ]
@@ -37,7 +42,8 @@ RB2FilesArg = Annotated[
     typer.Argument(
         metavar="FILE",
         help="RewardBench 2 score files: rmserve score JSONL or the official per-item JSONL (format detected; "
-        "several files are concatenated).",
+        "several files are concatenated). A generative judge's score records give figures from its verdicts, "
+        "with parse-failure rates.",
         show_default=False,
     ),
 ]
