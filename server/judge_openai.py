@@ -54,7 +54,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -207,6 +207,7 @@ class OpenAIJudgeEngine:
         connect_timeout_s, read_timeout_s: seconds to connect, and of silence while reading.
         backoff_s, max_backoff_s: first wait between attempts and its cap (doubling), seconds.
         max_retry_wait_s: a ``Retry-After`` longer than this ends the retries (seconds).
+        sleep: how the engine waits between attempts (``asyncio.sleep``; tests pass a recorder).
 
     Raises:
         ValueError: ``config.judge_url`` is unset, or an argument is out of range (named).
@@ -225,6 +226,7 @@ class OpenAIJudgeEngine:
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
         max_retry_wait_s: float = 120.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if not config.judge_url:
             raise ValueError("judge_url: the OpenAI judge engine needs --judge-url URL (base URL ending in /v1)")
@@ -251,6 +253,7 @@ class OpenAIJudgeEngine:
         self.backoff_s = float(backoff_s)
         self.max_backoff_s = float(max_backoff_s)
         self.max_retry_wait_s = float(max_retry_wait_s)
+        self._sleep = sleep
         self._session: aiohttp.ClientSession | None = None
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._info: ModelInfo | None = None
@@ -454,7 +457,7 @@ class OpenAIJudgeEngine:
                 "judge endpoint %s: call %s attempt %d/%d failed (%s); retrying in %.2f s",
                 url, request_id, attempt, self.max_attempts, last.detail, wait,
             )
-            await asyncio.sleep(wait)
+            await self._sleep(wait)
         assert last is not None
         status = f"HTTP {last.status}" if last.status is not None else "no reply"
         raise EngineError(
