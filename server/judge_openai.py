@@ -14,15 +14,16 @@ Wire (OpenAI chat-completions API, which vLLM's API server speaks):
 * ``judge_group``: one ``POST {judge_url}/chat/completions`` per call, all calls of a group
   at once, with ``messages``, ``temperature`` 0, ``top_p`` 1, ``max_tokens``
   (``judge_max_tokens``) and ``n`` 1; the endpoint applies the model's chat template and its
-  generation prompt. At most ``max_concurrency`` requests are in flight across the engine.
+  generation prompt. At most ``OpenAIClientConfig.max_concurrency`` requests are in flight across the engine.
 * API key: the environment variable named by ``judge_api_key_env``, read at ``start``, sent
   as ``Authorization: Bearer …``; unset or empty sends no header. The key is never logged nor
   put in an error message.
 
 Retries: a reply 429 or 5xx, a dropped connection or a timeout is retried up to
-``max_attempts`` attempts in all, waiting the reply's ``Retry-After`` (seconds or an HTTP
-date) when it has one, else an exponential backoff (``backoff_s`` doubling up to
-``max_backoff_s``). A ``Retry-After`` longer than ``max_retry_wait_s`` ends the retries.
+``max_attempts`` attempts in all (:class:`OpenAIClientConfig`), waiting the reply's
+``Retry-After`` (seconds or an HTTP date) when it has one, else an exponential backoff
+(``backoff_s`` doubling up to ``max_backoff_s``). A ``Retry-After`` longer than
+``max_retry_wait_s`` ends the retries.
 Then :class:`~rmserve.errors.EngineError` names the URL and the last status (or connection
 error). Other 4xx replies are not retried.
 
@@ -55,6 +56,7 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -74,20 +76,55 @@ ENGINE_NAME = "openai"
 REMOTE_DTYPE = "remote"
 """``ModelInfo.dtype`` of a remote judge: the endpoint does not say how it computes."""
 
-DEFAULT_MAX_CONCURRENCY = 16
-"""Requests in flight at most across one engine (every group together). Enough to keep a
-local vLLM server's batch full with a ranking or rating workload; lower it for a hosted API
-with a small rate limit."""
+@dataclass(frozen=True)
+class OpenAIClientConfig:
+    """How the engine talks to the endpoint: concurrency, timeouts and retries.
 
-DEFAULT_MAX_ATTEMPTS = 5
-"""Attempts per call at most (the first one included) on 429, 5xx and connection errors."""
+    Attributes:
+        max_concurrency: requests in flight at most across one engine (every group
+            together), ≥ 1. Default 16: enough to keep a vLLM server's batch full with a
+            ranking or rating workload; lower it for a hosted API with a small rate limit.
+        max_attempts: attempts per call at most, the first included, ≥ 1 (default 5), on a
+            429 or 5xx reply, a dropped connection or a timeout.
+        connect_timeout_s: seconds to get a connection (pool wait and connect), > 0; default 10.
+        read_timeout_s: seconds of silence while waiting for a reply before the attempt
+            fails (and is retried), > 0; default 600, since a call generating 2,048 tokens on
+            a busy server may take minutes. There is no total limit per call beyond these.
+        backoff_s: wait after the first failed attempt without ``Retry-After``, ≥ 0 seconds;
+            doubles per attempt (default 0.5).
+        max_backoff_s: cap of that wait, ≥ 0 seconds (default 30).
+        max_retry_wait_s: a ``Retry-After`` longer than this ends the retries at once,
+            ≥ 0 seconds (default 120).
+    """
 
-DEFAULT_CONNECT_TIMEOUT_S = 10.0
-"""Seconds to open a connection to the endpoint."""
+    max_concurrency: int = 16
+    max_attempts: int = 5
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 600.0
+    backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    max_retry_wait_s: float = 120.0
 
-DEFAULT_READ_TIMEOUT_S = 600.0
-"""Seconds of silence from the endpoint before a call counts as failed (and is retried): a
-call generating 2,048 tokens on a busy server may take minutes."""
+    def __post_init__(self) -> None:
+        for name in ("max_concurrency", "max_attempts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: {value!r} must be an integer ≥ 1")
+        for name in ("connect_timeout_s", "read_timeout_s", "backoff_s", "max_backoff_s", "max_retry_wait_s"):
+            value = getattr(self, name)
+            positive = name.endswith("timeout_s")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (positive and value == 0):
+                raise ValueError(f"{name}: {value!r} must be a number {'>' if positive else '≥'} 0 (seconds)")
+
+    def timeout(self) -> aiohttp.ClientTimeout:
+        """The session's timeouts: connect and read bounds, no total bound."""
+        return aiohttp.ClientTimeout(
+            total=None,
+            connect=self.connect_timeout_s,
+            sock_connect=self.connect_timeout_s,
+            sock_read=self.read_timeout_s,
+        )
+
 
 LISTING_TIME_SLACK_S = 300.0
 """A model's ``created`` this close to the listing reply's ``Date`` (seconds) is taken for the
@@ -193,8 +230,8 @@ def is_too_long(status: int, body: str) -> bool:
 class OpenAIJudgeEngine:
     """A :class:`~rmserve.server.protocol.JudgeEngine` over an OpenAI-compatible chat endpoint.
 
-    Built as ``OpenAIJudgeEngine(config)`` (the registry's signature); the keyword arguments
-    tune the HTTP client. One ``aiohttp`` session serves the engine from ``start`` to
+    Built as ``OpenAIJudgeEngine(config)`` (the registry's signature); ``client`` tunes the
+    HTTP client. One ``aiohttp`` session serves the engine from ``start`` to
     ``shutdown``. See the module docstring for the wire, retries and the fingerprint.
 
     Args:
@@ -202,15 +239,11 @@ class OpenAIJudgeEngine:
             ``model`` (the model name at the endpoint), ``judge_api_key_env``,
             ``judge_max_tokens``, ``protocol``, ``compat``; ``served_model_name`` names the
             model in ``ModelInfo`` (default: the endpoint's model name).
-        max_concurrency: requests in flight at most across the engine (≥ 1).
-        max_attempts: attempts per call at most, the first included (≥ 1).
-        connect_timeout_s, read_timeout_s: seconds to connect, and of silence while reading.
-        backoff_s, max_backoff_s: first wait between attempts and its cap (doubling), seconds.
-        max_retry_wait_s: a ``Retry-After`` longer than this ends the retries (seconds).
+        client: concurrency, timeouts and retries (:class:`OpenAIClientConfig`).
         sleep: how the engine waits between attempts (``asyncio.sleep``; tests pass a recorder).
 
     Raises:
-        ValueError: ``config.judge_url`` is unset, or an argument is out of range (named).
+        ValueError: ``config.judge_url`` is unset.
     """
 
     kind = ENGINE_NAME
@@ -218,56 +251,29 @@ class OpenAIJudgeEngine:
     def __init__(
         self,
         config: EngineConfig,
+        client: OpenAIClientConfig | None = None,
         *,
-        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
-        backoff_s: float = 0.5,
-        max_backoff_s: float = 30.0,
-        max_retry_wait_s: float = 120.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if not config.judge_url:
             raise ValueError("judge_url: the OpenAI judge engine needs --judge-url URL (base URL ending in /v1)")
-        for name, value, low in (("max_concurrency", max_concurrency, 1), ("max_attempts", max_attempts, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name}: {value!r} must be an integer ≥ {low}")
-        for name, value in (
-            ("connect_timeout_s", connect_timeout_s),
-            ("read_timeout_s", read_timeout_s),
-            ("backoff_s", backoff_s),
-            ("max_backoff_s", max_backoff_s),
-            ("max_retry_wait_s", max_retry_wait_s),
-        ):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{name}: {value!r} must be a number ≥ 0 (seconds)")
         self.config = config
+        self.client = client or OpenAIClientConfig()
         self.url = config.judge_url.rstrip("/")
         self.model = config.judge_model or config.model
         self.max_tokens = config.judge_max_tokens
-        self.max_concurrency = max_concurrency
-        self.max_attempts = max_attempts
-        self.connect_timeout_s = float(connect_timeout_s)
-        self.read_timeout_s = float(read_timeout_s)
-        self.backoff_s = float(backoff_s)
-        self.max_backoff_s = float(max_backoff_s)
-        self.max_retry_wait_s = float(max_retry_wait_s)
         self._sleep = sleep
         self._session: aiohttp.ClientSession | None = None
-        self._semaphore = asyncio.Semaphore(max_concurrency)
+        self._semaphore = asyncio.Semaphore(self.client.max_concurrency)
         self._info: ModelInfo | None = None
         self._closing = False
+        self._auth: dict[str, str] = {}
         self.start_time_s: float | None = None
 
     def __repr__(self) -> str:  # never shows the API key
         return f"OpenAIJudgeEngine(url={self.url!r}, model={self.model!r})"
 
     # --- lifecycle ----------------------------------------------------------------------
-
-    def _headers(self) -> dict[str, str]:
-        key = os.environ.get(self.config.judge_api_key_env)
-        return {"Authorization": f"Bearer {key}"} if key else {}
 
     async def start(self) -> LoadedModel:
         """Open the session, check the model is listed at ``{judge_url}/models`` and describe it.
@@ -289,12 +295,25 @@ class OpenAIJudgeEngine:
         if self._info is not None:
             return LoadedModel(info=self._info)
         began = time.monotonic()
+        key = os.environ.get(self.config.judge_api_key_env)
+        self._auth = {"Authorization": f"Bearer {key}"} if key else {}
+        try:
+            return self._started(await self._describe(), began)
+        except BaseException:
+            session, self._session = self._session, None
+            if session is not None:
+                await session.close()
+            raise
+
+    async def _describe(self) -> ModelInfo:
+        """Open the session, read the listing and build the model's info (see :meth:`start`)."""
         if self._session is None:
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=self.read_timeout_s)
-            self._session = aiohttp.ClientSession(timeout=timeout)
+            self._session = aiohttp.ClientSession(
+                timeout=self.client.timeout(), connector=aiohttp.TCPConnector(limit=self.client.max_concurrency)
+            )
         listing_url = f"{self.url}/models"
         try:
-            async with self._session.get(listing_url, headers=self._headers()) as reply:
+            async with self._session.get(listing_url, headers=self._auth) as reply:
                 body = await reply.text()
                 status = reply.status
                 date = reply.headers.get("Date")
@@ -348,7 +367,7 @@ class OpenAIJudgeEngine:
         fingerprint = endpoint_fingerprint(
             self.url, self.model, entry, settings, listing_time=listing_time if listing_time is not None else time.time()
         )
-        self._info = ModelInfo(
+        return ModelInfo(
             name=self.config.served_model_name or self.model,
             max_model_len=max_model_len,
             dtype=REMOTE_DTYPE,
@@ -358,12 +377,15 @@ class OpenAIJudgeEngine:
             mode=self.config.protocol,
             compat=self.config.compat,
         )
+
+    def _started(self, info: ModelInfo, began: float) -> LoadedModel:
+        self._info = info
         self.start_time_s = time.monotonic() - began
         logger.info(
             "OpenAI judge endpoint %s serves %r (max_model_len %s), checked in %.2f s",
-            self.url, self.model, max_model_len or "unknown", self.start_time_s,
+            self.url, self.model, info.max_model_len or "unknown", self.start_time_s,
         )
-        return LoadedModel(info=self._info)
+        return LoadedModel(info=info)
 
     def info(self) -> ModelInfo:
         """What ``start`` found.
@@ -437,31 +459,31 @@ class OpenAIJudgeEngine:
         url = f"{self.url}/chat/completions"
         body = self._body(messages)
         last: RemoteCallError | None = None
-        for attempt in range(1, self.max_attempts + 1):
+        for attempt in range(1, self.client.max_attempts + 1):
             try:
                 async with self._semaphore:
                     return await self._attempt(index, url, body, request_id)
             except RemoteCallError as exc:
                 last = exc
-            if attempt == self.max_attempts:
+            if attempt == self.client.max_attempts:
                 break
-            wait = min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s)
+            wait = min(self.client.backoff_s * 2 ** (attempt - 1), self.client.max_backoff_s)
             if last.retry_after_s is not None:
-                if last.retry_after_s > self.max_retry_wait_s:
+                if last.retry_after_s > self.client.max_retry_wait_s:
                     raise EngineError(
                         f"judge endpoint {url}: call {index} got HTTP {last.status} asking to retry after "
-                        f"{last.retry_after_s:.0f} s, over the {self.max_retry_wait_s:.0f} s limit: {last.detail}"
+                        f"{last.retry_after_s:.0f} s, over the {self.client.max_retry_wait_s:.0f} s limit: {last.detail}"
                     )
                 wait = last.retry_after_s
             logger.warning(
                 "judge endpoint %s: call %s attempt %d/%d failed (%s); retrying in %.2f s",
-                url, request_id, attempt, self.max_attempts, last.detail, wait,
+                url, request_id, attempt, self.client.max_attempts, last.detail, wait,
             )
             await self._sleep(wait)
         assert last is not None
         status = f"HTTP {last.status}" if last.status is not None else "no reply"
         raise EngineError(
-            f"judge endpoint {url}: call {index} failed after {self.max_attempts} attempts; "
+            f"judge endpoint {url}: call {index} failed after {self.client.max_attempts} attempts; "
             f"last: {status}: {last.detail}"
         )
 
@@ -469,7 +491,7 @@ class OpenAIJudgeEngine:
         session = self._session
         if session is None or self._closing:
             raise EngineNotReady("the OpenAI judge engine is shut down")
-        headers = {**self._headers(), "X-Request-Id": request_id}
+        headers = {**self._auth, "X-Request-Id": request_id}
         try:
             async with session.post(url, json=body, headers=headers) as reply:
                 text = await reply.text()

@@ -19,7 +19,7 @@ from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, Sequence
 from rmserve.schema import Message
 from rmserve.server.config import EngineConfig
 from rmserve.server.judge_openai import (
-    DEFAULT_MAX_CONCURRENCY,
+    OpenAIClientConfig,
     OpenAIJudgeEngine,
     endpoint_fingerprint,
     retry_after_seconds,
@@ -151,8 +151,8 @@ async def engines():
     """Collects engines made in a test and shuts them down at its end."""
     made: list[OpenAIJudgeEngine] = []
 
-    def make(cfg: EngineConfig, **kwargs) -> OpenAIJudgeEngine:
-        engine = OpenAIJudgeEngine(cfg, **kwargs)
+    def make(cfg: EngineConfig, *, sleep=asyncio.sleep, **client) -> OpenAIJudgeEngine:
+        engine = OpenAIJudgeEngine(cfg, OpenAIClientConfig(**client), sleep=sleep)
         made.append(engine)
         return engine
 
@@ -412,7 +412,7 @@ async def test_concurrency_is_bounded_across_the_engine(stub_server, engines):
     first, second = await asyncio.gather(engine.judge_group(calls[:3], "a"), engine.judge_group(calls[3:], "b"))
     assert [o.text for o in first + second] == [f"verdict for: q{i}" for i in range(5)]
     assert stub.max_inflight == 2
-    assert DEFAULT_MAX_CONCURRENCY == 16
+    assert OpenAIClientConfig().max_concurrency == 16
 
 
 async def test_lifecycle_errors_and_idempotent_shutdown(stub_server, engines):
@@ -430,11 +430,15 @@ async def test_lifecycle_errors_and_idempotent_shutdown(stub_server, engines):
         await engine.judge_group(CALLS, "r")
 
 
-def test_constructor_refuses_a_config_without_url_and_bad_arguments():
+def test_constructor_refuses_a_config_without_url_and_bad_client_settings():
     with pytest.raises(ValueError, match="judge_url"):
         OpenAIJudgeEngine(EngineConfig(model=MODEL, kind="judge"))
     with pytest.raises(ValueError, match="max_concurrency: 0 must be an integer ≥ 1"):
-        OpenAIJudgeEngine(config("http://x/v1"), max_concurrency=0)
+        OpenAIClientConfig(max_concurrency=0)
+    with pytest.raises(ValueError, match="read_timeout_s: 0 must be a number > 0"):
+        OpenAIClientConfig(read_timeout_s=0)
+    with pytest.raises(ValueError, match="backoff_s: -1 must be a number ≥ 0"):
+        OpenAIClientConfig(backoff_s=-1)
 
 
 def test_retry_after_header_values():
