@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rmserve.datasets import load_rmbench
+from rmserve.errors import SequenceTooLong, ServerFault
 from rmserve.schema import Group, Message
 from rmserve.server.config import EngineConfig
 from rmserve.server.judge_openai import OpenAIJudgeEngine
@@ -146,3 +147,52 @@ async def test_outputs_equal_transformers_greedy(api_server, demo_judge_dir, nam
         # The ranking protocol sends a system message; the demo chat template renders it.
         assert [m.role for m in calls[0]] == ["system", "user"]
         assert expected[0][4].startswith("<s><|system|>\n")
+
+
+def words_for_prompt_tokens(model_dir: Path, tokens: int) -> str:
+    """A user message of repeated words whose chat-templated prompt is exactly ``tokens`` long
+    (checked with the tokenizer)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def length(n: int) -> int:
+        chat = [{"role": "user", "content": "word " * n}]
+        prompt = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+    n = max(1, tokens - length(1) - 8)
+    while length(n + 1) <= tokens:
+        n += 1
+    assert length(n) == tokens, (n, length(n))
+    return "word " * n
+
+
+async def test_prompt_filling_the_context_is_too_long_and_one_token_less_fits(api_server, demo_judge_dir):
+    engine = OpenAIJudgeEngine(
+        EngineConfig(model=SERVED_NAME, kind="judge", judge_url=api_server, judge_max_tokens=MAX_TOKENS)
+    )
+    try:
+        await engine.start()
+        for tokens in (MAX_MODEL_LEN, MAX_MODEL_LEN + 50):
+            with pytest.raises(SequenceTooLong) as caught:
+                await engine.judge_group(
+                    [[Message("user", "short")], [Message("user", words_for_prompt_tokens(demo_judge_dir, tokens))]], "long"
+                )
+            assert caught.value.field == "messages"
+            assert caught.value.limit == MAX_MODEL_LEN
+        # One token of room: vLLM cuts max_tokens to it, and the output ends at the length limit.
+        [output] = await engine.judge_group(
+            [[Message("user", words_for_prompt_tokens(demo_judge_dir, MAX_MODEL_LEN - 1))]], "fits"
+        )
+        assert (output.prompt_tokens, output.completion_tokens, output.finish_reason) == (MAX_MODEL_LEN - 1, 1, "length")
+    finally:
+        await engine.shutdown()
+
+
+async def test_model_not_served_names_what_is(api_server):
+    engine = OpenAIJudgeEngine(EngineConfig(model="some-other-judge", kind="judge", judge_url=api_server))
+    with pytest.raises(ServerFault) as caught:
+        await engine.start()
+    assert f"'some-other-judge' is not served at judge_url {api_server} (it lists '{SERVED_NAME}')" in str(caught.value)
+    await engine.shutdown()
