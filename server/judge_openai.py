@@ -203,9 +203,12 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def _error_text(body: str) -> str:
+def _error_text(body: str, secret: str | None = None) -> str:
     """The ``error.message`` of an OpenAI error body (or the body), at most 1,000 characters
-    (longer ones end in ``…``)."""
+    (longer ones end in ``…``), with every occurrence of ``secret`` (the API key, should the
+    server echo it) replaced by ``***``."""
+    if secret:
+        body = body.replace(secret, "***")
     text = body
     try:
         parsed = json.loads(body)
@@ -267,6 +270,7 @@ class OpenAIJudgeEngine:
         self._semaphore = asyncio.Semaphore(self.client.max_concurrency)
         self._info: ModelInfo | None = None
         self._closing = False
+        self._key: str | None = None
         self._auth: dict[str, str] = {}
         self.start_time_s: float | None = None
 
@@ -295,8 +299,8 @@ class OpenAIJudgeEngine:
         if self._info is not None:
             return LoadedModel(info=self._info)
         began = time.monotonic()
-        key = os.environ.get(self.config.judge_api_key_env)
-        self._auth = {"Authorization": f"Bearer {key}"} if key else {}
+        self._key = os.environ.get(self.config.judge_api_key_env) or None
+        self._auth = {"Authorization": f"Bearer {self._key}"} if self._key else {}
         try:
             return self._started(await self._describe(), began)
         except BaseException:
@@ -324,16 +328,18 @@ class OpenAIJudgeEngine:
         if status in (401, 403):
             raise ServerFault(
                 f"judge_url: {listing_url} refused the API key (HTTP {status}); set the environment variable "
-                f"{self.config.judge_api_key_env} (judge_api_key_env) to a valid key: {_error_text(body)}",
+                f"{self.config.judge_api_key_env} (judge_api_key_env) to a valid key: {_error_text(body, self._key)}",
                 field="judge_api_key_env",
             )
         if status != 200:
-            raise ServerFault(f"judge_url: {listing_url} answered HTTP {status}: {_error_text(body)}", field="judge_url")
+            raise ServerFault(
+                f"judge_url: {listing_url} answered HTTP {status}: {_error_text(body, self._key)}", field="judge_url"
+            )
         entries = _model_entries(body)
         if entries is None:
             raise ServerFault(
                 f"judge_url: {listing_url} did not answer an OpenAI model list ({{'data': [{{'id': …}}]}}): "
-                f"{_error_text(body)}",
+                f"{_error_text(body, self._key)}",
                 field="judge_url",
             )
         entry = next((e for e in entries if e.get("id") == self.model), None)
@@ -512,14 +518,14 @@ class OpenAIJudgeEngine:
             raise SequenceTooLong(
                 f"messages: judge call {index}'s prompt does not fit the judge model's context"
                 f"{f' of {limit} tokens' if limit else ''} with room for one generated token "
-                f"({url} answered HTTP {status}: {_error_text(text)})",
+                f"({url} answered HTTP {status}: {_error_text(text, self._key)})",
                 field="messages",
                 value=int(value.group(1)) if value else None,
                 limit=limit,
             )
         if status in _RETRY_STATUSES:
-            raise RemoteCallError(status, _error_text(text), retry_after)
-        raise EngineError(f"judge endpoint {url}: call {index} refused with HTTP {status}: {_error_text(text)}")
+            raise RemoteCallError(status, _error_text(text, self._key), retry_after)
+        raise EngineError(f"judge endpoint {url}: call {index} refused with HTTP {status}: {_error_text(text, self._key)}")
 
 
 def _model_entries(body: str) -> list[dict[str, Any]] | None:

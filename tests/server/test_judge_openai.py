@@ -71,7 +71,9 @@ class Stub:
     async def list_models(self, request: web.Request) -> web.Response:
         self.model_requests.append(request.headers.copy())
         if self.models_status != 200:
-            return web.json_response({"error": {"message": "bad key"}}, status=self.models_status)
+            # Echo the key, as a careless server might: the engine must not repeat it.
+            key = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            return web.json_response({"error": {"message": f"invalid key {key}"}}, status=self.models_status)
         data = []
         for name in self.models:
             entry = {"id": name, "object": "model", "owned_by": "stub", "root": f"/models/{name}", "created": 1700000000}
@@ -373,7 +375,8 @@ async def test_refused_key_names_the_variable_not_the_key(stub_server, engines, 
     with pytest.raises(ServerFault) as caught:
         await engine.start()
     assert "RMSERVE_JUDGE_API_KEY" in str(caught.value)
-    assert "sk-wrong-456" not in str(caught.value)
+    assert str(caught.value).endswith("invalid key ***")
+    assert stub.model_requests[0]["Authorization"] == "Bearer sk-wrong-456"
 
 
 async def test_max_model_len_falls_back_to_the_config_then_unknown(stub_server, engines):
