@@ -14,7 +14,11 @@ Wire (OpenAI chat-completions API, which vLLM's API server speaks):
 * ``judge_group``: one ``POST {judge_url}/chat/completions`` per call, all calls of a group
   at once, with ``messages``, ``temperature`` 0, ``top_p`` 1, ``max_tokens``
   (``judge_max_tokens``) and ``n`` 1; the endpoint applies the model's chat template and its
-  generation prompt. At most ``OpenAIClientConfig.max_concurrency`` requests are in flight across the engine.
+  generation prompt. At most ``OpenAIClientConfig.max_concurrency`` requests are in flight
+  across the engine. A cancelled group (client gone) closes its connections, which makes a
+  vLLM server abort those requests. ``cached_tokens`` is read from
+  ``usage.prompt_tokens_details`` (a vLLM server reports it only when started with
+  ``--enable-prompt-tokens-details``; else 0).
 * API key: the environment variable named by ``judge_api_key_env``, read at ``start``, sent
   as ``Authorization: Bearer …``; unset or empty sends no header. The key is never logged nor
   put in an error message.
@@ -23,9 +27,8 @@ Retries: a reply 429 or 5xx, a dropped connection or a timeout is retried up to
 ``max_attempts`` attempts in all (:class:`OpenAIClientConfig`), waiting the reply's
 ``Retry-After`` (seconds or an HTTP date) when it has one, else an exponential backoff
 (``backoff_s`` doubling up to ``max_backoff_s``). A ``Retry-After`` longer than
-``max_retry_wait_s`` ends the retries.
-Then :class:`~rmserve.errors.EngineError` names the URL and the last status (or connection
-error). Other 4xx replies are not retried.
+``max_retry_wait_s`` ends the retries. Then :class:`~rmserve.errors.EngineError` names the
+URL and the last status (or connection error). Other 4xx replies are not retried.
 
 A prompt too long for the model: a 400 whose error says the context length is exceeded
 (OpenAI's ``context_length_exceeded``, vLLM's "maximum context length" message, and vLLM's
