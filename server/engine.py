@@ -995,8 +995,10 @@ class VLLMJudgeEngine(_VLLMAdapter):
             request_id: unique prefix for the engine's request ids.
 
         Returns:
-            One :class:`~rmserve.server.judge_protocols.JudgeOutput` per call: the text as
-            generated (unstripped, special tokens skipped), prompt tokens, generated tokens
+            One :class:`~rmserve.server.judge_protocols.JudgeOutput` per call: the text of
+            the generated tokens (unstripped, :meth:`JudgeRenderer.decode
+            <rmserve.server.judge_render.JudgeRenderer.decode>`, in a worker thread; vLLM's own
+            detokenizer is off), prompt tokens, generated tokens
             (a final EOS included), ``finish_reason`` ``stop`` or ``length`` (cut at
             ``max_tokens`` or at the context), and the prompt tokens read from the prefix cache.
 
@@ -1010,19 +1012,26 @@ class VLLMJudgeEngine(_VLLMAdapter):
         loaded = self._require_serving()
         assert loaded.judge is not None
         prompts = await asyncio.to_thread(loaded.judge.render, calls)
-        params = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=self.max_tokens)
+        params = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=self.max_tokens, detokenize=False)
         request_ids = [f"{request_id}-{k}" for k in range(len(prompts))]
         with self._in_flight():
-            outputs = await self._gather_or_abort(
+            generated = await self._gather_or_abort(
                 loaded.engine,
                 [self._judge_one(loaded.engine, ids, rid, params) for ids, rid in zip(prompts, request_ids, strict=True)],
                 request_ids,
             )
+        texts = await asyncio.to_thread(loaded.judge.decode_all, [tokens for tokens, _, _ in generated])
+        outputs = [
+            JudgeOutput(text=text, prompt_tokens=len(ids), completion_tokens=len(tokens), finish_reason=reason,
+                        cached_tokens=cached)
+            for text, ids, (tokens, reason, cached) in zip(texts, prompts, generated, strict=True)
+        ]
         for output in outputs:
             self._count(output.prompt_tokens, output.cached_tokens)
         return outputs
 
-    async def _judge_one(self, engine: Any, ids: Sequence[int], request_id: str, params: Any) -> JudgeOutput:
+    async def _judge_one(self, engine: Any, ids: Sequence[int], request_id: str, params: Any) -> tuple[list[int], str, int]:
+        """(generated token ids, finish reason, prompt tokens read from the prefix cache) of one call."""
         final = await _final_output(engine.generate(_tokens_input(list(ids)), params, request_id=request_id), request_id)
         error = getattr(final, "error", None)
         if error is not None:
@@ -1033,13 +1042,7 @@ class VLLMJudgeEngine(_VLLMAdapter):
         reason = None if completion.finish_reason is None else str(completion.finish_reason)
         if reason not in JUDGE_FINISH_REASONS:
             raise EngineError(f"vLLM ended request {request_id} with finish_reason {reason!r}")
-        return JudgeOutput(
-            text=completion.text,
-            prompt_tokens=len(ids),
-            completion_tokens=len(completion.token_ids),
-            finish_reason=reason,
-            cached_tokens=int(final.num_cached_tokens or 0),
-        )
+        return list(completion.token_ids), reason, int(final.num_cached_tokens or 0)
 
 
 ENGINE_SHUTDOWN_TIMEOUT_S = 20.0

@@ -581,8 +581,8 @@ class HFJudgeEngine(EngineLifecycle[_JudgeLoaded]):
     parameters). Stop tokens: the tokenizer's EOS and the ``eos_token_id`` (one or a list) of
     the checkpoint's generation config, as vLLM stops. ``n`` is ``max_tokens``, or fewer when
     the context ends first (:func:`~rmserve.server.judge_render.max_new_tokens`): the same cut
-    vLLM makes, ``finish_reason="length"``. The text is the generated tokens decoded with
-    ``skip_special_tokens=True``. No prefix cache (``cached_tokens`` 0). Used with
+    vLLM makes, ``finish_reason="length"``. The text is the generated tokens decoded in one
+    piece with ``skip_special_tokens=True``, as the vLLM judge decodes. No prefix cache (``cached_tokens`` 0). Used with
     ``--engine hf`` and as the independent reference of the vLLM judge's texts.
 
     Args:
@@ -685,7 +685,7 @@ class HFJudgeEngine(EngineLifecycle[_JudgeLoaded]):
     def _generate_all(self, loaded: _JudgeLoaded, prompts: Sequence[Sequence[int]]) -> list[JudgeOutput]:
         return [
             greedy_generate(
-                loaded.model, loaded.renderer.tokenizer, ids, max_tokens=self.max_tokens,
+                loaded.model, loaded.renderer, ids, max_tokens=self.max_tokens,
                 context_tokens=loaded.context_tokens, stop_ids=loaded.stop_ids, pad_id=loaded.pad_id,
                 device=loaded.device,
             )
@@ -694,14 +694,14 @@ class HFJudgeEngine(EngineLifecycle[_JudgeLoaded]):
 
 
 def greedy_generate(
-    model: Any, tokenizer: Any, ids: Sequence[int], *, max_tokens: int, context_tokens: int,
+    model: Any, renderer: JudgeRenderer, ids: Sequence[int], *, max_tokens: int, context_tokens: int,
     stop_ids: Sequence[int], pad_id: int, device: torch.device,
 ) -> JudgeOutput:
     """One greedy transformers generation of the prompt ``ids`` (no padding, batch of one).
 
     Returns:
-        The :class:`~rmserve.server.judge_protocols.JudgeOutput`: text decoded with
-        ``skip_special_tokens=True``, prompt and generated token counts (a final stop token
+        The :class:`~rmserve.server.judge_protocols.JudgeOutput`: text
+        (:meth:`JudgeRenderer.decode <rmserve.server.judge_render.JudgeRenderer.decode>`), prompt and generated token counts (a final stop token
         included), ``finish_reason`` (:func:`~rmserve.server.judge_render.finish_reason`),
         ``cached_tokens`` 0.
     """
@@ -716,7 +716,7 @@ def greedy_generate(
         out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
     generated = out[0, len(ids):].tolist()
     return JudgeOutput(
-        text=tokenizer.decode(generated, skip_special_tokens=True),
+        text=renderer.decode(generated),
         prompt_tokens=len(ids),
         completion_tokens=len(generated),
         finish_reason=finish_reason(generated, set(stop_ids), limit),

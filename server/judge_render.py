@@ -113,6 +113,17 @@ class JudgeRenderer:
         check_prompt_lengths(ids, self.max_prompt_tokens)
         return ids
 
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of generated tokens, decoded in one piece with ``skip_special_tokens=True``
+        (a final EOS leaves no trace). Both local judge engines read their texts this way, so
+        equal tokens give equal texts; a character cut in the middle by ``max_tokens`` shows as
+        U+FFFD, where vLLM's streaming detokenizer would withhold its bytes."""
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def decode_all(self, outputs: Sequence[Sequence[int]]) -> list[str]:
+        """:meth:`decode` of every output (for one worker-thread hop per group)."""
+        return [self.decode(ids) for ids in outputs]
+
 
 def check_prompt_lengths(prompts: Sequence[Sequence[int]], max_prompt_tokens: int) -> None:
     """The length rule of judge prompts.

@@ -42,6 +42,10 @@ class FakeTokenizer:
         text = "<" + "".join(f"[{m['role'][0]}]{m['content']}|" for m in chat)
         return text + ("[a]" if add_generation_prompt else "")
 
+    def decode(self, ids, *, skip_special_tokens):
+        assert skip_special_tokens is True
+        return "".join(chr(i) for i in ids if i != 2)  # id 2 plays EOS, a special token
+
     def __call__(self, texts, *, add_special_tokens):
         assert add_special_tokens is False
         return {"input_ids": [[ord(c) for c in text] for text in texts]}
@@ -85,6 +89,12 @@ def test_template_errors_and_empty_calls_name_messages():
         renderer.render([])
     with pytest.raises(ValueError, match="max_prompt_tokens"):
         JudgeRenderer(FakeTokenizer(), chat_template="T", max_prompt_tokens=0)
+
+
+def test_decode_skips_special_tokens_and_keeps_spaces():
+    renderer, _ = _renderer(100)
+    assert renderer.decode([32, 104, 105, 32, 2]) == " hi "
+    assert renderer.decode_all([[104], [], [2]]) == ["h", "", ""]
 
 
 def test_check_prompt_lengths_by_hand():
