@@ -202,6 +202,10 @@ def test_info_is_a_judge_with_the_checkpoint_fingerprint(vllm_judge, hf_judge, d
         assert (info.kind, info.mode, info.compat, info.engine) == ("judge", "auto", "none", name)
         assert (info.max_model_len, info.dtype, info.fingerprint) == (4095, "float32", expected)
     assert vllm_judge.max_tokens == hf_judge.max_tokens == JUDGE_MAX_TOKENS
+    from rmserve.server.protocol import JudgeEngine, SupportsPrefixCacheStats
+
+    assert isinstance(vllm_judge, JudgeEngine) and isinstance(hf_judge, JudgeEngine)
+    assert isinstance(vllm_judge, SupportsPrefixCacheStats)
 
 
 def _without_template(demo: Path, out: Path) -> Path:
