@@ -43,6 +43,24 @@ its implicit reward instead, two ways (paths ``a`` and ``d`` only):
 Both score the token ids rmserve's :class:`~rmserve.server.dpo_render.DPORenderer` renders
 (``--compat`` as on the server), so their rewards must agree within ``--atol``.
 
+``--kind judge`` measures a generative judge (a chat model) on the calls
+:func:`~rmserve.server.judge_protocols.plan_group` makes for each group (RM-Bench: rmserve's
+pairwise protocol, 18 calls per group), greedy, ``--judge-max-tokens`` per call, two ways on
+the same in-process :class:`~rmserve.server.engine.VLLMJudgeEngine` settings:
+
+* ``a`` — the official way: one call at a time, each awaited before the next (as the official
+  RewardBench generative script generates, one prompt after the other).
+* ``c`` — the rmserve engine path: each group's calls in one ``judge_group`` (submitted
+  together, so they share the prefix cache), ``--max-groups-in-flight`` groups at once.
+
+Reported per path: completed groups/s, calls/s, prompt and generated tokens, prefix-cache hit
+tokens, outputs cut at the length limit, unparsed calls, latency and peak RSS. The texts of
+``c`` must equal ``a``'s call by call, and the scores (``score_group``) group by group; the run
+exits with status 1 and counts the differences otherwise. A full server path (``d``:
+RewardClient → HTTP → ``rmserve serve --kind judge``) plugs in as one runner in
+:data:`JUDGE_RUNNERS` returning the calls' outputs (a server record's ``judge.calls`` carry the
+same fields). Results: ``<out>/<date>-<machine>-judge[-<tag>].json`` and ``.md``.
+
 Results: ``<out>/<date>-<machine>[-<tag>].json`` and ``.md`` (also printed), with machine,
 versions and the command line. Run from the repository root, for example::
 
@@ -607,8 +625,10 @@ def run_server_path(spec: dict[str, Any]) -> PathResult:
     )
 
 
-def run_path(name: str, spec: dict[str, Any]) -> PathResult:
-    """Run path ``name`` (a, b, c or d) in this process."""
+def run_path(name: str, spec: dict[str, Any]) -> PathResult | JudgePathResult:
+    """Run path ``name`` (a, b, c or d; for a judge those of :data:`JUDGE_RUNNERS`) in this process."""
+    if spec.get("kind") == "judge":
+        return JUDGE_RUNNERS[name](spec)
     if name == "a":
         return run_reference_dpo(spec) if spec.get("kind") == "dpo" else run_reference(spec)
     if name == "b":
@@ -620,8 +640,9 @@ def run_path(name: str, spec: dict[str, Any]) -> PathResult:
     raise ValueError(f"unknown path {name!r}; expected one of a, b, c, d")
 
 
-def run_path_in_child(name: str, spec_path: Path, work_dir: Path) -> tuple[PathResult, int]:
-    """Run one path in a fresh interpreter; return its result and the peak RSS of its process tree."""
+def run_path_in_child(name: str, spec_path: Path, work_dir: Path, result_type: type = PathResult) -> tuple[Any, int]:
+    """Run one path in a fresh interpreter; return its result (``result_type(**data)``; ``dict``
+    for the raw data) and the peak RSS of its process tree."""
     result_path = work_dir / f"result-{name}.json"
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--spec", str(spec_path),
             "--result", str(result_path)]
@@ -633,7 +654,318 @@ def run_path_in_child(name: str, spec_path: Path, work_dir: Path) -> tuple[PathR
         tail = (work_dir / f"worker-{name}.log").read_text(errors="replace").splitlines()[-40:]
         raise SystemExit(f"path {name} failed (exit {code}); last lines of its log:\n" + "\n".join(tail))
     data = json.loads(result_path.read_text())
-    return PathResult(**data), peak.peak_bytes
+    return (data if result_type is dict else result_type(**data)), peak.peak_bytes
+
+
+# --- a generative judge (--kind judge) -------------------------------------------------------
+
+JUDGE_PATHS: tuple[str, ...] = ("a", "c")
+"""Paths of ``--kind judge``; the full server path (``d``: RewardClient → HTTP → ``rmserve serve
+--kind judge``) is added by a runner in :data:`JUDGE_RUNNERS` and a title here."""
+JUDGE_PATH_TITLES: dict[str, str] = {
+    "a": "official way: vLLM judge engine in-process, one call at a time (each awaited before the next)",
+    "c": "rmserve engine path: a group's calls via judge_group together, groups concurrently",
+}
+JUDGE_TARGET = ("c", "a", 3.0, "(c)/(a) completed groups/s ≥ 3.0× (the one-call-at-a-time official way)")
+
+
+@dataclass
+class JudgePathResult:
+    """What one judge path measured: per group, per planned call, the call's output
+    (``text``, ``prompt_tokens``, ``completion_tokens``, ``finish_reason``, ``cached_tokens``:
+    the fields of :class:`~rmserve.server.judge_protocols.JudgeOutput`, which a server's
+    :class:`~rmserve.judge_records.JudgeCall` also carries); times in seconds."""
+
+    outputs: list[list[dict[str, Any]]]
+    wall_s: float
+    latencies_s: list[float]
+    startup_s: float
+    notes: str = ""
+
+
+def judge_plans(groups: Sequence[Group], seed: int, compat: str) -> list[Any]:
+    """:func:`~rmserve.server.judge_protocols.plan_group` of every group (the server's plan)."""
+    from rmserve.server.judge_protocols import JudgeProtocolConfig, plan_group
+
+    config = JudgeProtocolConfig(seed=seed, compat=compat)
+    return [plan_group(group, config) for group in groups]
+
+
+def judge_calls(spec: dict[str, Any]) -> tuple[list[list[list[Message]]], list[list[Message]]]:
+    """(per group its calls' messages, the warm-up group's calls) of a judge spec."""
+    groups = msgspec.json.decode(spec["groups_json"], type=list[Group])
+    warm = msgspec.json.decode(spec["warmup_group_json"], type=Group)
+    plans = judge_plans([*groups, warm], spec["judge_seed"], spec["compat"])
+    calls = [[list(p.messages) for p in plan.prompts] for plan in plans]
+    return calls[:-1], calls[-1]
+
+
+def _output_dict(output: Any) -> dict[str, Any]:
+    return {
+        "text": output.text, "prompt_tokens": output.prompt_tokens, "completion_tokens": output.completion_tokens,
+        "finish_reason": output.finish_reason, "cached_tokens": output.cached_tokens,
+    }
+
+
+async def _run_judge_engine(spec: dict[str, Any], *, grouped: bool) -> JudgePathResult:
+    """Paths a (``grouped=False``: every call alone, awaited before the next, groups in order)
+    and c (``grouped=True``: each group's calls in one ``judge_group``, up to
+    ``max_groups_in_flight`` groups at once) on one in-process VLLMJudgeEngine, prefix caching
+    on in both (vLLM's default)."""
+    from rmserve.server.engine import VLLMJudgeEngine
+
+    calls, warm_calls = judge_calls(spec)
+    engine = VLLMJudgeEngine(_engine_config(spec, prefix_caching=True))
+    started = time.perf_counter()
+    await engine.start()
+    startup_s = time.perf_counter() - started
+    try:
+        await engine.judge_group(warm_calls, "warm-up")
+        await engine.reset_prefix_cache()
+        n = len(calls)
+        outputs: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+        first_start, last_done = [0.0] * n, [0.0] * n
+        t0 = time.perf_counter()
+        if grouped:
+            gate = asyncio.Semaphore(spec["max_groups_in_flight"])
+
+            async def one_group(i: int) -> None:
+                async with gate:
+                    first_start[i] = time.perf_counter()
+                    got = await engine.judge_group(calls[i], f"g{i}")
+                    last_done[i] = time.perf_counter()
+                outputs[i] = [_output_dict(o) for o in got]
+
+            await asyncio.gather(*(one_group(i) for i in range(n)))
+        else:
+            for i in range(n):
+                first_start[i] = time.perf_counter()
+                for k, call in enumerate(calls[i]):
+                    (got,) = await engine.judge_group([call], f"g{i}-{k}")
+                    outputs[i].append(_output_dict(got))
+                last_done[i] = time.perf_counter()
+        wall_s = time.perf_counter() - t0
+    finally:
+        await engine.shutdown()
+    return JudgePathResult(outputs, wall_s, _latencies(first_start, last_done), startup_s)
+
+
+JUDGE_RUNNERS: dict[str, Any] = {
+    "a": lambda spec: asyncio.run(_run_judge_engine(spec, grouped=False)),
+    "c": lambda spec: asyncio.run(_run_judge_engine(spec, grouped=True)),
+}
+"""Path name → runner (``spec`` → :class:`JudgePathResult`), run in a child process."""
+
+
+def judge_outputs(result: JudgePathResult) -> list[list[Any]]:
+    """The path's outputs as :class:`~rmserve.server.judge_protocols.JudgeOutput` s, ``[group][call]``."""
+    from rmserve.server.judge_protocols import JudgeOutput
+
+    return [[JudgeOutput(**o) for o in group] for group in result.outputs]
+
+
+def judge_scores(groups: Sequence[Group], plans: Sequence[Any], outputs: Sequence[Sequence[Any]], config: Any) -> list[Any]:
+    """:func:`~rmserve.server.judge_protocols.score_group` of every group (the server's reading)."""
+    from rmserve.server.judge_protocols import score_group
+
+    return [score_group(g, p, o, config) for g, p, o in zip(groups, plans, outputs, strict=True)]
+
+
+def group_score(result: Any) -> tuple[Any, ...]:
+    """What a group's judge result scores: (credit, ratings, cells, per call the parsed verdict/rating)."""
+    return (result.credit, result.ratings, result.cells, tuple((c.parse.verdict, c.parse.rating) for c in result.calls))
+
+
+def judge_differences(
+    groups: Sequence[Group], mine: Sequence[Sequence[Any]], reference: Sequence[Sequence[Any]],
+    mine_scores: Sequence[Any], reference_scores: Sequence[Any],
+) -> dict[str, Any]:
+    """How one path's outputs differ from the reference path's on the same planned calls.
+
+    Returns:
+        ``calls`` compared, ``text_diffs`` (calls whose text differs), ``token_diffs`` (calls
+        whose generated-token count or finish reason differs), ``score_diffs`` (groups whose
+        :func:`group_score` differs) and ``examples``: up to 5 ``"group key call k"`` strings
+        of the first differing calls.
+    """
+    calls = text_diffs = token_diffs = score_diffs = 0
+    examples: list[str] = []
+    for group, a, b, sa, sb in zip(groups, mine, reference, mine_scores, reference_scores, strict=True):
+        if len(a) != len(b):
+            raise ValueError(f"group {group.key}: {len(a)} outputs against {len(b)}")
+        for k, (x, y) in enumerate(zip(a, b)):
+            calls += 1
+            if x.text != y.text:
+                text_diffs += 1
+                if len(examples) < 5:
+                    examples.append(f"{group.key} call {k}")
+            if (x.completion_tokens, x.finish_reason) != (y.completion_tokens, y.finish_reason):
+                token_diffs += 1
+        score_diffs += group_score(sa) != group_score(sb)
+    return {"calls": calls, "text_diffs": text_diffs, "token_diffs": token_diffs, "score_diffs": score_diffs,
+            "examples": examples}
+
+
+def summarize_judge(
+    name: str, result: JudgePathResult, peak_bytes: int, scores: Sequence[Any], differences: dict[str, Any] | None
+) -> dict[str, Any]:
+    """One row of the judge results: groups/s, calls, tokens, prefix-cache hits, latency,
+    memory, unparsed calls and the differences to path a."""
+    outputs = [o for group in result.outputs for o in group]
+    n = len(result.outputs)
+    prompt = sum(o["prompt_tokens"] for o in outputs)
+    generated = sum(o["completion_tokens"] for o in outputs)
+    hits = sum(o["cached_tokens"] for o in outputs)
+    unparsed = sum(not c.parse.ok for s in scores for c in s.calls)
+    return {
+        "path": name,
+        "what": JUDGE_PATH_TITLES.get(name, name),
+        "groups": n,
+        "calls": len(outputs),
+        "prompt_tokens": prompt,
+        "completion_tokens": generated,
+        "wall_s": result.wall_s,
+        "groups_per_s": n / result.wall_s,
+        "calls_per_s": len(outputs) / result.wall_s,
+        "completion_tokens_per_s": generated / result.wall_s,
+        "prefix_cache_hit_tokens": hits,
+        "hit_fraction_of_prompt": hits / prompt if prompt else None,
+        "finish_length": sum(o["finish_reason"] == "length" for o in outputs),
+        "unparsed_calls": unparsed,
+        "latency_p50_ms": percentile_ms(result.latencies_s, 50),
+        "latency_p95_ms": percentile_ms(result.latencies_s, 95),
+        "peak_rss_mib": peak_bytes / 2**20,
+        "startup_s": result.startup_s,
+        "differences_vs_a": differences,
+        "notes": result.notes,
+    }
+
+
+def judge_ratios(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The groups/s target (:data:`JUDGE_TARGET`) when both of its paths ran."""
+    num, den, threshold, text = JUDGE_TARGET
+    if num not in rows or den not in rows:
+        return []
+    value = rows[num]["groups_per_s"] / rows[den]["groups_per_s"]
+    return [{"target": text, "value": value, "threshold": threshold, "holds": value >= threshold}]
+
+
+def judge_markdown(report: dict[str, Any]) -> str:
+    """The judge results as a Markdown document (table, target, parity, setup)."""
+    lines = [
+        f"# Judge throughput — {report['date']} — {report['machine_name']}",
+        "",
+        f"Generative judge `{report['model']}` ({report['dtype']}), protocol by benchmark (RM-Bench: "
+        f"rmserve's pairwise protocol, 18 calls per group), `judge_max_tokens` {report['judge_max_tokens']}, "
+        f"seed {report['judge_seed']}; data {report['selection']}; block size {report['block_size']}; "
+        f"{report['max_groups_in_flight']} groups in flight (c).",
+        "",
+        "| path | what | groups | calls | prompt tokens | generated tokens | wall s | groups/s | calls/s "
+        "| generated tok/s | cache hits | hits/prompt | cut at length | unparsed | p50 ms | p95 ms | peak RSS MiB "
+        "| text diffs vs a | score diffs vs a |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: | ---: | ---: |",
+    ]
+    for row in report["rows"]:
+        diff = row["differences_vs_a"]
+        frac = row["hit_fraction_of_prompt"]
+        lines.append(
+            f"| {row['path']} | {row['what']} | {row['groups']} | {row['calls']:,} | {row['prompt_tokens']:,} "
+            f"| {row['completion_tokens']:,} | {row['wall_s']:.1f} | {row['groups_per_s']:.3f} "
+            f"| {row['calls_per_s']:.2f} | {row['completion_tokens_per_s']:,.0f} | {row['prefix_cache_hit_tokens']:,} "
+            f"| {'' if frac is None else f'{frac:.1%}'} | {row['finish_length']:,} | {row['unparsed_calls']:,} "
+            f"| {row['latency_p50_ms']:,.0f} | {row['latency_p95_ms']:,.0f} | {row['peak_rss_mib']:,.0f} "
+            f"| {'' if diff is None else diff['text_diffs']} | {'' if diff is None else diff['score_diffs']} |"
+        )
+    lines += ["", "| target | measured | holds |", "| --- | ---: | --- |"]
+    for r in report["ratios"]:
+        lines.append(f"| {r['target']} | {r['value']:.3f} | {'yes' if r['holds'] else 'NO'} |")
+    lines += [
+        "",
+        f"Parity: {'identical texts and scores on every call and group' if report['parity_ok'] else 'DIFFERENCES'} "
+        "(greedy decoding; texts compared call by call, scores by `score_group`).",
+        *(f"- path {name}: {d['text_diffs']} of {d['calls']} texts, {d['token_diffs']} token counts / finish "
+          f"reasons, {d['score_diffs']} group scores differ; first: {', '.join(d['examples']) or '-'}"
+          for name, d in report["differences"].items()),
+        "Wall time excludes engine start and a one-group warm-up (prefix cache reset after it); rendering "
+        "(the chat template, in a worker thread) is inside every path's time. Latency: a group's first call "
+        "submitted to its last output. Peak RSS: the path's whole process tree, sampled every 0.1 s. "
+        "Unparsed: calls whose output gave no verdict (the pairwise protocol counts them 0.5).",
+        "",
+        *provenance_lines(report),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def judge_main(args: argparse.Namespace, command: str) -> int:
+    """``--kind judge``: plan the groups, run the paths in child processes, compare, report."""
+    from rmserve.server.judge_protocols import JudgeProtocolConfig
+
+    model = str(Path(args.model).resolve())
+    groups = load_groups(args.data, args.domain_list, args.limit_groups)
+    plans = judge_plans(groups, args.judge_seed, args.compat)
+    domains = sorted({g.domain for g in groups}, key=RMBENCH_DOMAINS.index)
+    counts = {d: sum(g.domain == d for g in groups) for d in domains}
+    selection = ", ".join(f"{d} {n}" for d, n in counts.items()) + (
+        f" groups (first {args.limit_groups} per domain)" if args.limit_groups else " groups (all)"
+    )
+    print(f"{len(groups)} groups ({selection}), {sum(len(p.prompts) for p in plans):,} judge calls", flush=True)
+    spec = {
+        "model": model, "kind": "judge", "dtype": args.dtype, "max_model_len": model_max_len(model),
+        "block_size": args.block_size, "kv_cache_memory_bytes": KV_CACHE_BYTES, "enforce_eager": args.enforce_eager,
+        "max_num_batched_tokens": args.max_num_batched_tokens, "cpu_threads_bind": args.cpu_threads_bind,
+        "max_groups_in_flight": args.max_groups_in_flight, "judge_max_tokens": args.judge_max_tokens,
+        "judge_seed": args.judge_seed, "compat": args.compat,
+        "groups_json": msgspec.json.encode(list(groups)).decode(),
+        "warmup_group_json": msgspec.json.encode(warmup_group("chat")).decode(),
+    }
+    results: dict[str, JudgePathResult] = {}
+    peaks: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="rmserve-throughput-judge-") as tmp:
+        work_dir = Path(tmp)
+        spec["work_dir"] = str(work_dir)
+        spec_path = work_dir / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        for name in args.path_list:
+            print(f"path {name}: {JUDGE_PATH_TITLES[name]} …", flush=True)
+            data, peaks[name] = run_path_in_child(name, spec_path, work_dir, result_type=dict)
+            results[name] = JudgePathResult(**data)
+            print(f"path {name}: {results[name].wall_s:.1f} s", flush=True)
+    config = JudgeProtocolConfig(seed=args.judge_seed, compat=args.compat)
+    outputs = {name: judge_outputs(r) for name, r in results.items()}
+    scores = {name: judge_scores(groups, plans, o, config) for name, o in outputs.items()}
+    differences = {
+        name: judge_differences(groups, outputs[name], outputs["a"], scores[name], scores["a"])
+        for name in results if name != "a" and "a" in results
+    }
+    rows = {
+        name: summarize_judge(name, r, peaks[name], scores[name], differences.get(name))
+        for name, r in results.items()
+    }
+    parity_ok = all(d["text_diffs"] == 0 and d["token_diffs"] == 0 and d["score_diffs"] == 0 for d in differences.values())
+    report = {
+        "benchmark": "throughput", "kind": "judge", "date": dt.date.today().isoformat(),
+        "machine_name": args.machine, "command": command, "model": model, "dtype": args.dtype,
+        "judge_max_tokens": args.judge_max_tokens, "judge_seed": args.judge_seed, "compat": args.compat,
+        "selection": selection, "domains": counts, "limit_groups": args.limit_groups,
+        "block_size": args.block_size, "max_groups_in_flight": args.max_groups_in_flight,
+        "kv_cache_memory_bytes": KV_CACHE_BYTES, "enforce_eager": args.enforce_eager,
+        "max_num_batched_tokens": args.max_num_batched_tokens, "cpu_threads_bind": args.cpu_threads_bind,
+        "parity_ok": parity_ok, "differences": differences, "rows": list(rows.values()),
+        "ratios": judge_ratios(rows), "machine": machine_info(), "versions": versions(),
+    }
+    out_dir = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{report['date']}-{args.machine}-judge" + (f"-{args.tag}" if args.tag else "")
+    json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+    json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    md_path.write_text(judge_markdown(report), encoding="utf-8")
+    print(judge_markdown(report))
+    print(f"wrote {json_path} and {md_path}")
+    if not parity_ok:
+        print("JUDGE PARITY FAILED: " + json.dumps(differences), file=sys.stderr)
+        return 1
+    return 0
 
 
 # --- the report -----------------------------------------------------------------------------
@@ -780,7 +1112,8 @@ def model_max_len(model: str) -> int:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="checkpoint folder of a one-label *ForSequenceClassification RM")
+    parser.add_argument("--model", help="checkpoint folder: a one-label *ForSequenceClassification RM, "
+                        "or a causal LM for --kind dpo (the policy) and --kind judge (a chat model)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="RM-Bench folder (default ../shared/data/rm-bench)")
     parser.add_argument("--domains", default=None, help="comma-separated RM-Bench domains (default: all present)")
     parser.add_argument("--limit-groups", type=int, default=None, help="first N groups of each domain (default: all)")
@@ -795,8 +1128,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help=engine_help("max_num_batched_tokens", "Paths b–d."))
     parser.add_argument("--cpu-threads-bind", default=None, help=engine_help("cpu_threads_bind", "Paths b–d."))
-    parser.add_argument("--kind", default="classifier", choices=("classifier", "dpo"),
-                        help="classifier (paths a-d) or dpo: a DPO policy's implicit reward (paths a and d)")
+    parser.add_argument("--kind", default="classifier", choices=("classifier", "dpo", "judge"),
+                        help="classifier (paths a-d), dpo: a DPO policy's implicit reward (paths a and d), or "
+                        "judge: a generative judge (paths a and c)")
+    parser.add_argument("--judge-max-tokens", type=int, default=None,
+                        help=engine_help("judge_max_tokens", "Here: default the engine's."))
+    parser.add_argument("--judge-seed", type=int, default=0, help=engine_help("judge_seed", ""))
     parser.add_argument("--ref-model", default=None, help=engine_help("ref_model", ""))
     parser.add_argument("--ref-free", default=None, choices=("avg", "sum", "norm"), help=engine_help("ref_free", ""))
     parser.add_argument("--compat", default="none", choices=("none", "official"), help=engine_help("compat", ""))
@@ -817,9 +1154,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 args.paths = "a,d"
             if args.ref_model:
                 args.ref_model = str(Path(args.ref_model).resolve())
-        elif args.ref_model or args.ref_free or args.compat != "none":
-            parser.error("--ref-model, --ref-free and --compat need --kind dpo")
-        allowed = DPO_PATHS if args.kind == "dpo" else PATHS
+        elif args.ref_model or args.ref_free:
+            parser.error("--ref-model and --ref-free need --kind dpo")
+        elif args.compat != "none" and args.kind != "judge":
+            parser.error("--compat needs --kind dpo or judge")
+        if args.kind == "judge":
+            if args.paths == "a,b,c,d":
+                args.paths = ",".join(JUDGE_PATHS)
+            if args.judge_max_tokens is None:
+                from rmserve.server.config import EngineConfig
+
+                args.judge_max_tokens = EngineConfig.judge_max_tokens
+            if args.judge_max_tokens < 1:
+                parser.error(f"--judge-max-tokens: {args.judge_max_tokens} must be ≥ 1")
+        elif args.judge_max_tokens is not None or args.judge_seed != 0:
+            parser.error("--judge-max-tokens and --judge-seed need --kind judge")
+        allowed = {"dpo": DPO_PATHS, "judge": JUDGE_PATHS}.get(args.kind, PATHS)
         paths = [p.strip() for p in args.paths.split(",") if p.strip()]
         bad = [p for p in paths if p not in allowed]
         if bad or not paths:
@@ -851,6 +1201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker_main(args)
         return 0
     command = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+    if args.kind == "judge":
+        return judge_main(args, command)
     model = str(Path(args.model).resolve())
     max_len = model_max_len(model)
     groups = load_groups(args.data, args.domain_list, args.limit_groups)

@@ -307,8 +307,8 @@ def check_reward_head(model: str) -> None:
         raise ServerFault(f"{model!r} has num_labels={num_labels}; a reward model must have exactly 1")
 
 
-def check_lm_head(model: str, field: str) -> None:
-    """Fail fast, before any weight is loaded, unless ``model`` is a causal LM (kind ``dpo``).
+def check_lm_head(model: str, field: str, kind: str = "dpo") -> None:
+    """Fail fast, before any weight is loaded, unless ``model`` is a causal LM (kinds ``dpo`` and ``judge``).
 
     A local folder's ``config.json`` is read as JSON; a hub id's config through transformers
     ``AutoConfig`` (imported only then).
@@ -316,6 +316,7 @@ def check_lm_head(model: str, field: str) -> None:
     Args:
         model: the policy or reference (folder or hub id).
         field: the config field that named it (``model`` or ``ref_model``), for the message.
+        kind: the kind served (``dpo`` or ``judge``), for the message.
 
     Raises:
         ServerFault: unreadable config, or no ``*ForCausalLM`` / ``*LMHeadModel`` architecture
@@ -340,10 +341,12 @@ def check_lm_head(model: str, field: str) -> None:
         return
     if any(isinstance(a, str) and a.endswith("ForSequenceClassification") for a in architectures):
         fix = "it is a reward classifier: serve it with --kind classifier, or give a DPO-trained causal LM"
+    elif kind == "judge":
+        fix = "give a chat model (a causal LM with a chat template)"
     else:
         fix = "give a causal LM checkpoint (the DPO policy, or the model it was trained from)"
     raise ServerFault(
-        f"{field}: {model!r} has architectures {architectures}; kind dpo needs a causal LM with an LM head "
+        f"{field}: {model!r} has architectures {architectures}; kind {kind} needs a causal LM with an LM head "
         f"(*ForCausalLM or *LMHeadModel); {fix}"
     )
 

@@ -11,7 +11,12 @@ answers the log-probabilities of given answer tokens (a DPO policy or reference,
 :class:`~rmserve.server.protocol.LogprobEngine`): one request per sequence with
 ``SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0)``, whose
 ``prompt_logprobs[t]`` holds ``log p(token_t | tokens before t)`` of the prompt token itself.
-Both engines are built from the same settings (:func:`engine_args`) and share their
+
+:class:`VLLMJudgeEngine` embeds ``AsyncLLM`` with the generate runner over a chat model (a
+generative judge, :class:`~rmserve.server.protocol.JudgeEngine`): each call rendered with the
+chat template, a group's calls submitted together, greedy decoding.
+
+The engines are built from the same settings (:func:`engine_args`) and share their
 lifecycle (start, shutdown, weight reload, restart, prefix-cache counters, abort on cancel).
 
 Prompt log-probs and the prefix cache: vLLM skips *reading* the prefix cache for a request
@@ -51,7 +56,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rmserve.server.config import EngineConfig, check_reward_head
+import msgspec
+from rmserve.server.config import EngineConfig, check_lm_head, check_reward_head
+from rmserve.server.judge_protocols import JudgeOutput
+from rmserve.server.judge_render import JudgeRenderer, judge_chat_template
 from rmserve.server.lifecycle import EngineLifecycle
 from rmserve.server.protocol import (
     AnswerLogprobs,
@@ -65,7 +73,7 @@ from rmserve.server.render import Renderer
 from vllm import AsyncEngineArgs, PoolingParams, SamplingParams
 
 from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, ServerFault
-from rmserve.schema import ModelInfo
+from rmserve.schema import Message, ModelInfo
 
 try:  # vllm ≥ 0.10 layout
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -103,6 +111,8 @@ CAN_READ_PREFIX_CACHE_WITH_PROMPT_LOGPROBS = "skip_reading_prefix_cache" in geta
 class _Loaded:
     engine: Any
     record: LoadedModel
+    judge: JudgeRenderer | None = None
+    """The judge engine's renderer (its record has no classifier renderer); None otherwise."""
 
     @property
     def info(self) -> ModelInfo:
@@ -347,11 +357,11 @@ class _VLLMAdapter(EngineLifecycle[_Loaded]):
             except Exception as exc:  # noqa: BLE001
                 raise EngineError(f"reloading weights from {folder.name!r} failed: {type(exc).__name__}: {exc}") from exc
             await self.reset_prefix_cache()
-            info = self._model_info(
-                loaded.info.name, str(folder), loaded.renderer, loaded.info.max_model_len, loaded.info.dtype
-            )
+            template = loaded.judge.chat_template if loaded.judge is not None else loaded.renderer
+            info = self._model_info(loaded.info.name, str(folder), template, loaded.info.max_model_len, loaded.info.dtype)
             self._loaded = _Loaded(engine=loaded.engine,
-                                   record=LoadedModel(info, loaded.renderer, local_checkpoint(folder)))
+                                   record=LoadedModel(info, loaded.record.renderer, local_checkpoint(folder)),
+                                   judge=loaded.judge)
             return self._loaded.record
         finally:
             self._swapping = False
@@ -888,6 +898,151 @@ class VLLMLogprobEngine(_VLLMAdapter):
         metrics = getattr(final, "metrics", None)
         preemptions = getattr(metrics, "num_preemptions", None)
         return prompt_logprobs, int(final.num_cached_tokens or 0), preemptions
+
+
+# --- a generative judge (LLM-as-judge) ------------------------------------------------------
+
+
+JUDGE_FINISH_REASONS = ("stop", "length")
+"""The ``finish_reason`` values a judge output may have; vLLM's others (``abort``, ``error``,
+``repetition``) are failures of the request."""
+
+
+class VLLMJudgeEngine(_VLLMAdapter):
+    """:class:`~rmserve.server.protocol.JudgeEngine` backed by an embedded vLLM ``AsyncLLM``
+    (generate runner, prefix caching as configured) over a chat model.
+
+    Each call of a group is rendered with the model's chat template and its generation prompt
+    (:class:`~rmserve.server.judge_render.JudgeRenderer`, in a worker thread), and all calls of
+    the group are submitted together, so the instruction and question they share are computed
+    once and read from the prefix cache by the others. Decoding is greedy:
+    ``SamplingParams(temperature=0, top_p=1, max_tokens=config.judge_max_tokens)``, the
+    official RewardBench 2 settings.
+
+    Context: the generate runner needs room for one generated token, so the longest prompt is
+    the engine's ``max_model_len`` less one (``info().max_model_len``); a longer one raises
+    :class:`~rmserve.errors.SequenceTooLong` for the group before anything is generated. A
+    prompt that fits but leaves fewer than ``max_tokens`` tokens is accepted by vLLM, which
+    stops at the context (``check_stop`` in ``vllm/v1/core/sched/utils.py``: ``num_tokens >=
+    max_model_len`` ends the request as ``FINISHED_LENGTH_CAPPED``): the output has
+    ``finish_reason="length"`` like one cut at ``max_tokens``, and the protocol readers count
+    it as unparsed where they read the end of the text. Nothing is raised for the group.
+
+    Args:
+        config: ``kind="judge"`` settings: the model (a causal LM with a chat template, or
+            ``chat_template`` naming a Jinja file), ``judge_max_tokens``, ``protocol`` and
+            ``compat`` (reported in :meth:`info`), and the engine settings of every engine.
+
+    Attributes:
+        max_tokens: generated tokens per call at most (``config.judge_max_tokens``).
+        config: the settings; after :meth:`restart` its ``model`` is the checkpoint last started.
+    """
+
+    label = "vLLM judge engine"
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self.max_tokens = int(config.judge_max_tokens)
+
+    def _build(self) -> _Loaded:
+        from transformers import AutoTokenizer
+
+        cfg = self.config
+        check_lm_head(cfg.model, "model", kind="judge")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        except Exception as exc:  # noqa: BLE001
+            raise ServerFault(f"model: cannot load the tokenizer of {cfg.model!r}: {type(exc).__name__}: {exc}") from exc
+        template = judge_chat_template(tokenizer, cfg.chat_template, cfg.model)  # refused before vLLM starts
+        args = engine_args(cfg, cfg.model, runner="generate")
+        engine = _start_async_llm(cfg, cfg.model, args)
+
+        def describe(engine: Any) -> _Loaded:
+            max_prompt = int(engine.model_config.max_model_len) - 1
+            judge = JudgeRenderer(tokenizer, chat_template=template, max_prompt_tokens=max_prompt)
+            info = self._model_info(cfg.name, cfg.model, template, max_prompt, args.dtype)
+            return _Loaded(engine=engine, record=LoadedModel(info, None, local_checkpoint(cfg.model)), judge=judge)
+
+        return self._describe(engine, describe)
+
+    def _use_checkpoint(self, folder: Path) -> None:
+        self.config = dataclasses.replace(self.config, model=str(folder))
+
+    def _model_info(
+        self, name: str, model: str, renderer: Renderer | str | None, max_model_len: int, dtype: str
+    ) -> ModelInfo:
+        """The checkpoint's :class:`ModelInfo` with ``kind="judge"``, ``mode`` = the protocol
+        choice and ``compat``; the fingerprint is the checkpoint's (weights, tokenizer, the chat
+        template rendered with, dtype), as every engine computes it."""
+        info = super()._model_info(name, model, renderer, max_model_len, dtype)
+        return msgspec.structs.replace(info, kind="judge", mode=self.config.protocol, compat=self.config.compat)
+
+    @property
+    def renderer(self) -> JudgeRenderer:
+        """The judge renderer (tokenizer, chat template, longest prompt) of the loaded model."""
+        judge = self._require().judge
+        assert judge is not None
+        return judge
+
+    async def judge_group(self, calls: Sequence[Sequence[Message]], request_id: str) -> list[JudgeOutput]:
+        """Generate one output per call, all calls of the group submitted together.
+
+        Engine request ids are ``f"{request_id}-{k}"``. If the caller is cancelled (client
+        disconnect) or one call fails, the group's other engine requests are aborted.
+
+        Args:
+            calls: per call, the chat messages before the chat template.
+            request_id: unique prefix for the engine's request ids.
+
+        Returns:
+            One :class:`~rmserve.server.judge_protocols.JudgeOutput` per call: the text of
+            the generated tokens (unstripped, :meth:`JudgeRenderer.decode
+            <rmserve.server.judge_render.JudgeRenderer.decode>`, in a worker thread; vLLM's own
+            detokenizer is off), prompt tokens, generated tokens
+            (a final EOS included), ``finish_reason`` ``stop`` or ``length`` (cut at
+            ``max_tokens`` or at the context), and the prompt tokens read from the prefix cache.
+
+        Raises:
+            EngineNotReady: not started, shutting down or swapping weights.
+            InvalidRequest: no call, or a call the chat template rejects (field ``messages``).
+            SequenceTooLong: a call's prompt leaves no room for one generated token (field
+                ``messages``, limit ``info().max_model_len``); nothing is generated.
+            EngineError: vLLM failed on a request, or its process died.
+        """
+        loaded = self._require_serving()
+        assert loaded.judge is not None
+        prompts = await asyncio.to_thread(loaded.judge.render, calls)
+        params = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=self.max_tokens, detokenize=False)
+        request_ids = [f"{request_id}-{k}" for k in range(len(prompts))]
+        with self._in_flight():
+            generated = await self._gather_or_abort(
+                loaded.engine,
+                [self._judge_one(loaded.engine, ids, rid, params) for ids, rid in zip(prompts, request_ids, strict=True)],
+                request_ids,
+            )
+        texts = await asyncio.to_thread(loaded.judge.decode_all, [tokens for tokens, _, _ in generated])
+        outputs = [
+            JudgeOutput(text=text, prompt_tokens=len(ids), completion_tokens=len(tokens), finish_reason=reason,
+                        cached_tokens=cached)
+            for text, ids, (tokens, reason, cached) in zip(texts, prompts, generated, strict=True)
+        ]
+        for output in outputs:
+            self._count(output.prompt_tokens, output.cached_tokens)
+        return outputs
+
+    async def _judge_one(self, engine: Any, ids: Sequence[int], request_id: str, params: Any) -> tuple[list[int], str, int]:
+        """(generated token ids, finish reason, prompt tokens read from the prefix cache) of one call."""
+        final = await _final_output(engine.generate(_tokens_input(list(ids)), params, request_id=request_id), request_id)
+        error = getattr(final, "error", None)
+        if error is not None:
+            raise EngineError(f"vLLM failed on request {request_id}: {error}")
+        if len(final.outputs) != 1:
+            raise EngineError(f"expected one completion per judge call, got {len(final.outputs)} (request {request_id})")
+        completion = final.outputs[0]
+        reason = None if completion.finish_reason is None else str(completion.finish_reason)
+        if reason not in JUDGE_FINISH_REASONS:
+            raise EngineError(f"vLLM ended request {request_id} with finish_reason {reason!r}")
+        return list(completion.token_ids), reason, int(final.num_cached_tokens or 0)
 
 
 ENGINE_SHUTDOWN_TIMEOUT_S = 20.0

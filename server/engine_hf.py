@@ -16,6 +16,9 @@ policy or reference (``AutoModelForCausalLM``), computed the reference harness's
 ``get_batch_logps``): right-padded batches of ``hf_batch_size`` sequences, pad id = EOS (as
 ``scripts/run_dpo.py`` sets it), an attention mask, and for every answer token the
 ``log_softmax`` of the previous position's logits gathered at the token (in float32).
+
+:class:`HFJudgeEngine` is the :class:`~rmserve.server.protocol.JudgeEngine` of a generative
+judge: ``AutoModelForCausalLM.generate`` with greedy decoding, one prompt at a time.
 """
 
 from __future__ import annotations
@@ -31,15 +34,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 from rmserve.server.batching import length_sorted_batches
 from rmserve.server.config import EngineConfig, check_lm_head, check_reward_head
+from rmserve.server.judge_protocols import JudgeOutput
+from rmserve.server.judge_render import (
+    JudgeRenderer,
+    finish_reason,
+    judge_chat_template,
+    judge_stop_ids,
+    max_new_tokens,
+)
 from rmserve.server.lifecycle import EngineLifecycle
 from rmserve.server.protocol import AnswerLogprobs, LoadedModel, SequenceScore, check_token_ids, local_checkpoint
 from rmserve.server.render import Renderer
 
 from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, ServerFault
-from rmserve.schema import ModelInfo
+from rmserve.schema import Message, ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -538,3 +550,175 @@ def length_sorted_logprobs(
             for j, value in zip(batch, answers, strict=True):
                 values[j] = value
     return values
+
+
+# --- a generative judge (LLM-as-judge) ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _JudgeLoaded:
+    model: Any
+    device: torch.device
+    renderer: JudgeRenderer
+    stop_ids: tuple[int, ...]
+    pad_id: int
+    context_tokens: int
+    record: LoadedModel
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.record.info
+
+
+class HFJudgeEngine(EngineLifecycle[_JudgeLoaded]):
+    """:class:`~rmserve.server.protocol.JudgeEngine` backed by transformers ``generate``.
+
+    The plain transformers way of generating, one prompt at a time: each call rendered as the
+    vLLM judge renders it (:class:`~rmserve.server.judge_render.JudgeRenderer`), then
+    ``model.generate(ids, do_sample=False, num_beams=1, max_new_tokens=n)`` with an all-ones
+    attention mask and a fresh ``GenerationConfig`` (so no sampling default of the checkpoint's
+    ``generation_config.json`` applies; vLLM ignores them too for explicit sampling
+    parameters). Stop tokens: the tokenizer's EOS and the ``eos_token_id`` (one or a list) of
+    the checkpoint's generation config, as vLLM stops. ``n`` is ``max_tokens``, or fewer when
+    the context ends first (:func:`~rmserve.server.judge_render.max_new_tokens`): the same cut
+    vLLM makes, ``finish_reason="length"``. The text is the generated tokens decoded in one
+    piece with ``skip_special_tokens=True``, as the vLLM judge decodes. No prefix cache (``cached_tokens`` 0). Used with
+    ``--engine hf`` and as the independent reference of the vLLM judge's texts.
+
+    Args:
+        config: as :class:`~rmserve.server.engine.VLLMJudgeEngine` (``dtype``,
+            ``max_model_len`` — default the model's ``max_position_embeddings`` — and
+            ``chat_template``, ``judge_max_tokens``, ``protocol``, ``compat``).
+
+    Attributes:
+        max_tokens: generated tokens per call at most (``config.judge_max_tokens``).
+    """
+
+    kind = "hf"
+    label = "transformers judge engine"
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.max_tokens = int(config.judge_max_tokens)
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> LoadedModel:
+        """Load tokenizer and causal LM in a worker thread; a second call returns the same record.
+
+        Raises:
+            ServerFault: no LM head (field ``model``), no chat template (field
+                ``chat_template``, with the fix), or loading failed.
+        """
+        if self._loaded is not None:
+            return self._loaded.record
+        started = time.perf_counter()
+        return self._finish_start(await asyncio.to_thread(self._build), started, log, "ready")
+
+    def _build(self) -> _JudgeLoaded:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        cfg = self.config
+        dtype = cfg.resolved_dtype()
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        check_lm_head(cfg.model, "model", kind="judge")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        except Exception as exc:  # noqa: BLE001
+            raise ServerFault(f"model: cannot load the tokenizer of {cfg.model!r}: {type(exc).__name__}: {exc}") from exc
+        template = judge_chat_template(tokenizer, cfg.chat_template, cfg.model)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(cfg.model, **_dtype_kwargs(dtype))
+        except Exception as exc:  # noqa: BLE001
+            raise ServerFault(f"model: transformers could not load {cfg.model!r}: {type(exc).__name__}: {exc}") from exc
+        model = model.to(device).eval()
+        model_limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        context = cfg.max_model_len or model_limit
+        if not context:
+            raise ServerFault(f"{cfg.model!r} declares no max_position_embeddings; pass --max-model-len")
+        if model_limit and context > model_limit:
+            raise ServerFault(f"max_model_len={context} exceeds the model's max_position_embeddings={model_limit}")
+        stop_ids = judge_stop_ids(tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None))
+        if not stop_ids:
+            raise ServerFault(f"{cfg.model!r} has no EOS token: a judge's generation could not stop before max_tokens")
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+        renderer = JudgeRenderer(tokenizer, chat_template=template, max_prompt_tokens=context - 1)
+        info = self._model_info(cfg.name, cfg.model, template, context - 1, dtype)
+        info = msgspec.structs.replace(info, kind="judge", mode=cfg.protocol, compat=cfg.compat)
+        return _JudgeLoaded(
+            model=model, device=device, renderer=renderer, stop_ids=stop_ids, pad_id=int(pad),
+            context_tokens=context, record=LoadedModel(info, None, local_checkpoint(cfg.model)),
+        )
+
+    async def shutdown(self) -> None:
+        """Drop the model; idempotent."""
+        self._closing = True
+        self._loaded = None
+
+    def info(self) -> ModelInfo:
+        """Name, longest prompt (``max_model_len`` less one), dtype, checkpoint fingerprint,
+        ``engine="hf"``, ``kind="judge"``, ``mode`` = the protocol choice, ``compat``;
+        EngineNotReady before start."""
+        return self._require().info
+
+    async def judge_group(self, calls: Sequence[Sequence[Message]], request_id: str) -> list[JudgeOutput]:
+        """Generate one output per call, one call after the other (see the class doc).
+
+        ``request_id`` is only used in error messages: a generation in progress cannot be
+        aborted; a cancelled caller simply does not wait for it.
+
+        Raises:
+            EngineNotReady: not started or shut down.
+            InvalidRequest / SequenceTooLong: as :meth:`VLLMJudgeEngine.judge_group
+                <rmserve.server.engine.VLLMJudgeEngine.judge_group>`.
+            EngineError: generation failed.
+        """
+        loaded = self._require()
+        prompts = await asyncio.to_thread(loaded.renderer.render, calls)
+        async with self._lock:
+            loaded = self._require()
+            try:
+                return await asyncio.to_thread(self._generate_all, loaded, prompts)
+            except (RuntimeError, ValueError) as exc:
+                raise EngineError(f"generation failed for {request_id}: {type(exc).__name__}: {exc}") from exc
+
+    def _generate_all(self, loaded: _JudgeLoaded, prompts: Sequence[Sequence[int]]) -> list[JudgeOutput]:
+        return [
+            greedy_generate(
+                loaded.model, loaded.renderer, ids, max_tokens=self.max_tokens,
+                context_tokens=loaded.context_tokens, stop_ids=loaded.stop_ids, pad_id=loaded.pad_id,
+                device=loaded.device,
+            )
+            for ids in prompts
+        ]
+
+
+def greedy_generate(
+    model: Any, renderer: JudgeRenderer, ids: Sequence[int], *, max_tokens: int, context_tokens: int,
+    stop_ids: Sequence[int], pad_id: int, device: torch.device,
+) -> JudgeOutput:
+    """One greedy transformers generation of the prompt ``ids`` (no padding, batch of one).
+
+    Returns:
+        The :class:`~rmserve.server.judge_protocols.JudgeOutput`: text
+        (:meth:`JudgeRenderer.decode <rmserve.server.judge_render.JudgeRenderer.decode>`), prompt and generated token counts (a final stop token
+        included), ``finish_reason`` (:func:`~rmserve.server.judge_render.finish_reason`),
+        ``cached_tokens`` 0.
+    """
+    from transformers import GenerationConfig
+
+    limit = max_new_tokens(len(ids), max_tokens, context_tokens)
+    config = GenerationConfig(
+        do_sample=False, num_beams=1, max_new_tokens=limit, eos_token_id=list(stop_ids), pad_token_id=pad_id
+    )
+    input_ids = torch.as_tensor([list(ids)], dtype=torch.long, device=device)
+    with torch.inference_mode():
+        out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
+    generated = out[0, len(ids):].tolist()
+    return JudgeOutput(
+        text=renderer.decode(generated),
+        prompt_tokens=len(ids),
+        completion_tokens=len(generated),
+        finish_reason=finish_reason(generated, set(stop_ids), limit),
+        cached_tokens=0,
+    )

@@ -210,3 +210,76 @@ def test_dpo_reference_harness_path_equals_the_independent_reference(mode, demo_
         )
         assert [e.input_ids for e in expected] == ids
         assert got == pytest.approx([e.rewards[mode] for e in expected], abs=1e-4)
+
+
+def _judge_group():
+    from rmserve.schema import Group, Message
+
+    return Group("rm-bench", "chat", "x", (Message("user", "q?"),), tuple(f"r{k}" for k in range(6)), num_chosen=3)
+
+
+def _judge_outputs(texts, completion_tokens=32, cached=0):
+    from rmserve.server.judge_protocols import JudgeOutput
+
+    return [JudgeOutput(t, 100 + k, completion_tokens, "stop", cached) for k, t in enumerate(texts)]
+
+
+def test_judge_differences_and_scores_by_hand():
+    from rmserve.server.judge_protocols import JudgeProtocolConfig
+
+    throughput = _load("throughput")
+    group = _judge_group()
+    (plan,) = throughput.judge_plans([group], seed=0, compat="none")
+    assert len(plan.prompts) == 18
+    config = JudgeProtocolConfig()
+    reference = _judge_outputs(["\\boxed{A>B}"] * 18)
+    # call 0: another verdict that still prefers A (cells equal, parse differs); call 1: one token fewer
+    mine = _judge_outputs(["\\boxed{A>>B}"] + ["\\boxed{A>B}"] * 17)
+    mine[1] = type(mine[1])(mine[1].text, mine[1].prompt_tokens, 31, "stop", 0)
+    scores_ref = throughput.judge_scores([group], [plan], [reference], config)
+    scores_mine = throughput.judge_scores([group], [plan], [mine], config)
+    # A preferred in both orders: chosen wins when first (1), loses when second (0): every cell 0.5
+    assert scores_ref[0].cells == scores_mine[0].cells == (0.5,) * 9
+    diff = throughput.judge_differences([group], [mine], [reference], scores_mine, scores_ref)
+    assert diff == {"calls": 18, "text_diffs": 1, "token_diffs": 1, "score_diffs": 1,
+                    "examples": ["rm-bench/chat/x call 0"]}
+    same = throughput.judge_differences([group], [reference], [reference], scores_ref, scores_ref)
+    assert (same["text_diffs"], same["token_diffs"], same["score_diffs"], same["examples"]) == (0, 0, 0, [])
+    with pytest.raises(ValueError, match="17 outputs against 18"):
+        throughput.judge_differences([group], [mine[:17]], [reference], scores_mine, scores_ref)
+
+
+def test_judge_summary_and_target_by_hand():
+    from rmserve.server.judge_protocols import JudgeProtocolConfig
+
+    throughput = _load("throughput")
+    group = _judge_group()
+    (plan,) = throughput.judge_plans([group], seed=0, compat="none")
+    outputs = _judge_outputs(["no verdict"] + ["\\boxed{B>A}"] * 17, completion_tokens=32, cached=64)
+    outputs[2] = type(outputs[2])(outputs[2].text, outputs[2].prompt_tokens, 32, "length", 64)  # cut: unparsed
+    scores = throughput.judge_scores([group], [plan], [outputs], JudgeProtocolConfig())
+    result = throughput.JudgePathResult(
+        outputs=[[throughput._output_dict(o) for o in outputs]], wall_s=4.0, latencies_s=[4.0], startup_s=1.0
+    )
+    row = throughput.summarize_judge("c", result, 2**20, scores, None)
+    prompt = sum(100 + k for k in range(18))  # 1,953
+    assert (row["groups"], row["calls"], row["prompt_tokens"], row["completion_tokens"]) == (1, 18, prompt, 576)
+    assert (row["groups_per_s"], row["calls_per_s"], row["completion_tokens_per_s"]) == (0.25, 4.5, 144.0)
+    assert (row["prefix_cache_hit_tokens"], row["finish_length"], row["unparsed_calls"]) == (18 * 64, 1, 2)
+    assert row["hit_fraction_of_prompt"] == pytest.approx(1152 / 1953)
+    assert (row["latency_p50_ms"], row["peak_rss_mib"]) == (4000.0, 1.0)
+    assert throughput.judge_ratios({"a": {"groups_per_s": 0.5}, "c": {"groups_per_s": 1.25}}) == [
+        {"target": throughput.JUDGE_TARGET[3], "value": 2.5, "threshold": 3.0, "holds": False}
+    ]
+    assert throughput.judge_ratios({"a": {"groups_per_s": 0.5}}) == []
+
+
+def test_judge_arguments():
+    throughput = _load("throughput")
+    args = throughput.parse_args(["--kind", "judge", "--model", "/m", "--judge-max-tokens", "32"])
+    assert (args.path_list, args.judge_max_tokens, args.judge_seed) == (["a", "c"], 32, 0)
+    assert throughput.parse_args(["--kind", "judge", "--model", "/m"]).judge_max_tokens == 2048
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--kind", "judge", "--model", "/m", "--paths", "b"])
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--model", "/m", "--judge-max-tokens", "32"])
