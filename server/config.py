@@ -406,6 +406,15 @@ class ServerConfig:
     swap_drain_timeout_s: float = 600.0
     """Seconds a checkpoint swap waits for in-flight scoring to finish (≥ 0); past it the load fails with 503, nothing is loaded and scoring resumes. Default: 600."""
 
+    fair_share: bool = True
+    """Put a per-user fair queue (deficit round robin over prompt tokens, scaled by each user's weight) in front of the engine; false = groups go to the engine in arrival order, uncapped."""
+
+    engine_concurrency_groups: int = 64
+    """With fair_share: most groups at the engine at once (≥ 1); the rest wait in their user's queue. Default: 64."""
+
+    fair_share_quantum_tokens: int = 2048
+    """With fair_share: prompt tokens a weight-1 user is credited per round of the queue (≥ 1). Default: 2048."""
+
     def __post_init__(self) -> None:
         if not self.host:
             raise ValueError("ServerConfig.host must be a non-empty host name or address")
@@ -436,6 +445,12 @@ class ServerConfig:
             raise ValueError(f"ServerConfig.swap_wait_s is {self.swap_wait_s}; it must be ≥ 0")
         if not self.swap_drain_timeout_s >= 0:
             raise ValueError(f"ServerConfig.swap_drain_timeout_s is {self.swap_drain_timeout_s}; it must be ≥ 0")
+        if not isinstance(self.fair_share, bool):
+            raise ValueError(f"ServerConfig.fair_share is {self.fair_share!r}; it must be true or false")
+        for name in ("engine_concurrency_groups", "fair_share_quantum_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ServerConfig.{name} is {value!r}; it must be an integer ≥ 1")
 
     @property
     def url(self) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
-from rmserve.server import scoring, swap, wire
+from rmserve.server import fair_queue, scoring, swap, wire
 from rmserve.server.middleware import json_response
 from rmserve.server.state import CONFIG_KEY, ENGINE_KEY, EXECUTOR_KEY, METRICS_KEY, STATE_KEY
 
@@ -87,7 +87,7 @@ async def _score(request: web.Request) -> web.Response:
             field="model",
             value=score_request.model,
         )
-    reply = await scoring.score_request(app, score_request, info, renderer)
+    reply = await scoring.score_request(app, score_request, info, renderer, fair_queue.caller_of(request))
     return json_response(wire.encode_score_response(reply), 200)
 
 
