@@ -415,6 +415,9 @@ class ServerConfig:
     fair_share_quantum_tokens: int = 2048
     """With fair_share: prompt tokens a weight-1 user is credited per round of the queue (≥ 1). Default: 2048."""
 
+    fair_share_interactive_boost: float = 1.0
+    """With fair_share: factor (≥ 1) on the share of a user whose next group is marked interactive (header X-RMServe-Priority); 1 = the hint only orders that user's own groups. Default: 1."""
+
     def __post_init__(self) -> None:
         if not self.host:
             raise ValueError("ServerConfig.host must be a non-empty host name or address")
@@ -451,6 +454,10 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ServerConfig.{name} is {value!r}; it must be an integer ≥ 1")
+        if not isinstance(self.fair_share_interactive_boost, (int, float)) or not self.fair_share_interactive_boost >= 1:
+            raise ValueError(
+                f"ServerConfig.fair_share_interactive_boost is {self.fair_share_interactive_boost!r}; it must be ≥ 1"
+            )
 
     @property
     def url(self) -> str:

@@ -21,7 +21,10 @@ whatever the size of its groups. A group is never split: all its sequences go to
 in the one call made inside its turn (they share the prompt's prefix-cache blocks).
 
 Within one user's queue, ``interactive`` groups go before ``batch`` ones (first come, first
-served within a priority); the priority never changes the share between users. The engine
+served within a priority). Across users, a visit that finds an ``interactive`` group at the
+head of a user's queue credits ``interactive_boost`` times the quantum (1 = the priority never
+changes the share between users; 2 = an interactive eval gets twice its weight's share while
+it has groups waiting, so it is served ahead of a sweep without shutting the sweep out). The engine
 call itself carries no priority yet: :meth:`rmserve.server.protocol.RewardEngine.score_group`
 has no such parameter; passing it on needs a ``priority`` keyword on ``score_group`` that the
 vLLM engine forwards to ``AsyncLLM.encode(..., priority=...)`` and a server started with
@@ -224,19 +227,26 @@ class FairQueue:
         quantum_tokens: prompt tokens a user of weight 1 is credited per round (≥ 1). Any
             value is fair over time; a quantum below the typical group cost makes the order
             finer-grained, one far above it lets a user send many groups in a row.
+        interactive_boost: factor (≥ 1) on the quantum credited to a user whose next group
+            is ``interactive``.
         clock: monotonic seconds (tests pass their own).
 
     Raises:
-        ValueError: ``concurrency`` or ``quantum_tokens`` below 1.
+        ValueError: ``concurrency`` or ``quantum_tokens`` below 1, ``interactive_boost``
+            below 1.
     """
 
-    def __init__(self, concurrency: int, quantum_tokens: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, concurrency: int, quantum_tokens: int, *, interactive_boost: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency: {concurrency!r} must be an integer ≥ 1")
         if not isinstance(quantum_tokens, int) or quantum_tokens < 1:
             raise ValueError(f"quantum_tokens: {quantum_tokens!r} must be an integer ≥ 1")
+        if not isinstance(interactive_boost, (int, float)) or not interactive_boost >= 1:
+            raise ValueError(f"interactive_boost: {interactive_boost!r} must be a number ≥ 1")
         self.concurrency = concurrency
         self.quantum_tokens = quantum_tokens
+        self.interactive_boost = float(interactive_boost)
         self._clock = clock
         self._started_s = clock()
         self._users: dict[str, _UserQueue] = {}
@@ -387,11 +397,12 @@ class FairQueue:
         while True:
             name = self._ring[0]
             state = self._users[name]
-            if not self._visited:
-                state.deficit += self.quantum_tokens * state.user.weight
-                self._visited = True
             head = state.head()
             assert head is not None
+            if not self._visited:
+                boost = self.interactive_boost if head.priority == "interactive" else 1.0
+                state.deficit += self.quantum_tokens * state.user.weight * boost
+                self._visited = True
             if head.cost <= state.deficit:
                 state.deficit -= head.cost
                 state.waiting[head.priority].popleft()

@@ -106,6 +106,7 @@ def setup(app: web.Application) -> None:
     """Add the fair queue (when ``fair_share`` is on), ``GET /v1/queue`` and the status page."""
     config = app[CONFIG_KEY]
     if config.fair_share:
-        app[QUEUE_KEY] = FairQueue(config.engine_concurrency_groups, config.fair_share_quantum_tokens)
+        app[QUEUE_KEY] = FairQueue(config.engine_concurrency_groups, config.fair_share_quantum_tokens,
+                                   interactive_boost=config.fair_share_interactive_boost)
     app.router.add_get("/v1/queue", queue)
     status_page.setup(app)

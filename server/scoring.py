@@ -159,8 +159,9 @@ async def score_groups(
     ]
     keys = [group_key(fingerprint, ids) if st is None else group_key(fingerprint, [*ids, st]) for ids, st in zip(sent, starts)]
     cached: list[list[SequenceScore] | None] = [[] if not ids else cache.get(key) for ids, key in zip(sent, keys)]
+
     async def call(gi: int, ids: list) -> list[SequenceScore]:
-        turn = queue.turn(caller.user, sum(map(len, ids)), caller.priority) if queue else contextlib.nullcontext()
+        turn = queue.turn(caller.user, sum(map(len, ids)), caller.priority) if queue is not None else contextlib.nullcontext()
         async with turn:
             if starts[gi] is None:
                 return await engine.score_group(ids, f"{request_id}-{gi}")

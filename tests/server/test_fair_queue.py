@@ -102,6 +102,20 @@ async def test_interactive_goes_first_within_a_user_but_not_across_users():
     assert await h.run() == ["a3", "b1", "a1", "a2"]
 
 
+async def test_interactive_boost_multiplies_the_quantum_of_an_interactive_head():
+    # quantum 100, boost 2, equal weights, costs 100. A: four batch groups; B: b1, b2
+    # interactive, b3 batch. Ring [A, B]. A: +100 → a1. B (head interactive): +200 → b1, b2.
+    # A: +100 → a2. B (head batch): +100 → b3 (B empty). A: a3, a4.
+    h = Harness(FairQueue(concurrency=1, quantum_tokens=100, interactive_boost=2.0))
+    await h.start()
+    for i in range(1, 5):
+        await h.add(A, f"a{i}", 100)
+    await h.add(B1, "b1", 100, "interactive")
+    await h.add(B1, "b2", 100, "interactive")
+    await h.add(B1, "b3", 100)
+    assert await h.run() == ["a1", "b1", "b2", "a2", "b3", "a3", "a4"]
+
+
 async def test_an_idle_user_banks_no_credit():
     # quantum 100. A's only group (cost 40) is served at once, leaving deficit 60 that is
     # dropped when A's queue empties. Later A (cost 100) and B (cost 100) queue behind the
@@ -271,6 +285,8 @@ def test_bad_arguments_name_the_field():
         FairQueue(0, 100)
     with pytest.raises(ValueError, match="quantum_tokens: 0 must be an integer ≥ 1"):
         FairQueue(1, 0)
+    with pytest.raises(ValueError, match="interactive_boost: 0.5 must be a number ≥ 1"):
+        FairQueue(1, 100, interactive_boost=0.5)
 
 
 async def test_turn_rejects_a_negative_cost_and_an_unknown_priority():

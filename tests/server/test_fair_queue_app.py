@@ -174,3 +174,16 @@ def test_config_fields_are_checked():
         ServerConfig(engine_concurrency_groups=0)
     with pytest.raises(ValueError, match="fair_share_quantum_tokens is 0; it must be an integer ≥ 1"):
         ServerConfig(fair_share_quantum_tokens=0)
+    with pytest.raises(ValueError, match="fair_share_interactive_boost is 0.5; it must be ≥ 1"):
+        ServerConfig(fair_share_interactive_boost=0.5)
+
+
+def test_the_app_builds_its_queue_from_the_config():
+    from rmserve.server.fair_queue import queue_of
+
+    app = create_app(ServerConfig(engine_concurrency_groups=7, fair_share_quantum_tokens=300,
+                                  fair_share_interactive_boost=2.0), FakeEngine(), FakeRenderer())
+    queue = queue_of(app)
+    assert queue is not None
+    assert (queue.concurrency, queue.quantum_tokens, queue.interactive_boost) == (7, 300, 2.0)
+    assert queue_of(create_app(ServerConfig(fair_share=False), FakeEngine(), FakeRenderer())) is None
