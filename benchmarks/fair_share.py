@@ -184,14 +184,18 @@ async def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 900.0)
     raise SystemExit(f"the bench server was not ready after {timeout_s:.0f} s")
 
 
-async def scenario(url: str, spec: tuple[int, float], args: argparse.Namespace, a_groups, b_groups) -> dict[str, Any]:
+async def scenario(url: str, index: int, spec: tuple[int, float], args: argparse.Namespace, a_groups, b_groups
+                   ) -> dict[str, Any]:
+    """Scenario ``index`` (its run tags, all of one length, are ``s<index>-…``): B alone, then A and B."""
     cap, boost = spec
+    tag = f"s{index:02d}"
+    load_before = os.getloadavg()[0]
     await set_cap(url, cap, args.quantum_tokens, boost)
-    idle = [(await run_user(url, "B", fresh(b_groups, f"{cap}-idle{i}"), args.b_in_flight, "interactive"))[0]
+    idle = [(await run_user(url, "B", fresh(b_groups, f"{tag}-b{i}"), args.b_in_flight, "interactive"))[0]
             for i in range(args.idle_repeats)]
-    a_task = asyncio.create_task(run_user(url, "A", fresh(a_groups, f"{cap}-a"), args.a_in_flight))
+    a_task = asyncio.create_task(run_user(url, "A", fresh(a_groups, f"{tag}-aa"), args.a_in_flight))
     await asyncio.sleep(args.b_delay_s)
-    b_wall, b_tokens = await run_user(url, "B", fresh(b_groups, f"{cap}-b"), args.b_in_flight, "interactive")
+    b_wall, b_tokens = await run_user(url, "B", fresh(b_groups, f"{tag}-bc"), args.b_in_flight, "interactive")
     a_wall, a_tokens = await a_task
     b_idle = statistics.median(idle)
     row = {
@@ -207,6 +211,7 @@ async def scenario(url: str, spec: tuple[int, float], args: argparse.Namespace, 
         "tokens_per_s_during_a": round((a_tokens + b_tokens) / a_wall),
         "a_tokens": a_tokens,
         "b_tokens": b_tokens,
+        "load_average_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)],
     }
     print(json.dumps(row), flush=True)
     return row
@@ -238,8 +243,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         warm_s, warm_tokens = await run_user(url, "warmup", fresh(a_groups[: args.warmup_groups], "warm"), 64)
         print(f"warm-up: {args.warmup_groups} groups, {warm_tokens} tokens in {warm_s:.1f} s", flush=True)
         rows = []
-        for cap in args.caps:
-            rows.append(await scenario(url, cap, args, a_groups, b_groups))
+        for index, spec in enumerate(args.caps):
+            rows.append(await scenario(url, index, spec, args, a_groups, b_groups))
     finally:
         proc.terminate()
         proc.wait(120)
@@ -258,13 +263,14 @@ def markdown(result: dict[str, Any]) -> str:
         "run tag before the prompt (nothing is served from an earlier run's prefix cache).",
         f"Command: `{result['command']}`",
         "",
-        "| scenario | B idle (s) | B while A runs (s) | ratio (target ≤ 2) | A wall (s) | tokens/s during A |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| scenario | B idle (s) | B while A runs (s) | ratio (target ≤ 2) | A wall (s) | tokens/s during A | load before → after |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:
         lines.append(
             f"| {row['scenario']} | {row['b_idle_s']} | {row['b_contended_s']} | {row['b_ratio']} | "
-            f"{row['a_wall_s']} | {row['tokens_per_s_during_a']:,} |"
+            f"{row['a_wall_s']} | {row['tokens_per_s_during_a']:,} | "
+            + (" → ".join(map(str, row["load_average_1min"])) if "load_average_1min" in row else "n/a") + " |"
         )
     return "\n".join(lines) + "\n"
 
