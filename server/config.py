@@ -409,6 +409,18 @@ class ServerConfig:
     swap_drain_timeout_s: float = 600.0
     """Seconds a checkpoint swap waits for in-flight scoring to finish (≥ 0); past it the load fails with 503, nothing is loaded and scoring resumes. Default: 600."""
 
+    fair_share: bool = True
+    """Put a per-user fair queue (deficit round robin over prompt tokens, scaled by each user's weight) in front of the engine; false = groups go to the engine in arrival order, uncapped."""
+
+    engine_concurrency_groups: int = 64
+    """With fair_share: most groups at the engine at once (≥ 1); the rest wait in their user's queue. Default: 64."""
+
+    fair_share_quantum_tokens: int = 2048
+    """With fair_share: prompt tokens a weight-1 user is credited per round of the queue (≥ 1). Default: 2048."""
+
+    fair_share_interactive_boost: float = 1.0
+    """With fair_share: factor (≥ 1) on the share of a user whose next group is marked interactive (header X-RMServe-Priority); 1 = the hint only orders that user's own groups. Default: 1."""
+
     def __post_init__(self) -> None:
         if not self.host:
             raise ValueError("ServerConfig.host must be a non-empty host name or address")
@@ -439,6 +451,16 @@ class ServerConfig:
             raise ValueError(f"ServerConfig.swap_wait_s is {self.swap_wait_s}; it must be ≥ 0")
         if not self.swap_drain_timeout_s >= 0:
             raise ValueError(f"ServerConfig.swap_drain_timeout_s is {self.swap_drain_timeout_s}; it must be ≥ 0")
+        if not isinstance(self.fair_share, bool):
+            raise ValueError(f"ServerConfig.fair_share is {self.fair_share!r}; it must be true or false")
+        for name in ("engine_concurrency_groups", "fair_share_quantum_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ServerConfig.{name} is {value!r}; it must be an integer ≥ 1")
+        if not isinstance(self.fair_share_interactive_boost, (int, float)) or not self.fair_share_interactive_boost >= 1:
+            raise ValueError(
+                f"ServerConfig.fair_share_interactive_boost is {self.fair_share_interactive_boost!r}; it must be ≥ 1"
+            )
 
     @property
     def url(self) -> str:

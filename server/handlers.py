@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
-from rmserve.server import judge_scoring, scoring, swap, wire
+from rmserve.server import fair_queue, judge_scoring, scoring, swap, wire
 from rmserve.server.middleware import json_response
 from rmserve.server.state import CONFIG_KEY, ENGINE_KEY, EXECUTOR_KEY, JUDGE_KEY, METRICS_KEY, STATE_KEY
 
@@ -89,10 +89,11 @@ async def _score(request: web.Request) -> web.Response:
             value=score_request.model,
         )
     judge = app[JUDGE_KEY]
+    caller = fair_queue.caller_of(request)
     if judge is not None:
-        reply = await judge_scoring.score_request(app, score_request, info, judge)
+        reply = await judge_scoring.score_request(app, score_request, info, judge, caller)
     else:
-        reply = await scoring.score_request(app, score_request, info, renderer)
+        reply = await scoring.score_request(app, score_request, info, renderer, caller)
     return json_response(wire.encode_score_response(reply), 200)
 
 

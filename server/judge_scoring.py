@@ -46,6 +46,7 @@ The engine never sees HTTP: it gets chat messages and a request id, and answers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import uuid
 from collections.abc import Sequence
@@ -53,6 +54,7 @@ from dataclasses import dataclass
 
 import msgspec
 from aiohttp import web
+from rmserve.server.fair_queue import Caller, FairQueue, queue_of
 from rmserve.server.judge_protocols import (
     JudgeOutput,
     JudgePlan,
@@ -376,11 +378,32 @@ def _plan(group: Group, config: JudgeProtocolConfig) -> tuple[JudgePlan | None, 
         return None, ResponseError(UNSUPPORTED_GROUP, exc.message)
 
 
-async def _judge_one(engine: JudgeEngine, item: _Planned, request_id: str, gi: int) -> None:
+CHARS_PER_TOKEN = 4
+"""Characters per token assumed when a judge group's fair-queue cost is estimated before the
+engine tokenizes it (the judge engine renders its own prompts)."""
+
+
+def queue_cost(plan: JudgePlan, max_tokens: int) -> int:
+    """A judge group's cost in the fair queue, in tokens: its calls' message characters divided
+    by :data:`CHARS_PER_TOKEN` (an estimate of the prompt tokens) plus ``max_tokens`` per call
+    (the most each call may generate: generation dominates a judge's engine time)."""
+    chars = sum(len(m.content) for prompt in plan.prompts for m in prompt.messages)
+    return chars // CHARS_PER_TOKEN + max_tokens * len(plan.prompts)
+
+
+async def _judge_one(
+    engine: JudgeEngine, item: _Planned, request_id: str, gi: int, queue: FairQueue | None, caller: Caller
+) -> None:
     assert item.plan is not None
     calls = [prompt.messages for prompt in item.plan.prompts]
+    turn = (
+        queue.turn(caller.user, queue_cost(item.plan, engine.max_tokens), caller.priority)
+        if queue is not None
+        else contextlib.nullcontext()
+    )
     try:
-        outputs = await engine.judge_group(calls, request_id)
+        async with turn:
+            outputs = await engine.judge_group(calls, request_id)
     except SequenceTooLong as exc:
         item.error = ResponseError("sequence_too_long", exc.message)
         return
@@ -388,9 +411,18 @@ async def _judge_one(engine: JudgeEngine, item: _Planned, request_id: str, gi: i
     item.outputs = list(outputs)
 
 
-async def judge_groups(engine: JudgeEngine, items: list[_Planned], request_id: str, cache: ResultCache) -> None:
+async def judge_groups(
+    engine: JudgeEngine,
+    items: list[_Planned],
+    request_id: str,
+    cache: ResultCache,
+    queue: FairQueue | None = None,
+    caller: Caller = Caller(),
+) -> None:
     """Judge every planned group concurrently (cached ones from ``cache``); fills ``outputs``
-    or ``error`` of each item. The first engine failure cancels the other groups.
+    or ``error`` of each item. The first engine failure cancels the other groups. With a
+    ``queue``, each group's engine call waits for ``caller``'s turn of the fair queue (cost:
+    :func:`queue_cost`).
 
     Raises:
         EngineNotReady / EngineError: from the engine, or a wrong output count.
@@ -407,7 +439,7 @@ async def judge_groups(engine: JudgeEngine, items: list[_Planned], request_id: s
     try:
         async with asyncio.TaskGroup() as tg:
             for gi, item in pending:
-                tg.create_task(_judge_one(engine, item, f"{request_id}-{gi}", gi))
+                tg.create_task(_judge_one(engine, item, f"{request_id}-{gi}", gi, queue, caller))
     except BaseExceptionGroup as eg:
         raise first_error(eg) from None
     for _, item in pending:
@@ -416,9 +448,10 @@ async def judge_groups(engine: JudgeEngine, items: list[_Planned], request_id: s
 
 
 async def score_request(
-    app: web.Application, request: ScoreRequest, info: ModelInfo, settings: JudgeSettings
+    app: web.Application, request: ScoreRequest, info: ModelInfo, settings: JudgeSettings, caller: Caller = Caller()
 ) -> ScoreResponse:
-    """Judge every group of a decoded, checked request with the judge ``info`` describes.
+    """Judge every group of a decoded, checked request with the judge ``info`` describes;
+    ``caller`` (user and priority hint) takes each group's turn of the app's fair queue.
 
     Raises:
         InvalidRequest: ``truncation`` asked (a judge shows whole answers); a group that
@@ -447,7 +480,9 @@ async def score_request(
         for group in groups:
             plan, error = _plan(group, config)
             items.append(_Planned(group, plan, error, calls_key(info.fingerprint, plan) if plan is not None else b""))
-        await judge_groups(app[ENGINE_KEY], items, uuid.uuid4().hex, app[RESULT_CACHE_KEY])
+        await judge_groups(
+            app[ENGINE_KEY], items, uuid.uuid4().hex, app[RESULT_CACHE_KEY], queue_of(app), caller
+        )
     finally:
         state.release_groups(num_groups)
         metrics.inflight_groups.dec(num_groups)

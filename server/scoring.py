@@ -13,12 +13,14 @@ aborts those requests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
 import uuid
 from collections.abc import Sequence
 
 from aiohttp import web
+from rmserve.server.fair_queue import Caller, FairQueue, queue_of
 from rmserve.server.protocol import ExtraValue, RewardEngine, SequenceScore
 from rmserve.server.render import RenderedGroup, Renderer
 from rmserve.server.result_cache import ResultCache, group_key
@@ -136,14 +138,16 @@ def first_error(group: BaseExceptionGroup) -> BaseException:
 
 
 async def score_groups(
-    engine: RewardEngine, rendered: list[RenderedGroup], request_id: str, cache: ResultCache, fingerprint: str
+    engine: RewardEngine, rendered: list[RenderedGroup], request_id: str, cache: ResultCache, fingerprint: str,
+    queue: FairQueue | None = None, caller: Caller = Caller(),
 ) -> tuple[list[list[SequenceScore]], list[bool]]:
     """Score all groups concurrently; the first engine failure cancels the other groups.
 
     Only a group's :attr:`~RenderedGroup.scorable` sequences go to the engine (a group with
     none makes no engine call), with their ``answer_starts`` when the renderer set
     :attr:`~RenderedGroup.answer_start` (DPO). Groups found in ``cache`` (same fingerprint, same token ids
-    sent) are answered from it.
+    sent) are answered from it. With a ``queue``, each group's engine call waits for its
+    turn of the :class:`~rmserve.server.fair_queue.FairQueue` (cost: its tokens sent).
 
     Returns:
         (scores per group, one per scorable sequence; whether each group came from the cache
@@ -155,14 +159,18 @@ async def score_groups(
     ]
     keys = [group_key(fingerprint, ids) if st is None else group_key(fingerprint, [*ids, st]) for ids, st in zip(sent, starts)]
     cached: list[list[SequenceScore] | None] = [[] if not ids else cache.get(key) for ids, key in zip(sent, keys)]
+
+    async def call(gi: int, ids: list) -> list[SequenceScore]:
+        turn = queue.turn(caller.user, sum(map(len, ids)), caller.priority) if queue is not None else contextlib.nullcontext()
+        async with turn:
+            if starts[gi] is None:
+                return await engine.score_group(ids, f"{request_id}-{gi}")
+            return await engine.score_group(ids, f"{request_id}-{gi}", answer_starts=starts[gi])
+
     try:
         async with asyncio.TaskGroup() as tg:
             tasks = {
-                gi: tg.create_task(
-                    engine.score_group(ids, f"{request_id}-{gi}")
-                    if starts[gi] is None
-                    else engine.score_group(ids, f"{request_id}-{gi}", answer_starts=starts[gi])
-                )
+                gi: tg.create_task(call(gi, ids))
                 for gi, ids in enumerate(sent)
                 if cached[gi] is None
             }
@@ -206,9 +214,12 @@ def admit(state, num_groups: int, limit: int) -> None:
 
 
 async def score_request(
-    app: web.Application, request: ScoreRequest, info: ModelInfo, renderer: Renderer
+    app: web.Application, request: ScoreRequest, info: ModelInfo, renderer: Renderer, caller: Caller = Caller()
 ) -> ScoreResponse:
     """Score every group of a decoded, checked request with the model ``info`` describes.
+
+    ``caller`` (user and priority hint) takes each group's turn of the app's fair queue, when
+    the app has one (:mod:`rmserve.server.fair_queue`).
 
     Raises:
         InvalidRequest / Overloaded: admission (see ``max_inflight_groups``).
@@ -230,7 +241,7 @@ async def score_request(
             executor, functools.partial(renderer.render_request, request, too_long="mark")
         )
         scores, from_cache = await score_groups(
-            app[ENGINE_KEY], rendered, uuid.uuid4().hex, app[RESULT_CACHE_KEY], info.fingerprint
+            app[ENGINE_KEY], rendered, uuid.uuid4().hex, app[RESULT_CACHE_KEY], info.fingerprint, queue_of(app), caller
         )
     finally:
         state.release_groups(num_groups)

@@ -350,3 +350,20 @@ def replaced(output, **changes):
     import dataclasses
 
     return dataclasses.replace(output, **changes)
+
+
+def test_a_judge_groups_fair_queue_cost_is_its_estimated_prompt_tokens_plus_its_generation_budget():
+    from rmserve.server.judge_protocols import JudgePlan, JudgePrompt
+    from rmserve.server.judge_scoring import queue_cost
+
+    from rmserve.schema import Message
+
+    plan = JudgePlan(
+        "rb2-rating",
+        (
+            JudgePrompt("rb2-rating", (Message("system", "s" * 38), Message("user", "x" * 402)), (0,)),
+            JudgePrompt("rb2-rating", (Message("user", "y" * 43),), (1,)),
+        ),
+    )
+    # (38 + 402 + 43) // 4 = 120 estimated prompt tokens, plus 2 calls x 32 generated tokens.
+    assert queue_cost(plan, 32) == 120 + 64

@@ -1,0 +1,133 @@
+"""The status page at ``GET /`` and the JSON it reads besides ``/v1/models`` and ``/v1/queue``.
+
+The page is plain HTML with a little JavaScript (``server/static/``, no build step). Every
+:data:`REFRESH_S` seconds it reads ``GET /v1/models`` (models, fingerprints, swap count and
+last swap time), ``GET /v1/queue`` (per-user queue and throughput, as the caller may see it:
+:mod:`rmserve.server.queue_routes`) and ``GET /v1/status`` (:class:`StatusReply`: engine state
+and prefix-cache hit rate, from the server's metrics). The page holds no token and no secret;
+when the server asks for one (401), the page offers a field whose token stays in the
+browser's session storage and goes only to this server as a bearer token.
+
+Routes: ``GET /`` (the page), ``GET /static/{name}`` (its script and style sheet),
+``GET /v1/status``.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+
+import msgspec
+from aiohttp import web
+from rmserve.server.fair_queue import queue_of
+from rmserve.server.middleware import json_response
+from rmserve.server.state import METRICS_KEY, STATE_KEY
+
+REFRESH_S = 3
+"""Seconds between two refreshes of the page (the script reads it from the page's
+``data-refresh-s``)."""
+
+STATIC_FILES: dict[str, str] = {
+    "status.js": "text/javascript",
+    "status.css": "text/css",
+}
+"""Files served under ``/static/`` and their content types (nothing else is served)."""
+
+STARTED_KEY = web.AppKey("status_started_s", float)
+
+
+class PrefixCache(msgspec.Struct, frozen=True):
+    """Prefix-cache counters in tokens, and hits / queries (None before any query)."""
+
+    query_tokens: int
+    hit_tokens: int
+    hit_rate: float | None
+
+
+class StatusReply(msgspec.Struct, frozen=True):
+    """Body of ``GET /v1/status``.
+
+    Attributes:
+        status: the engine's state (``loading``, ``ready``, ``failed``, ``stopping``,
+            ``restoring``; ``restarting`` while a swap restarts it).
+        uptime_s: seconds since the app started.
+        fair_share: whether a fair queue is in front of the engine.
+        groups_scored: groups the engine has scored (result-cache hits not counted).
+        engine_prefix_cache: the engine's own counters (``rmserve_engine_prefix_cache_*``);
+            None when the engine has none.
+        served_prefix_cache: the same figures summed from the replies this server sent
+            (``rmserve_prefix_cache_*``).
+        leases: None: checkpoint leases are not built yet.
+    """
+
+    status: str
+    uptime_s: float
+    fair_share: bool
+    groups_scored: int
+    engine_prefix_cache: PrefixCache | None
+    served_prefix_cache: PrefixCache
+    leases: None = None
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def _cache(queries: float | None, hits: float | None) -> PrefixCache | None:
+    if queries is None or hits is None:
+        return None
+    return PrefixCache(int(queries), int(hits), hits / queries if queries > 0 else None)
+
+
+async def status(request: web.Request) -> web.Response:
+    """``GET /v1/status``: :class:`StatusReply`."""
+    app = request.app
+    registry = app[METRICS_KEY].registry
+    state = app[STATE_KEY]
+    value = registry.get_sample_value
+    engine_status = "restarting" if state.status == "ready" and state.restarting else state.status
+    served = _cache(value("rmserve_prefix_cache_queries_total") or 0.0, value("rmserve_prefix_cache_hits_total") or 0.0)
+    assert served is not None
+    reply = StatusReply(
+        status=engine_status,
+        uptime_s=time.monotonic() - app[STARTED_KEY],
+        fair_share=queue_of(app) is not None,
+        groups_scored=int(value("rmserve_groups_total") or 0),
+        engine_prefix_cache=_cache(
+            value("rmserve_engine_prefix_cache_queries_total"), value("rmserve_engine_prefix_cache_hits_total")
+        ),
+        served_prefix_cache=served,
+    )
+    return json_response(_encoder.encode(reply), 200)
+
+
+def _read_static() -> dict[str, bytes]:
+    folder = resources.files("rmserve.server").joinpath("static")
+    return {name: folder.joinpath(name).read_bytes() for name in ("index.html", *STATIC_FILES)}
+
+
+_FILES = _read_static()
+"""The page's files, read once when the module is imported (never on the event loop)."""
+
+
+async def page(request: web.Request) -> web.Response:
+    """``GET /``: the status page (``static/index.html``)."""
+    body = _FILES["index.html"].replace(b"{{REFRESH_S}}", str(REFRESH_S).encode())
+    return web.Response(body=body, content_type="text/html", charset="utf-8",
+                        headers={"Cache-Control": "no-store"})
+
+
+async def static(request: web.Request) -> web.Response:
+    """``GET /static/{name}``: one of :data:`STATIC_FILES`; 404 for any other name."""
+    name = request.match_info["name"]
+    if name not in STATIC_FILES:
+        raise web.HTTPNotFound()
+    return web.Response(body=_FILES[name], content_type=STATIC_FILES[name], charset="utf-8",
+                        headers={"Cache-Control": "no-store"})
+
+
+def setup(app: web.Application) -> None:
+    """Add ``GET /``, ``GET /static/{name}`` and ``GET /v1/status`` to ``app``."""
+    app[STARTED_KEY] = time.monotonic()
+    app.router.add_get("/", page)
+    app.router.add_get("/static/{name}", static)
+    app.router.add_get("/v1/status", status)
