@@ -359,6 +359,19 @@ bounding what one request can make the server buffer and decode.
 """
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only: ``localhost`` or a loopback address
+    (127.0.0.0/8, ::1). Other names (which may resolve anywhere) and 0.0.0.0 are not."""
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     """Settings of the HTTP layer (the engine has its own ``EngineConfig``).
@@ -406,6 +419,12 @@ class ServerConfig:
     swap_drain_timeout_s: float = 600.0
     """Seconds a checkpoint swap waits for in-flight scoring to finish (≥ 0); past it the load fails with 503, nothing is loaded and scoring resumes. Default: 600."""
 
+    users_file: str | None = None
+    """Users file (JSON Lines, one user per line with a hash of the user's token, role and limits; rmserve users add writes it). With it every route but /health, / and /static/ needs Authorization: Bearer <token>. None (default): no users, loopback only."""
+
+    insecure_no_auth: bool = False
+    """Listen on a non-loopback --host without a users file: anyone who reaches the port may score and swap. Default: off."""
+
     def __post_init__(self) -> None:
         if not self.host:
             raise ValueError("ServerConfig.host must be a non-empty host name or address")
@@ -436,6 +455,29 @@ class ServerConfig:
             raise ValueError(f"ServerConfig.swap_wait_s is {self.swap_wait_s}; it must be ≥ 0")
         if not self.swap_drain_timeout_s >= 0:
             raise ValueError(f"ServerConfig.swap_drain_timeout_s is {self.swap_drain_timeout_s}; it must be ≥ 0")
+        self._check_access()
+
+    def _check_access(self) -> None:
+        """Users file readable and valid; without one, a non-loopback host only when asked for."""
+        if self.users_file is not None:
+            if self.insecure_no_auth:
+                raise ValueError(
+                    "ServerConfig.insecure_no_auth is set together with users_file; give one of "
+                    "--users-file (tokens required) or --insecure-no-auth (no tokens)"
+                )
+            from rmserve.server.auth import UsersFileError, read_users_file
+
+            try:
+                read_users_file(self.users_file)
+            except UsersFileError as exc:
+                raise ValueError(f"ServerConfig.users_file: {exc}") from None
+        elif not self.insecure_no_auth and not is_loopback(self.host):
+            raise ValueError(
+                f"ServerConfig.host is {self.host!r}, which other machines can reach, and no users file "
+                "is given: anyone could score and swap checkpoints. Give --users-file FILE (create it with "
+                "rmserve users add NAME --users-file FILE; clients then send their token), or "
+                "--insecure-no-auth to serve without tokens anyway"
+            )
 
     @property
     def url(self) -> str:

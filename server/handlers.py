@@ -19,6 +19,7 @@ from aiohttp import web
 from rmserve.server import scoring, swap, wire
 from rmserve.server.middleware import json_response
 from rmserve.server.state import CONFIG_KEY, ENGINE_KEY, EXECUTOR_KEY, METRICS_KEY, STATE_KEY
+from rmserve.server.users import USER_KEY
 
 from rmserve.errors import BodyTooLarge, ModelNotFound
 from rmserve.schema import ScoreRequest
@@ -87,7 +88,7 @@ async def _score(request: web.Request) -> web.Response:
             field="model",
             value=score_request.model,
         )
-    reply = await scoring.score_request(app, score_request, info, renderer)
+    reply = await scoring.score_request(app, score_request, info, renderer, request[USER_KEY])
     return json_response(wire.encode_score_response(reply), 200)
 
 
@@ -113,7 +114,8 @@ async def load_model(request: web.Request) -> web.Response:
     scoring answers 503.
     """
     config = request.app[CONFIG_KEY]
-    swap.check_admin_token(request.headers.get("Authorization"), config.admin_token)
+    if config.users_file is None:  # with a users file, the auth middleware has checked the admin role
+        swap.check_admin_token(request.headers.get("Authorization"), config.admin_token)
     request.app[STATE_KEY].require_ready()
     load = wire.decode_load_request(await request.read())
     folder = swap.resolve_checkpoint(load.path, config.checkpoint_roots)
