@@ -420,7 +420,7 @@ class ServerConfig:
     """Seconds a checkpoint swap waits for in-flight scoring to finish (≥ 0); past it the load fails with 503, nothing is loaded and scoring resumes. Default: 600."""
 
     users_file: str | None = None
-    """Users file (JSON Lines, one user per line with a hash of the user's token, role and limits; rmserve users add writes it). With it every route but /health, / and /static/ needs Authorization: Bearer <token>. None (default): no users, loopback only."""
+    """Users file (JSON Lines, one user per line with a hash of the user's token, role and limits; rmserve users add writes it). With it every route but /health, / and /static/ needs Authorization: Bearer <token>. Without it the server has no users and listens on loopback only. Default: none."""
 
     insecure_no_auth: bool = False
     """Listen on a non-loopback --host without a users file: anyone who reaches the port may score and swap. Default: off."""
