@@ -170,7 +170,7 @@ def create_app(
     app[METRICS_KEY] = ServerMetrics(engine_counters=_engine_counter_reader(engine))
     app[RESULT_CACHE_KEY] = ResultCache(config.result_cache_groups)
     if config.users_file is not None:  # who is asking (server/auth.py) and per-user limits (server/limits.py)
-        app[auth.USERS_KEY] = auth.UserRegistry.from_file(config.users_file)
+        app[auth.USERS_KEY] = auth.UserRegistry(config.users)
     limits.install(app)
     app.cleanup_ctx.append(_render_executor_ctx)
     app.cleanup_ctx.append(_engine_ctx)

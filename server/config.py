@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from rmserve.errors import ServerFault
+
+if TYPE_CHECKING:
+    from rmserve.server.auth import UserLine
 
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 """Accepted ``dtype`` values. ``auto`` = bfloat16 on a CUDA device, float32 otherwise."""
@@ -425,6 +428,10 @@ class ServerConfig:
     insecure_no_auth: bool = False
     """Listen on a non-loopback --host without a users file: anyone who reaches the port may score and swap. Default: off."""
 
+    users: tuple[UserLine, ...] = field(default=(), repr=False, compare=False)
+    """The records of ``users_file``, read and checked when the config is built (not an option;
+    the app is built from them, so it reads no file on the event loop)."""
+
     def __post_init__(self) -> None:
         if not self.host:
             raise ValueError("ServerConfig.host must be a non-empty host name or address")
@@ -468,9 +475,10 @@ class ServerConfig:
             from rmserve.server.auth import UsersFileError, read_users_file
 
             try:
-                read_users_file(self.users_file)
+                users = read_users_file(self.users_file)
             except UsersFileError as exc:
                 raise ValueError(f"ServerConfig.users_file: {exc}") from None
+            object.__setattr__(self, "users", users)
         elif not self.insecure_no_auth and not is_loopback(self.host):
             raise ValueError(
                 f"ServerConfig.host is {self.host!r}, which other machines can reach, and no users file "

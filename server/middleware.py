@@ -102,7 +102,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         response = await handler(request)
     except RMServeError as exc:
         if exc.status >= 500 and not exc.retryable:
-            logger.error("%s %s failed: %s", request.method, request.path, exc.message, exc_info=exc)
+            logger.error("%s %s failed: %s%s", request.method, request.path, exc.message, _by(request), exc_info=exc)
         response = error_response(_public(exc), config.retry_after_s)
     except web.HTTPRequestEntityTooLarge:
         too_large = BodyTooLarge(
