@@ -148,6 +148,27 @@ async def bad_token_flood(url: str, tokens: dict[str, str], groups, args) -> dic
     }
 
 
+def auth_cost_us(users_file: Path, token: str, calls: int = 20_000) -> dict[str, float]:
+    """In-process cost of what the auth middleware adds per request, microseconds: the token
+    check against every line of ``users_file`` (:meth:`UserRegistry.authenticate`), the role
+    check and the per-user request counter (median of 5 repeats of ``calls`` calls each)."""
+    from rmserve.server.auth import UserRegistry, check_role, read_users_file
+    from rmserve.server.observability import ServerMetrics
+
+    registry = UserRegistry(read_users_file(users_file))
+    metrics = ServerMetrics()
+    header = f"Bearer {token}"
+    repeats = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            user = registry.authenticate(header, now_s=0.0)
+            check_role(user, "POST", "/v1/score")
+            metrics.observe_user_request(user.name, "/v1/score", 200)
+        repeats.append((time.perf_counter() - t0) / calls * 1e6)
+    return {"users_in_file": len(registry.users), "us_per_request": statistics.median(repeats)}
+
+
 def make_users(folder: Path) -> dict[str, str]:
     from rmserve.server.auth import add_user
 
@@ -174,6 +195,12 @@ def markdown(report: dict[str, Any]) -> str:
         f"B/A over all rounds: **{o['ratio_total']:.3f}** (target ≥ {TARGET_RATIO}); median of the per-round "
         f"ratios {o['ratio_median']:.3f} (per round: {', '.join(f'{r:.3f}' for r in o['ratio_per_round'])}). "
         f"Target {'met' if o['ratio_total'] >= TARGET_RATIO else 'NOT met'}.",
+        "",
+        f"Auth work per request in process (token check against {report['auth_cost']['users_in_file']} users, role "
+        f"check, per-user counter): {report['auth_cost']['us_per_request']:.1f} µs, i.e. "
+        f"{100 * report['auth_cost']['fraction_of_one_core_at_B_rate']:.3f} % of one core at B's request rate "
+        "(one group per request): the end-to-end ratio above measures the machine's load more than the auth "
+        "layer.",
         "",
         f"Bad tokens: {b['bad_requests']} requests (wrong / expired / malformed in turn, {report['bad_concurrency']} "
         f"at a time) while `bench` scored {b['valid_groups_sent']} groups: statuses {json.dumps(b['statuses'])}; "
@@ -234,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             servers[name] = ServerProcess(options.argv("127.0.0.1", port), url=f"http://127.0.0.1:{port}",
                                           log_path=work / name / "server.log", startup_timeout_s=1800.0,
                                           stop_grace_s=30.0, name=f"server {name}")
+        cost = auth_cost_us(work / "users.jsonl", tokens["bench"])
         token_of = {"A": None, "B": tokens["bench"]}
         with servers["A"], servers["B"]:
             for name in ("A", "B"):  # one after the other: two engine starts on 2 cores
@@ -282,6 +310,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "target": TARGET_RATIO,
         },
         "bad_tokens": flood,
+        "auth_cost": {
+            **cost,
+            "fraction_of_one_core_at_B_rate": cost["us_per_request"] * 1e-6 * (
+                len(rounds) * args.groups_per_round / totals["B"]["wall_s"]
+            ),
+        },
         "command": " ".join(shlex.quote(a) for a in ["python", "benchmarks/auth_overhead.py", *(argv or sys.argv[1:])]),
         "machine": machine,
         "versions": throughput.versions(),

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from rmserve.cli import app as cli_app
 from rmserve.schema import ScoreResponse, decode
 from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.auth import UserRegistry, UsersFileError, add_user, parse_users, read_users_file, remove_user
+from rmserve.server.auth import AuthRejected, UserRegistry, UsersFileError, add_user, parse_users, read_users_file, remove_user
 from rmserve.server.users import CURRENT_USER, RequestUserLogFilter, User
 
 VALID = {"groups": [{"id": "g0", "prompt": "hi", "responses": ["yo", "ya"]}]}
@@ -324,3 +324,21 @@ def test_the_log_filter_adds_the_user_inside_a_request_only():
     finally:
         CURRENT_USER.reset(token)
     assert record.getMessage() == "loading ckpt [user carol]"
+
+
+def test_the_benchmark_bad_tokens_are_refused_for_the_reason_it_counts_them(users):
+    """benchmarks/auth_overhead.py sends wrong, expired and malformed tokens in turn; each kind
+    must be refused by the server for that reason (else its counts would not add up)."""
+    from auth_overhead import bad_header
+
+    path, tokens = users
+    registry = UserRegistry(read_users_file(path))
+    expected = {"wrong": "unknown", "expired": "expired", "malformed": "malformed"}
+    kinds = []
+    for i in range(12):
+        kind, headers = bad_header(i, tokens["old"])
+        kinds.append(kind)
+        with pytest.raises(AuthRejected) as refused:
+            registry.authenticate(headers["Authorization"], now_s=1.9e9)
+        assert refused.value.reason == expected[kind]
+    assert kinds == ["wrong", "expired", "malformed"] * 4
