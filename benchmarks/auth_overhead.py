@@ -1,13 +1,14 @@
 """What tokens cost: scoring throughput with a users file against without, and a flood of bad tokens.
 
-Two ``rmserve serve`` child processes on the same model, both with ``--result-cache-groups 0``
+``rmserve serve`` child processes on the same model, all with ``--result-cache-groups 0``
 (every group is engine work): **A** without a users file, **B** with one (a scorer ``bench``
-without limits, and a scorer ``expired`` whose token expired in 2020). Measured:
+without limits, and a scorer ``expired`` whose token expired in 2020). Only one server runs at
+a time (two idle vLLM CPU engines bound to the same cores disturb each other). Measured:
 
 1. **Overhead.** ``--rounds`` rounds; each takes the next ``--groups-per-round`` RM-Bench groups
-   (never sent before to either server, so neither answers from its prefix cache what the other
-   computed) and scores them on A and on B in turn (A first in even rounds, B first in odd
-   ones, so drift in the machine's load falls on both), through
+   and scores them on a fresh A and a fresh B in turn (A first in even rounds, B first in odd
+   ones, so drift in the machine's load falls on both; each server is warmed up on 8 other
+   groups first), through
    :meth:`rmserve.client.RewardClient.score_stream` with ``--max-in-flight`` groups in flight,
    B with ``bench``'s token. Throughput is prompt tokens/s (Σ ``num_tokens`` / wall time).
    Reported: tokens/s of each, the ratio B/A over all rounds (Σ tokens / Σ wall), and the
@@ -190,7 +191,7 @@ def markdown(report: dict[str, Any]) -> str:
         "| server | prompt tokens | wall s | tokens/s |",
         "| --- | ---: | ---: | ---: |",
         f"| A: no users file | {o['A']['tokens']:,} | {o['A']['wall_s']:.2f} | {o['A']['tokens_per_s']:,.0f} |",
-        f"| B: users file, bearer token | {o['B']['tokens']:,} | {o['B']['wall_s']:.2f} | {o['B']['tokens_per_s']:,.0f} |",
+        f"| B: {'no users file (control run)' if report['control'] else 'users file, bearer token'} | {o['B']['tokens']:,} | {o['B']['wall_s']:.2f} | {o['B']['tokens_per_s']:,.0f} |",
         "",
         f"B/A over all rounds: **{o['ratio_total']:.3f}** (target ≥ {TARGET_RATIO}); median of the per-round "
         f"ratios {o['ratio_median']:.3f} (per round: {', '.join(f'{r:.3f}' for r in o['ratio_per_round'])}). "
@@ -199,17 +200,18 @@ def markdown(report: dict[str, Any]) -> str:
         f"Auth work per request in process (token check against {report['auth_cost']['users_in_file']} users, role "
         f"check, per-user counter): {report['auth_cost']['us_per_request']:.1f} µs, i.e. "
         f"{100 * report['auth_cost']['fraction_of_one_core_at_B_rate']:.3f} % of one core at B's request rate "
-        "(one group per request): the end-to-end ratio above measures the machine's load more than the auth "
-        "layer.",
+        "(one group per request).",
         "",
-        f"Bad tokens: {b['bad_requests']} requests (wrong / expired / malformed in turn, {report['bad_concurrency']} "
-        f"at a time) while `bench` scored {b['valid_groups_sent']} groups: statuses {json.dumps(b['statuses'])}; "
-        f"all 401: **{b['all_401']}**. `rmserve_auth_rejections_total` grew by "
-        f"{json.dumps({k: int(v) for k, v in b['rejections_by_reason'].items() if v})}, "
-        f"`rmserve_requests_total{{/v1/score,401}}` by {b['score_401_delta']:.0f}, `rmserve_groups_total` by "
-        f"{b['engine_groups_delta']:.0f} (= the {b['valid_groups_scored']} groups `bench` scored: none of the bad "
-        f"requests reached the engine). `bench` scored at {b['valid_tokens_per_s_during_flood']:,.0f} tokens/s "
-        "during the flood.",
+        *([] if b is None else [
+            f"Bad tokens: {b['bad_requests']} requests (wrong / expired / malformed in turn, {report['bad_concurrency']} "
+            f"at a time) while `bench` scored {b['valid_groups_sent']} groups: statuses {json.dumps(b['statuses'])}; "
+            f"all 401: **{b['all_401']}**. `rmserve_auth_rejections_total` grew by "
+            f"{json.dumps({k: int(v) for k, v in b['rejections_by_reason'].items() if v})}, "
+            f"`rmserve_requests_total{{/v1/score,401}}` by {b['score_401_delta']:.0f}, `rmserve_groups_total` by "
+            f"{b['engine_groups_delta']:.0f} (= the {b['valid_groups_scored']} groups `bench` scored: none of the bad "
+            f"requests reached the engine). `bench` scored at {b['valid_tokens_per_s_during_flood']:,.0f} tokens/s "
+            "during the flood.",
+        ]),
         "",
         *throughput.provenance_lines(report),
         "",
@@ -221,8 +223,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="Model folder (e.g. from rmserve demo-model).")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="RM-Bench release folder.")
-    p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--groups-per-round", type=int, default=50)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--groups-per-round", type=int, default=100)
     p.add_argument("--max-in-flight", type=int, default=32)
     p.add_argument("--bad", type=int, default=1000)
     p.add_argument("--bad-concurrency", type=int, default=50)
@@ -230,6 +232,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results")
     p.add_argument("--machine-tag", default="cpu2")
     p.add_argument("--tag", default=None)
+    p.add_argument("--control", action="store_true",
+                   help="Control run: B without a users file too (both servers alike; the ratio shows the noise).")
     return p.parse_args(argv)
 
 
@@ -252,34 +256,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="rmserve-auth-bench-") as tmp:
         work = Path(tmp)
         tokens = make_users(work)
-        engine_options = {"dtype": args.dtype}
-        servers = {}
-        for name, extra in (("A", ()), ("B", ("--users-file", str(work / "users.jsonl")))):
-            options = ServeOptions(model=args.model, engine_options=engine_options,
-                                   extra_args=("--result-cache-groups", "0", *extra))
-            port = free_loopback_port()
-            servers[name] = ServerProcess(options.argv("127.0.0.1", port), url=f"http://127.0.0.1:{port}",
-                                          log_path=work / name / "server.log", startup_timeout_s=1800.0,
-                                          stop_grace_s=30.0, name=f"server {name}")
+        b_extra = () if args.control else ("--users-file", str(work / "users.jsonl"))
+        extra_of = {"A": (), "B": b_extra}
+        token_of = {"A": None, "B": None if args.control else tokens["bench"]}
         cost = auth_cost_us(work / "users.jsonl", tokens["bench"])
-        token_of = {"A": None, "B": tokens["bench"]}
-        with servers["A"], servers["B"]:
-            for name in ("A", "B"):  # one after the other: two engine starts on 2 cores
-                servers[name].wait_ready()
-            for name in ("A", "B"):  # warm-up (compilation, first requests)
-                asyncio.run(score_round(servers[name].url, token_of[name], flood_groups[:8], args.max_in_flight))
-            per_round: list[dict[str, dict[str, float]]] = []
-            for r, batch in enumerate(rounds):
-                order = ("A", "B") if r % 2 == 0 else ("B", "A")
-                row = {}
-                for name in order:
-                    row[name] = asyncio.run(score_round(servers[name].url, token_of[name], batch, args.max_in_flight))
-                    if row[name]["groups"] != len(batch):
-                        raise SystemExit(f"server {name} scored {row[name]['groups']} of {len(batch)} groups")
-                per_round.append(row)
-                print(f"round {r + 1}/{len(rounds)}: A {row['A']['tokens_per_s']:,.0f} tok/s, "
-                      f"B {row['B']['tokens_per_s']:,.0f} tok/s", file=sys.stderr)
-            flood = asyncio.run(bad_token_flood(servers["B"].url, tokens, flood_groups, args))
+
+        def server(name: str) -> ServerProcess:
+            options = ServeOptions(model=args.model, engine_options={"dtype": args.dtype},
+                                   extra_args=("--result-cache-groups", "0", *extra_of[name]))
+            port = free_loopback_port()
+            return ServerProcess(options.argv("127.0.0.1", port), url=f"http://127.0.0.1:{port}",
+                                 log_path=work / name / "server.log", startup_timeout_s=1800.0,
+                                 stop_grace_s=30.0, name=f"server {name}", quiet=True)
+
+        # One server process at a time: two idle engines bound to the same CPUs disturb each
+        # other (a control run with two identical servers side by side differed by up to 2x).
+        per_round: list[dict[str, dict[str, float]]] = []
+        for r, batch in enumerate(rounds):
+            order = ("A", "B") if r % 2 == 0 else ("B", "A")
+            row = {}
+            for name in order:
+                with server(name) as process:
+                    process.wait_ready()
+                    asyncio.run(score_round(process.url, token_of[name], flood_groups[:8], args.max_in_flight))
+                    row[name] = asyncio.run(score_round(process.url, token_of[name], batch, args.max_in_flight))
+                if row[name]["groups"] != len(batch):
+                    raise SystemExit(f"server {name} scored {row[name]['groups']} of {len(batch)} groups")
+            per_round.append(row)
+            print(f"round {r + 1}/{len(rounds)}: A {row['A']['tokens_per_s']:,.0f} tok/s, "
+                  f"B {row['B']['tokens_per_s']:,.0f} tok/s", file=sys.stderr)
+        flood = None
+        if not args.control:
+            with server("B") as process:
+                process.wait_ready()
+                flood = asyncio.run(bad_token_flood(process.url, tokens, flood_groups, args))
 
     totals = {
         name: {
@@ -310,6 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "target": TARGET_RATIO,
         },
         "bad_tokens": flood,
+        "control": args.control,
         "auth_cost": {
             **cost,
             "fraction_of_one_core_at_B_rate": cost["us_per_request"] * 1e-6 * (
@@ -326,6 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / f"{stem}.md").write_text(markdown(report))
     print(markdown(report))
+    if flood is None:
+        return 0
     ok = report["overhead"]["ratio_total"] >= TARGET_RATIO and flood["all_401"] and (
         flood["engine_groups_delta"] == flood["valid_groups_scored"] == len(flood_groups)
     )
