@@ -436,6 +436,10 @@ class RewardClient:
         sleep: the coroutine used to wait between retries (a test seam; default
             ``asyncio.sleep``).
         rng: the random source of the backoff jitter.
+        token: bearer token sent as ``Authorization: Bearer`` with every request (a server
+            started with a users file needs it); None sends none. A 401/403 reply is raised
+            as :class:`~rmserve.errors.Unauthorized` / :class:`~rmserve.errors.Forbidden`,
+            never retried.
 
     Attributes:
         attempts: HTTP requests sent so far (retries included).
@@ -455,6 +459,7 @@ class RewardClient:
         retry: Retry = Retry(),
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         rng: random.Random | None = None,
+        token: str | None = None,
     ) -> None:
         url = yarl.URL(base_url)
         if url.scheme not in ("http", "https") or not url.host:
@@ -467,6 +472,7 @@ class RewardClient:
         self._owns_session = False
         self._sleep = sleep
         self._rng = rng or random.Random()
+        self._token = token
         self.attempts = 0
         self.retries = 0
 
@@ -512,6 +518,8 @@ class RewardClient:
             raise RuntimeError("RewardClient is not open: use 'async with RewardClient(...) as client'")
         url = self._url(path)
         headers = dict(headers or {})
+        if self._token is not None and "Authorization" not in headers:
+            headers["Authorization"] = f"Bearer {self._token}"
         if data is not None:
             headers["Content-Type"] = "application/json"
         self.attempts += 1
@@ -520,7 +528,11 @@ class RewardClient:
                 body = await resp.read()
                 if resp.status == 200:
                     return body
-                raise error_from_reply(resp.status, body, retry_after=resp.headers.get("Retry-After"))
+                error = error_from_reply(resp.status, body, retry_after=resp.headers.get("Retry-After"))
+                if resp.status == 401 and self._token is None and "Authorization" not in headers:
+                    error.message = f"{error.message} (this client sent no token: give --token-file FILE or set RMSERVE_TOKEN)"
+                    error.args = (error.message,)
+                raise error
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
             what = "timed out" if isinstance(exc, TimeoutError) else f"failed ({type(exc).__name__}: {exc})"
             raise errors.ConnectionFailed(f"{method} {url} {what}") from exc

@@ -18,6 +18,7 @@ from rmserve.cli_eval import register as _register_eval
 from rmserve.cli_metrics import metrics_app
 from rmserve.cli_server import register as _register_server
 from rmserve.cli_sweep import register as _register_sweep
+from rmserve.cli_users import users_app
 
 app = typer.Typer(
     name="rmserve",
@@ -28,6 +29,7 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(metrics_app, name="metrics")
+app.add_typer(users_app, name="users")
 _register_server(app)
 _register_eval(app)
 _register_sweep(app)

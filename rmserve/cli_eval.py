@@ -19,6 +19,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from rmserve.cli_users import TokenFileOpt, read_client_token
 from rmserve.cli_common import (
     MODEL_HELP_JUDGE_URL,
     Command,
@@ -70,6 +71,7 @@ def _eval_config(
     max_tokens: int | None = None,
     strict: bool = False,
     wait_for_server: bool = False,
+    token: str | None = None,
 ):
     from rmserve.pipelines.evaluate import EvalConfig
 
@@ -95,6 +97,7 @@ def _eval_config(
             truncation=truncation_option(truncation, max_tokens),
             strict=strict,
             wait_for_server=wait_for_server,
+            token=token,
         )
     )
 
@@ -225,6 +228,7 @@ def eval_command(
     truncation: TruncationOpt = None,
     max_tokens: MaxTokensOpt = None,
     strict: StrictOpt = False,
+    token_file: TokenFileOpt = None,
 ) -> None:
     """Score a benchmark on a running server, then print its table.
 
@@ -238,7 +242,7 @@ def eval_command(
         groups_per_request=groups_per_request, timeout_s=timeout_s, ready_timeout_s=ready_timeout_s,
         only=only, model=model, overwrite=overwrite, fsync=fsync, quiet=quiet, resamples=resamples, seed=seed,
         store=_store_path(store, no_store), truncation=truncation, max_tokens=max_tokens, strict=strict,
-        wait_for_server=wait_for_server,
+        wait_for_server=wait_for_server, token=read_client_token(token_file),
     )
     result = _call(evaluate, config, scores_path=config.out_dir / "scores.jsonl", store_path=config.store)
     _render(result, as_json=as_json, quiet=quiet)

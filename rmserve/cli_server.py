@@ -149,6 +149,12 @@ def serve_command(
         Optional[int],
         typer.Option("--result-cache-groups", help=_server_help("result_cache_groups"), show_default=False),
     ] = None,
+    users_file: Annotated[
+        Optional[Path], typer.Option("--users-file", help=_server_help("users_file"), show_default=False)
+    ] = None,
+    insecure_no_auth: Annotated[
+        bool, typer.Option("--insecure-no-auth", help=_server_help("insecure_no_auth"), show_default=False)
+    ] = False,
     log_level: Annotated[
         str,
         typer.Option(
@@ -190,6 +196,8 @@ def serve_command(
                 swap_wait_s=swap_wait_s,
                 swap_drain_timeout_s=swap_drain_timeout_s,
                 result_cache_groups=result_cache_groups,
+                users_file=str(users_file) if users_file is not None else None,
+                insecure_no_auth=insecure_no_auth or None,
             )
         )
         if parent_pid is not None:

@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from rmserve.cli_users import TokenFileOpt, read_client_token
 from rmserve.cli_common import (
     Command,
     EXIT_UNSCORED,
@@ -164,6 +165,7 @@ def sweep_command(
     truncation: TruncationOpt = None,
     max_tokens: MaxTokensOpt = None,
     strict: StrictOpt = False,
+    token_file: TokenFileOpt = None,
 ) -> None:
     """Score every checkpoint (in step order) on one or more running servers; report the sweep.
 
@@ -173,6 +175,8 @@ def sweep_command(
     from rmserve.errors import FingerprintMismatch
     from rmserve.metrics.report import to_json
     from rmserve.pipelines.sweep import SweepConfig, SweepTally, order_checkpoints, sweep
+
+    token = read_client_token(token_file)
 
     def build() -> SweepConfig:
         benches = [b.strip() for b in bench.split(",") if b.strip()]
@@ -185,7 +189,8 @@ def sweep_command(
             data=parse_data(benches, data),
             out_dir=out,
             store=store or default_store_path(),
-            admin_token=read_admin_token(admin_token_file),
+            admin_token=read_admin_token(admin_token_file) or token,  # users file: an admin's own token
+            token=token,
             max_in_flight=max_in_flight,
             timeout_s=timeout_s,
             load_timeout_s=load_timeout_s,

@@ -37,8 +37,9 @@ import msgspec
 from aiohttp import web
 from rmserve.server import handlers, queue_routes
 from rmserve.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from rmserve.server import auth, limits
 from rmserve.server.judge_scoring import JudgeSettings
-from rmserve.server.middleware import error_middleware
+from rmserve.server.middleware import auth_middleware, error_middleware
 from rmserve.server.protocol import JudgeEngine, PrefixCacheStats, RewardEngine, SupportsPrefixCacheStats
 from rmserve.server.render import Renderer
 from rmserve.server.result_cache import ResultCache
@@ -190,7 +191,7 @@ def create_app(
         raise ValueError("create_app: judge settings are for a judge engine only")
     elif (renderer is None) == (renderer_factory is None):
         raise ValueError("create_app: pass exactly one of renderer or renderer_factory")
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware])
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware, auth_middleware])
     app[CONFIG_KEY] = config
     app[ENGINE_KEY] = engine
     app[RENDERER_FACTORY_KEY] = renderer_factory
@@ -198,6 +199,9 @@ def create_app(
     app[STATE_KEY] = EngineState(renderer=renderer, needs_renderer=not is_judge)
     app[METRICS_KEY] = ServerMetrics(engine_counters=_engine_counter_reader(engine))
     app[RESULT_CACHE_KEY] = ResultCache(config.result_cache_groups)
+    if config.users_file is not None:  # who is asking (server/auth.py) and per-user limits (server/limits.py)
+        app[auth.USERS_KEY] = auth.UserRegistry(config.users)
+    limits.install(app)
     app.cleanup_ctx.append(_render_executor_ctx)
     app.cleanup_ctx.append(_engine_ctx)
     app.router.add_post("/v1/score", handlers.score)

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from rmserve.errors import ServerFault
+
+if TYPE_CHECKING:
+    from rmserve.server.auth import UserLine
 
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 """Accepted ``dtype`` values. ``auto`` = bfloat16 on a CUDA device, float32 otherwise."""
@@ -362,6 +365,19 @@ bounding what one request can make the server buffer and decode.
 """
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only: ``localhost`` or a loopback address
+    (127.0.0.0/8, ::1). Other names (which may resolve anywhere) and 0.0.0.0 are not."""
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     """Settings of the HTTP layer (the engine has its own ``EngineConfig``).
@@ -421,6 +437,16 @@ class ServerConfig:
     fair_share_interactive_boost: float = 1.0
     """With fair_share: factor (≥ 1) on the share of a user whose next group is marked interactive (header X-RMServe-Priority); 1 = the hint only orders that user's own groups. Default: 1."""
 
+    users_file: str | None = None
+    """Users file (JSON Lines, one user per line with a hash of the user's token, role and limits; rmserve users add writes it). With it every route but /health, / and /static/ needs Authorization: Bearer <token>. Without it the server has no users and listens on loopback only. Default: none."""
+
+    insecure_no_auth: bool = False
+    """Listen on a non-loopback --host without a users file: anyone who reaches the port may score and swap. Default: off."""
+
+    users: tuple[UserLine, ...] = field(default=(), repr=False, compare=False)
+    """The records of ``users_file``, read and checked when the config is built (not an option;
+    the app is built from them, so it reads no file on the event loop)."""
+
     def __post_init__(self) -> None:
         if not self.host:
             raise ValueError("ServerConfig.host must be a non-empty host name or address")
@@ -460,6 +486,30 @@ class ServerConfig:
         if not isinstance(self.fair_share_interactive_boost, (int, float)) or not self.fair_share_interactive_boost >= 1:
             raise ValueError(
                 f"ServerConfig.fair_share_interactive_boost is {self.fair_share_interactive_boost!r}; it must be ≥ 1"
+            )
+        self._check_access()
+
+    def _check_access(self) -> None:
+        """Users file readable and valid; without one, a non-loopback host only when asked for."""
+        if self.users_file is not None:
+            if self.insecure_no_auth:
+                raise ValueError(
+                    "ServerConfig.insecure_no_auth is set together with users_file; give one of "
+                    "--users-file (tokens required) or --insecure-no-auth (no tokens)"
+                )
+            from rmserve.server.auth import UsersFileError, read_users_file
+
+            try:
+                users = read_users_file(self.users_file)
+            except UsersFileError as exc:
+                raise ValueError(f"ServerConfig.users_file: {exc}") from None
+            object.__setattr__(self, "users", users)
+        elif not self.insecure_no_auth and not is_loopback(self.host):
+            raise ValueError(
+                f"ServerConfig.host is {self.host!r}, which other machines can reach, and no users file "
+                "is given: anyone could score and swap checkpoints. Give --users-file FILE (create it with "
+                "rmserve users add NAME --users-file FILE; clients then send their token), or "
+                "--insecure-no-auth to serve without tokens anyway"
             )
 
     @property

@@ -122,7 +122,8 @@ async def load_model(request: web.Request) -> web.Response:
     readiness checks) saying to restart the server on the other model.
     """
     config = request.app[CONFIG_KEY]
-    swap.check_admin_token(request.headers.get("Authorization"), config.admin_token)
+    if config.users_file is None:  # with a users file, the auth middleware has checked the admin role
+        swap.check_admin_token(request.headers.get("Authorization"), config.admin_token)
     request.app[STATE_KEY].require_ready()
     if request.app[JUDGE_KEY] is not None:
         raise InvalidCheckpoint(

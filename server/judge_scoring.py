@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 import msgspec
 from aiohttp import web
+from rmserve.server import limits
 from rmserve.server.fair_queue import Caller, FairQueue, queue_of
 from rmserve.server.judge_protocols import (
     JudgeOutput,
@@ -473,6 +474,7 @@ async def score_request(
     config = settings.protocol_config()
     num_groups = len(groups)
     admit(state, num_groups, app[CONFIG_KEY].max_inflight_groups)
+    admission = limits.admit(app, caller.user, num_groups)
     state.admit_groups(num_groups)
     metrics.inflight_groups.inc(num_groups)
     try:
@@ -480,10 +482,16 @@ async def score_request(
         for group in groups:
             plan, error = _plan(group, config)
             items.append(_Planned(group, plan, error, calls_key(info.fingerprint, plan) if plan is not None else b""))
+        # The user's tokens-per-minute budget is charged the same estimate the fair queue uses.
+        engine = app[ENGINE_KEY]
+        await admission.charge_tokens(
+            sum(queue_cost(item.plan, engine.max_tokens) for item in items if item.plan is not None)
+        )
         await judge_groups(
             app[ENGINE_KEY], items, uuid.uuid4().hex, app[RESULT_CACHE_KEY], queue_of(app), caller
         )
     finally:
+        admission.release()
         state.release_groups(num_groups)
         metrics.inflight_groups.dec(num_groups)
 

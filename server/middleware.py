@@ -1,20 +1,27 @@
-"""Error replies of the scoring app: :func:`error_middleware` and the error-to-response mapping.
+"""Middlewares of the scoring app: error replies (:func:`error_middleware`) and who is asking
+(:func:`auth_middleware`).
 
 Every reply that is not a success is written here, in one JSON shape
 (``{"error": {"type", "message", "field"}}``, see :mod:`rmserve.server.wire`); every request
-is counted here, by route and status, in the app's metrics.
+is counted here, by route and status (and, once its user is known, by user), in the app's
+metrics. The app lists them as ``[error_middleware, auth_middleware]``: authentication runs
+inside the error middleware (its 401/403 replies are written and counted like any error) and
+before every route, so a refused request never reaches a handler or the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 
 from aiohttp import web
 from rmserve.server import wire
+from rmserve.server.auth import USERS_KEY, AuthRejected, RoleForbidden, route_user
 from rmserve.server.state import CONFIG_KEY, METRICS_KEY
+from rmserve.server.users import CURRENT_USER, USER_KEY
 
 from rmserve.errors import BodyTooLarge, RMServeError, ServerFault
 
@@ -30,10 +37,22 @@ def json_response(body: bytes, status: int, headers: dict[str, str] | None = Non
     return web.Response(body=body, status=status, content_type=JSON_CONTENT_TYPE, headers=headers)
 
 
+BEARER_CHALLENGE = 'Bearer realm="rmserve"'
+"""``WWW-Authenticate`` of every 401 reply (RFC 9110 §11.6.1, RFC 6750 §3)."""
+
+
 def error_response(exc: RMServeError, retry_after_s: int) -> web.Response:
-    """The JSON reply for an rmserve error: status from its class, ``Retry-After`` when retryable."""
-    headers = {"Retry-After": str(retry_after_s)} if exc.retryable else None
-    return json_response(wire.encode_error(exc), exc.status, headers)
+    """The JSON reply for an rmserve error: status from its class; ``Retry-After`` when retryable
+    (the error's own ``retry_after_s`` rounded up to whole seconds, at least 1, when it carries
+    one — a per-user limit knows when it frees —, else ``retry_after_s``); ``WWW-Authenticate:
+    Bearer`` on 401."""
+    headers: dict[str, str] = {}
+    if exc.retryable:
+        own = exc.retry_after_s
+        headers["Retry-After"] = str(max(1, math.ceil(own)) if own is not None else retry_after_s)
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = BEARER_CHALLENGE
+    return json_response(wire.encode_error(exc), exc.status, headers or None)
 
 
 def _endpoint(request: web.Request) -> str:
@@ -83,7 +102,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         response = await handler(request)
     except RMServeError as exc:
         if exc.status >= 500 and not exc.retryable:
-            logger.error("%s %s failed: %s", request.method, request.path, exc.message, exc_info=exc)
+            logger.error("%s %s failed: %s%s", request.method, request.path, exc.message, _by(request), exc_info=exc)
         response = error_response(_public(exc), config.retry_after_s)
     except web.HTTPRequestEntityTooLarge:
         too_large = BodyTooLarge(
@@ -101,11 +120,64 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         response = json_response(wire.encode_error_fields(type_, message), exc.status, headers)
     except asyncio.CancelledError:
         metrics.observe_request(endpoint, CLIENT_CLOSED_STATUS, time.perf_counter() - started)
-        logger.info("%s %s cancelled (client disconnected or server stopping)", request.method, request.path)
+        _observe_user(request, endpoint, CLIENT_CLOSED_STATUS)
+        logger.info(
+            "%s %s cancelled (client disconnected or server stopping)%s", request.method, request.path, _by(request)
+        )
         raise
     except Exception:
-        logger.exception("unexpected error while handling %s %s", request.method, request.path)
+        logger.exception("unexpected error while handling %s %s%s", request.method, request.path, _by(request))
         generic = ServerFault("internal server error; the server log has the details")
         response = error_response(generic, config.retry_after_s)
     metrics.observe_request(endpoint, response.status, time.perf_counter() - started)
+    _observe_user(request, endpoint, response.status)
     return response
+
+
+def _by(request: web.Request) -> str:
+    """`` [user NAME]`` for a log line about ``request`` once its user is known, else ``""``.
+
+    Inside :func:`auth_middleware` the log filter adds it (:class:`~rmserve.server.users.RequestUserLogFilter`);
+    the error middleware runs outside it, so it names the user itself."""
+    user = request.get(USER_KEY)
+    return f" [user {user.name}]" if user is not None and CURRENT_USER.get() is None else ""
+
+
+def _observe_user(request: web.Request, endpoint: str, status: int) -> None:
+    user = request.get(USER_KEY)
+    if user is not None:
+        request.app[METRICS_KEY].observe_user_request(user.name, endpoint, status)
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Find who is asking and put the :class:`~rmserve.server.users.User` on the request under
+    :data:`~rmserve.server.users.USER_KEY` before any route runs.
+
+    Without a users file (no :data:`~rmserve.server.auth.USERS_KEY` in the app) every request
+    is :data:`~rmserve.server.users.ANONYMOUS`. With one, the public paths (``/health``, ``/``,
+    ``/static/…``) pass without a user; every other request needs a valid token for a role
+    that may use the route (:func:`rmserve.server.auth.route_user`), else it is refused here:
+    401 with ``WWW-Authenticate: Bearer`` (missing, malformed, unknown or expired token) or
+    403 (role), counted in ``rmserve_auth_rejections_total{reason}`` and logged at INFO with
+    the reason and client address (never the token). While the route runs the user is also
+    in :data:`~rmserve.server.users.CURRENT_USER`, so every log line names it.
+    """
+    registry = request.app.get(USERS_KEY)
+    try:
+        user = route_user(registry, request, now_s=time.time())
+    except (AuthRejected, RoleForbidden) as exc:
+        request.app[METRICS_KEY].auth_rejections.labels(reason=exc.reason).inc()
+        logger.info(
+            "%s %s refused (%s, %d): %s [from %s]",
+            request.method, request.path, exc.reason, exc.status, exc.message, request.remote,
+        )
+        raise
+    if user is None:
+        return await handler(request)
+    request[USER_KEY] = user
+    token = CURRENT_USER.set(user)
+    try:
+        return await handler(request)
+    finally:
+        CURRENT_USER.reset(token)

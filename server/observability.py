@@ -25,6 +25,22 @@ Series (token counts are per scored sequence, template included):
 - ``rmserve_engine_prefix_cache_queries_total`` / ``…_hits_total``: the engine's own
   cumulative counters, present only when the engine implements
   :class:`~rmserve.server.protocol.SupportsPrefixCacheStats`.
+
+Who asked (the ``user`` label is a user name of the users file, or ``anonymous`` on a server
+without one, so the label's values are bounded by the users file; a refused request has no
+user and is counted by reason only):
+
+- ``rmserve_auth_rejections_total{reason}``: requests refused before any route ran, by reason
+  (``missing``, ``malformed``, ``unknown``, ``expired``: 401; ``forbidden``: 403, a route the
+  role may not use). Every reason is present from the start, at 0.
+- ``rmserve_user_requests_total{user, endpoint, status}``: authenticated requests answered.
+- ``rmserve_user_admitted_groups_total{user}`` / ``rmserve_user_prompt_tokens_total{user}``:
+  groups admitted past the per-user limits, and their prompt tokens (Σ ``num_tokens`` of the
+  sequences sent to the engine or answered from the result cache: what ``tokens_per_minute``
+  counts).
+- ``rmserve_user_inflight_groups{user}``: the user's groups admitted and not yet answered.
+- ``rmserve_user_limit_rejections_total{user, limit}``: requests refused with 429 by a per-user
+  limit (``max_inflight_groups`` or ``tokens_per_minute``).
 """
 
 from __future__ import annotations
@@ -35,6 +51,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 from rmserve.server.protocol import PrefixCacheStats
+
+AUTH_REJECT_REASONS: tuple[str, ...] = ("missing", "malformed", "unknown", "expired", "forbidden")
+"""Values of the ``reason`` label of ``rmserve_auth_rejections_total`` (see
+:data:`rmserve.server.auth.RejectReason`)."""
 
 LATENCY_BUCKETS_S: tuple[float, ...] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -114,8 +134,38 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.auth_rejections = Counter(
+            "rmserve_auth_rejections",
+            "Requests refused before any route ran: 401 (missing, malformed, unknown, expired token) or 403 (forbidden: role).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in AUTH_REJECT_REASONS:
+            self.auth_rejections.labels(reason=reason)
+        self.user_requests = Counter(
+            "rmserve_user_requests", "Authenticated requests answered, by user, route and status.",
+            ["user", "endpoint", "status"], registry=r,
+        )
+        self.user_groups = Counter(
+            "rmserve_user_admitted_groups", "Groups admitted past the per-user limits, by user.", ["user"], registry=r
+        )
+        self.user_prompt_tokens = Counter(
+            "rmserve_user_prompt_tokens", "Prompt tokens of the groups admitted (tokens_per_minute counts them), by user.",
+            ["user"], registry=r,
+        )
+        self.user_inflight_groups = Gauge(
+            "rmserve_user_inflight_groups", "The user's groups admitted and not yet answered.", ["user"], registry=r
+        )
+        self.user_limit_rejections = Counter(
+            "rmserve_user_limit_rejections", "Requests refused (429) by a per-user limit, by user and limit.",
+            ["user", "limit"], registry=r,
+        )
         if engine_counters is not None:
             r.register(_EngineCounterCollector(engine_counters))
+
+    def observe_user_request(self, user: str, endpoint: str, status: int) -> None:
+        """Count one answered request of an authenticated ``user``."""
+        self.user_requests.labels(user=user, endpoint=endpoint, status=str(status)).inc()
 
     def observe_request(self, endpoint: str, status: int, duration_s: float) -> None:
         """Count one answered request and its latency."""

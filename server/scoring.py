@@ -20,10 +20,12 @@ import uuid
 from collections.abc import Sequence
 
 from aiohttp import web
+from rmserve.server import limits
 from rmserve.server.fair_queue import Caller, FairQueue, queue_of
 from rmserve.server.protocol import ExtraValue, RewardEngine, SequenceScore
 from rmserve.server.render import RenderedGroup, Renderer
 from rmserve.server.result_cache import ResultCache, group_key
+from rmserve.server.users import ANONYMOUS, User
 from rmserve.server.state import (
     CONFIG_KEY,
     ENGINE_KEY,
@@ -222,7 +224,9 @@ async def score_request(
     the app has one (:mod:`rmserve.server.fair_queue`).
 
     Raises:
-        InvalidRequest / Overloaded: admission (see ``max_inflight_groups``).
+        InvalidRequest / Overloaded: admission (see ``max_inflight_groups``), and ``user``'s
+            own limits (:mod:`rmserve.server.limits`: groups in flight, then prompt tokens
+            per minute once rendered; nothing reaches the engine when refused).
         InvalidRequest: from rendering (a conversation the chat template rejects). A sequence
             over max_model_len is not an error of the request: it is answered per response.
         EngineNotReady / EngineError: from the engine, or an answer that fails
@@ -233,6 +237,7 @@ async def score_request(
     executor = app[EXECUTOR_KEY]
     num_groups = len(request.groups)
     admit(state, num_groups, app[CONFIG_KEY].max_inflight_groups)
+    admission = limits.admit(app, caller.user, num_groups)
     state.admit_groups(num_groups)
     metrics.inflight_groups.inc(num_groups)
     try:
@@ -240,10 +245,12 @@ async def score_request(
         rendered: list[RenderedGroup] = await loop.run_in_executor(
             executor, functools.partial(renderer.render_request, request, too_long="mark")
         )
+        await admission.charge_tokens(limits.rendered_tokens(rendered))
         scores, from_cache = await score_groups(
             app[ENGINE_KEY], rendered, uuid.uuid4().hex, app[RESULT_CACHE_KEY], info.fingerprint, queue_of(app), caller
         )
     finally:
+        admission.release()
         state.release_groups(num_groups)
         metrics.inflight_groups.dec(num_groups)
 

@@ -21,6 +21,7 @@ from rmserve.server.judge_scoring import JudgeSettings
 from rmserve.server.protocol import JudgeEngine, LoadedModel, RewardEngine
 from rmserve.server.render import Renderer
 from rmserve.server.state import STATE_KEY, RendererFactory
+from rmserve.server.users import RequestUserLogFilter
 
 from rmserve.errors import ServerFault
 
@@ -51,6 +52,7 @@ def configure_logging(level: str = "info") -> None:
         root.removeHandler(handler)
     handler = _StderrHandler()  # sys.stderr as it is now
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.addFilter(RequestUserLogFilter())  # names the request's user in every line about it
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     logging.getLogger("rmserve").setLevel(number)

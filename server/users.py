@@ -9,6 +9,8 @@ the Prometheus labels read it from there.
 
 from __future__ import annotations
 
+import contextvars
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
@@ -50,3 +52,28 @@ ANONYMOUS = User(name="anonymous", role="admin")
 
 USER_KEY = web.RequestKey("rmserve_user", User)
 """Where the authentication middleware puts the request's :class:`User`."""
+
+
+CURRENT_USER: contextvars.ContextVar[User | None] = contextvars.ContextVar("rmserve_current_user", default=None)
+"""The user of the request being handled in this task (set by the authentication middleware
+around the route, None outside a request): read by the log filter
+:class:`RequestUserLogFilter`, so every log line written while a request is handled names its
+user, whichever module writes it."""
+
+
+class RequestUserLogFilter(logging.Filter):
+    """Appends ``[user NAME]`` to every log record written while a request is handled.
+
+    Install it on a handler (``handler.addFilter(RequestUserLogFilter())``): handler filters
+    see the records of every logger. Records written outside a request are left unchanged;
+    the filter never drops a record.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Add the request's user to ``record``'s message; always True (keep the record)."""
+        user = CURRENT_USER.get()
+        if user is not None and not getattr(record, "rmserve_user", None):
+            record.msg = f"{record.getMessage()} [user {user.name}]"
+            record.args = None
+            record.rmserve_user = user.name
+        return True

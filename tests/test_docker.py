@@ -43,12 +43,18 @@ def _serve_args(image: str, model: str, *user_args: str) -> list[str]:
 
 @pytest.mark.parametrize("image", ["cpu", "gpu"])
 def test_image_entrypoint_parses_as_the_readme_runs_it(image, captured, tmp_path):
-    # As in the Dockerfile's `docker run` example: IMAGE MODEL --host 0.0.0.0.
-    result = CliRunner().invoke(app, _serve_args(image, str(tmp_path), "--host", "0.0.0.0"))
+    # As in the Dockerfile's `docker run` example: IMAGE MODEL --host 0.0.0.0 --users-file FILE.
+    from rmserve.server.auth import add_user
+
+    users = tmp_path / "users.jsonl"
+    add_user(users, "alice")
+    result = CliRunner().invoke(
+        app, _serve_args(image, str(tmp_path), "--host", "0.0.0.0", "--users-file", str(users))
+    )
     assert result.exit_code == 0, result.output
     ((engine, server),) = captured
     assert engine.model == str(tmp_path)
-    assert (server.host, server.port) == ("0.0.0.0", 8000)
+    assert (server.host, server.port, server.users_file) == ("0.0.0.0", 8000, str(users))
     if image == "cpu":
         assert engine.dtype == "float32"
         # None lets the engine pick its CPU default (32); a given size must suit the CPU build.

@@ -130,6 +130,9 @@ class EvalConfig:
     """Stop at the first group that cannot be scored (after recording it) instead of finishing
     the run. Default False."""
 
+    token: str | None = field(default=None, repr=False)
+    """Bearer token sent to the server (a server with a users file needs one); None: none."""
+
     store: Path | None = None
     """Score store file (SQLite, :mod:`rmserve.client.score_store`) shared across runs: groups it
     holds under the server's fingerprint are not sent again, new ones are added. Default None:
@@ -399,7 +402,8 @@ async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession |
     timeouts, concurrency, retry = config.client_settings()
     with _no_empty_outputs(scores_path):
         async with RewardClient(
-            config.server_url, session=session, timeouts=timeouts, concurrency=concurrency, retry=retry
+            config.server_url, session=session, timeouts=timeouts, concurrency=concurrency, retry=retry,
+            token=config.token,
         ) as client:
             # Nothing is opened or created before the server has answered.
             health = await wait_for_server(

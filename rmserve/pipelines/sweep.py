@@ -112,6 +112,9 @@ class SweepConfig:
     store: Path
     """The SQLite score store shared by runs (see :mod:`rmserve.client.score_store`)."""
 
+    token: str | None = field(default=None, repr=False)
+    """Bearer token sent with every request (servers with a users file need one); None: none."""
+
     admin_token: str | None = None
     """The servers' admin token for ``POST /v1/models/load``; needed unless every checkpoint is stored."""
 
@@ -309,7 +312,7 @@ class _Sweep:
         # (out of the rotation, polled, loaded again), not by long client-side retries.
         retry = Retry(max_attempts=2)
         self.servers = [
-            _Server(url, RewardClient(url, timeouts=timeouts, concurrency=concurrency, retry=retry))
+            _Server(url, RewardClient(url, timeouts=timeouts, concurrency=concurrency, retry=retry, token=config.token))
             for url in config.servers
         ]
         self.notes: list[str] = []

@@ -142,14 +142,16 @@ def test_cli_serve_builds_both_configs(captured, tmp_path):
         "serve", "some/model", "--engine", "hf", "--dtype", "float32", "--max-model-len", "512",
         "--block-size", "32", "--gpu-memory-utilization", "0.5", "--tensor-parallel-size", "2",
         "--chat-template", str(template), "--served-model-name", "rm", "--enforce-eager",
-        "--host", "0.0.0.0", "--port", "9001", "--max-body-bytes", "4096", "--max-inflight-groups", "8",
+        "--host", "0.0.0.0", "--insecure-no-auth", "--port", "9001", "--max-body-bytes", "4096",
+        "--max-inflight-groups", "8",
     ])
     assert result.exit_code == 0, result.output
     assert captured == [(
         EngineConfig(model="some/model", engine="hf", dtype="float32", max_model_len=512, block_size=32,
                      gpu_memory_utilization=0.5, tensor_parallel_size=2, chat_template=template,
                      served_model_name="rm", enforce_eager=True),
-        ServerConfig(host="0.0.0.0", port=9001, max_body_bytes=4096, max_inflight_groups=8, served_model_name="rm"),
+        ServerConfig(host="0.0.0.0", port=9001, max_body_bytes=4096, max_inflight_groups=8, served_model_name="rm",
+                     insecure_no_auth=True),
     )]
 
 
