@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 from aiohttp import web
-from rmserve.server import handlers, queue_routes
+from rmserve.server import handlers, leases, queue_routes
 from rmserve.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
 from rmserve.server.judge_scoring import JudgeSettings
 from rmserve.server.middleware import error_middleware
@@ -204,6 +204,8 @@ def create_app(
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_post("/v1/models/load", handlers.load_model)
+    app.router.add_post("/v1/models/release", handlers.release_model)
+    leases.setup(app, config.lease_idle_s)
     app.router.add_get("/metrics", handlers.metrics)
     queue_routes.setup(app)  # fair queue, GET /v1/queue, status page (GET /, /v1/status)
     return app

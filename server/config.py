@@ -421,6 +421,9 @@ class ServerConfig:
     fair_share_interactive_boost: float = 1.0
     """With fair_share: factor (≥ 1) on the share of a user whose next group is marked interactive (header X-RMServe-Priority); 1 = the hint only orders that user's own groups. Default: 1."""
 
+    lease_idle_s: float = 600.0
+    """Seconds a checkpoint lease outlives its holder's last pinned work in flight (> 0); then another user may swap. Default: 600."""
+
     def __post_init__(self) -> None:
         if not self.host:
             raise ValueError("ServerConfig.host must be a non-empty host name or address")
@@ -461,6 +464,8 @@ class ServerConfig:
             raise ValueError(
                 f"ServerConfig.fair_share_interactive_boost is {self.fair_share_interactive_boost!r}; it must be ≥ 1"
             )
+        if not isinstance(self.lease_idle_s, (int, float)) or not self.lease_idle_s > 0:
+            raise ValueError(f"ServerConfig.lease_idle_s is {self.lease_idle_s!r}; it must be > 0 seconds")
 
     @property
     def url(self) -> str:

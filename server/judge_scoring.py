@@ -55,6 +55,7 @@ from dataclasses import dataclass
 import msgspec
 from aiohttp import web
 from rmserve.server.fair_queue import Caller, FairQueue, queue_of
+from rmserve.server.leases import leases_of
 from rmserve.server.judge_protocols import (
     JudgeOutput,
     JudgePlan,
@@ -453,13 +454,20 @@ async def score_request(
     """Judge every group of a decoded, checked request with the judge ``info`` describes;
     ``caller`` (user and priority hint) takes each group's turn of the app's fair queue.
 
+    The request's ``fingerprint``, when set, is checked first (409 ``conflict`` when it is not
+    the judge's, :meth:`~rmserve.server.leases.LeaseBook.check_fingerprint`); its groups count
+    as the caller's pinned work while they are judged.
+
     Raises:
+        Conflict (409, field ``fingerprint``): the request is pinned to another fingerprint.
         InvalidRequest: ``truncation`` asked (a judge shows whole answers); a group that
             :func:`rebuild_group` or :meth:`JudgeSettings.check_group` refuses.
         InvalidRequest / Overloaded: admission (``max_inflight_groups``).
         EngineNotReady / EngineError: from the engine (the whole request fails), or outputs
             that do not make valid records (e.g. more cached than prompt tokens).
     """
+    book = leases_of(app)
+    book.check_fingerprint(request.fingerprint, info)
     if request.truncation is not None:
         raise InvalidRequest(
             "truncation: a generative judge shows whole answers and does not truncate; drop --truncation",
@@ -480,9 +488,10 @@ async def score_request(
         for group in groups:
             plan, error = _plan(group, config)
             items.append(_Planned(group, plan, error, calls_key(info.fingerprint, plan) if plan is not None else b""))
-        await judge_groups(
-            app[ENGINE_KEY], items, uuid.uuid4().hex, app[RESULT_CACHE_KEY], queue_of(app), caller
-        )
+        with book.pinned(caller.user.name, request.fingerprint, num_groups):
+            await judge_groups(
+                app[ENGINE_KEY], items, uuid.uuid4().hex, app[RESULT_CACHE_KEY], queue_of(app), caller
+            )
     finally:
         state.release_groups(num_groups)
         metrics.inflight_groups.dec(num_groups)
