@@ -147,3 +147,58 @@ async def test_client_sends_its_fingerprint_and_maps_the_409(aiohttp_client):
         "a new run for the new model"
     )
     assert len(engine.calls) == 1
+
+
+async def test_sweep_refused_by_another_users_lease_says_who_and_resumes_after_release(tmp_path):
+    import aiohttp
+    from testkit.servers import ThreadedServer, write_rmbench_data
+    from rmserve.pipelines.sweep import SweepConfig, sweep_async
+
+    root = tmp_path / "run"
+    start = write_fake_checkpoint(root / "init", -1.0)
+    folders = [write_fake_checkpoint(root / f"step-{s}", off) for s, off in ((3, 0.0), (20, 10.0))]
+    bobs = write_fake_checkpoint(root / "bobs", 7.0)
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=3, n_code=2)
+    engine = ReloadableFakeEngine(model=msgspec.structs.replace(FAKE_MODEL, max_model_len=BIG),
+                                  checkpoint_dir=str(start))
+    users = {"bob": User("bob")}
+
+    @web.middleware
+    async def as_user(request: web.Request, handler):  # the sweep sends no header: alice
+        request[USER_KEY] = users.get(request.headers.get("X-Test-User", ""), ALICE)
+        return await handler(request)
+
+    def make_app():
+        app = create_app(ServerConfig(port=0, admin_token=TOKEN, checkpoint_roots=(str(root),)), engine,
+                         FakeRenderer(max_model_len=BIG))
+        app.middlewares.append(as_user)
+        return app
+
+    bob = {"Authorization": f"Bearer {TOKEN}", "X-Test-User": "bob"}
+    with ThreadedServer(make_app) as server:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{server.url}/v1/models/load", json={"name": "bobs", "path": str(bobs)},
+                                 headers=bob) as resp:
+                assert resp.status == 200
+                bobs_fp = (await resp.json())["models"][0]["fingerprint"]
+            config = SweepConfig(servers=(server.url,), checkpoints=tuple(folders), data=(("rm-bench", str(data)),),
+                                 out_dir=tmp_path / "out", store=tmp_path / "store.sqlite", admin_token=TOKEN,
+                                 resamples=20, quiet=True, server_wait_s=30.0)
+            with pytest.raises(errors.Conflict) as caught:
+                await sweep_async(config)
+            message = caught.value.message
+            assert message.startswith(
+                f"{server.url} refused to load checkpoint step-3: checkpoint swap refused for alice: the lease on "
+                f"model 'bobs' (fingerprint {bobs_fp}) is held by bob since "
+            )
+            assert message.endswith(
+                "or ask an admin to force it (force: true). Every group scored so far is kept in the score store; "
+                "run the same command again to resume without scoring them again"
+            )
+            assert engine.reloads == [str(bobs)]  # the sweep's load changed nothing
+
+            async with http.post(f"{server.url}/v1/models/release", json={"name": "bobs"}, headers=bob) as resp:
+                assert resp.status == 200
+            result = await sweep_async(config)
+    assert [r.checkpoint.step for r in result.runs] == [3, 20]
+    assert all(r.n_scored == 5 for r in result.runs)
