@@ -9,7 +9,8 @@ while the model loads; on cleanup the load is cancelled if still running and the
 shut down.
 
 Routes: ``POST /v1/score``, ``GET /health``, ``GET /v1/models``, ``POST /v1/models/load``
-(checkpoint swap, admin token), ``GET /metrics`` (:mod:`rmserve.server.handlers`). Errors are
+(checkpoint swap, admin token), ``POST /v1/models/release`` (end a checkpoint lease,
+:mod:`rmserve.server.leases`), ``GET /metrics`` (:mod:`rmserve.server.handlers`). Errors are
 written by one middleware (:func:`rmserve.server.middleware.error_middleware`).
 
 A generative judge (an engine that is a :class:`~rmserve.server.protocol.JudgeEngine`) needs

@@ -245,11 +245,11 @@ class LeaseBook:
     def granted(self, user: str, info: ModelInfo, old_fingerprint: str, overridden: tuple[tuple[str, int], ...],
                 forced: bool) -> None:
         """A swap by ``user`` finished and serves ``info``: the lease on it is now ``user``'s
-        (idle unless ``user`` already has pinned work on the new fingerprint); the swap is
+        (idle from now unless ``user`` has pinned work in flight); the swap is
         remembered for :meth:`check_fingerprint`."""
         now = self.wall()
         self.leases.clear()  # one model per server: a lease on the previous name ends with it
-        busy = any(u == user and fp == info.fingerprint for fp, u in self.pinned_groups)
+        busy = any(u == user for _, u in self.pinned_groups)
         self.leases[info.name] = Lease(info.name, user, now, info.fingerprint, None if busy else self.clock())
         self.swaps.append(SwapRecord(user, info.name, old_fingerprint, info.fingerprint, forced, overridden, now))
 

@@ -352,3 +352,13 @@ async def test_without_users_every_swap_is_the_anonymous_users_and_never_refused
 def test_lease_idle_s_must_be_positive():
     with pytest.raises(ValueError, match=r"ServerConfig.lease_idle_s is 0; it must be > 0 seconds"):
         ServerConfig(lease_idle_s=0)
+
+
+def test_new_request_fields_are_left_out_of_the_json_at_their_defaults():
+    from rmserve.schema import LoadModelRequest, RequestGroup, ScoreRequest, encode
+
+    group = RequestGroup(id="g1", prompt="hi", responses=("yo", "ya"))
+    assert encode(ScoreRequest(groups=(group,))) == b'{"groups":[{"id":"g1","responses":["yo","ya"],"prompt":"hi"}]}'
+    assert encode(ScoreRequest(groups=(group,), fingerprint="fp-1")).endswith(b',"fingerprint":"fp-1"}')
+    assert encode(LoadModelRequest(name="m", path="/c")) == b'{"name":"m","path":"/c"}'
+    assert encode(LoadModelRequest(name="m", path="/c", force=True)) == b'{"name":"m","path":"/c","force":true}'
