@@ -37,6 +37,7 @@ from rmserve.schema import (
     GroupResult,
     HealthReply,
     LoadModelRequest,
+    ReleaseModelRequest,
     ModelInfo,
     ModelList,
     RequestGroup,
@@ -669,7 +670,9 @@ class RewardClient:
             raise errors.ServerFault("GET /v1/models: the server lists no model", field="models")
         return reply.models
 
-    async def load_checkpoint(self, name: str, path: str, *, admin_token: str, timeout_s: float = 1800.0) -> ModelInfo:
+    async def load_checkpoint(
+        self, name: str, path: str, *, admin_token: str, timeout_s: float = 1800.0, force: bool = False
+    ) -> ModelInfo:
         """``POST /v1/models/load``: make the server score with the checkpoint folder ``path``.
 
         The server swaps the weights in place (same architecture and tokenizer) or restarts
@@ -681,18 +684,23 @@ class RewardClient:
             path: the checkpoint folder, as the server sees it.
             admin_token: the server's admin token (sent as ``Authorization: Bearer``).
             timeout_s: limit of the whole load, seconds (> 0; default 1800).
+            force: swap even though another user holds the model's lease or has pinned work
+                in flight on it (admins only; their later requests get 409). Default False.
 
         Returns:
-            The :class:`~rmserve.schema.ModelInfo` now served (new fingerprint, swap count).
+            The :class:`~rmserve.schema.ModelInfo` now served (new fingerprint, swap count;
+            ``lease_holder``: the caller).
 
         Raises:
             rmserve.errors.Unauthorized: 401, missing or wrong token.
-            rmserve.errors.Forbidden: 403, swaps disabled or ``path`` outside the roots.
-            rmserve.errors.Conflict: 409, another swap in progress or a refused checkpoint.
+            rmserve.errors.Forbidden: 403, swaps disabled, ``path`` outside the roots, or
+                ``force`` by a user who is not an admin.
+            rmserve.errors.Conflict: 409, another swap in progress, a refused checkpoint, or
+                another user's lease or pinned work (the message names them).
             rmserve.errors.RMServeError: any other failure (after retries for 429/503).
         """
         _check_positive("load_checkpoint", "timeout_s", timeout_s)
-        body = encode(LoadModelRequest(name=name, path=path))
+        body = encode(LoadModelRequest(name=name, path=path, force=force))
         timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(10.0, timeout_s))
         reply_body = await self._send(
             "POST", "/v1/models/load", data=body, timeout=timeout, headers={"Authorization": f"Bearer {admin_token}"}
@@ -705,6 +713,34 @@ class RewardClient:
             raise errors.ServerFault(f"POST /v1/models/load: expected one model, got {len(reply.models)}", field="models")
         return reply.models[0]
 
+    async def release_checkpoint(self, name: str, *, admin_token: str) -> ModelInfo:
+        """``POST /v1/models/release``: end the caller's lease on the served model ``name``.
+
+        Returns:
+            The :class:`~rmserve.schema.ModelInfo` served (no ``lease_holder`` any more).
+
+        Raises:
+            rmserve.errors.Conflict: 409, no lease is held on it.
+            rmserve.errors.Forbidden: 403, the lease is another user's (the message names
+                the holder) and the caller is not an admin.
+            rmserve.errors.ModelNotFound: 404, ``name`` is not the served model.
+            rmserve.errors.RMServeError: any other failure (after retries for 429/503).
+        """
+        body = encode(ReleaseModelRequest(name=name))
+        reply_body = await self._send(
+            "POST", "/v1/models/release", data=body, timeout=self.timeouts.for_probe(),
+            headers={"Authorization": f"Bearer {admin_token}"},
+        )
+        try:
+            reply = msgspec.json.decode(reply_body, type=ModelList)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise errors.ServerFault(f"POST /v1/models/release: invalid reply ({exc})", field="models") from None
+        if len(reply.models) != 1:
+            raise errors.ServerFault(
+                f"POST /v1/models/release: expected one model, got {len(reply.models)}", field="models"
+            )
+        return reply.models[0]
+
     async def score(
         self,
         groups: Sequence[Group],
@@ -712,11 +748,13 @@ class RewardClient:
         truncation: Truncation | None = None,
         model: str | None = None,
         judge: bool = False,
+        fingerprint: str | None = None,
     ) -> ScoreResponse:
         """``POST /v1/score`` for ``groups`` (one request, retried when retryable).
 
         ``judge``: the server is a generative judge; each group then carries ``num_chosen``
-        and ``styles`` (:func:`request_group`).
+        and ``styles`` (:func:`request_group`). ``fingerprint``: the model fingerprint the
+        caller expects; the server refuses to score with any other (409, see Raises).
 
         Returns:
             The reply, with its results re-ordered to match ``groups`` and checked by
@@ -728,6 +766,9 @@ class RewardClient:
                 after one attempt.
             rmserve.errors.ServerFault: a 5xx reply, or a reply that does not match.
             rmserve.errors.ConnectionFailed: no reply after ``Retry.max_attempts`` attempts.
+            rmserve.errors.FingerprintMismatch: the server serves another fingerprint than
+                ``fingerprint`` (its 409 ``conflict`` on field ``fingerprint``, which names
+                both, the model and who swapped it; nothing was scored).
         """
         if not groups:
             raise errors.InvalidRequest("no groups to score", field="groups", value=0, limit=1)
@@ -740,9 +781,19 @@ class RewardClient:
                 )
             seen[wire_id] = i
         request = ScoreRequest(
-            groups=tuple(request_group(g, judge=judge) for g in groups), model=model, truncation=truncation
+            groups=tuple(request_group(g, judge=judge) for g in groups), model=model, truncation=truncation,
+            fingerprint=fingerprint,
         )
-        body = await self._send("POST", "/v1/score", data=encode(request), timeout=self.timeouts.for_scoring())
+        try:
+            body = await self._send("POST", "/v1/score", data=encode(request), timeout=self.timeouts.for_scoring())
+        except errors.Conflict as exc:
+            if exc.field != "fingerprint":
+                raise
+            raise errors.FingerprintMismatch(
+                f"the server refused to score with another model than the expected one: {exc.message}",
+                field="fingerprint",
+                value=fingerprint,
+            ) from exc
         try:
             reply = msgspec.json.decode(body, type=ScoreResponse)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -760,7 +811,7 @@ class RewardClient:
         kind: ScoreKind | None = None,
     ) -> list[ScoreRecord]:
         judge = kind is not None and kind.kind == "judge"
-        reply = await self.score(groups, truncation=truncation, model=model, judge=judge)
+        reply = await self.score(groups, truncation=truncation, model=model, judge=judge, fingerprint=expect_fingerprint)
         if expect_fingerprint is not None and reply.fingerprint != expect_fingerprint:
             raise errors.FingerprintMismatch(
                 f"the server's model changed during the run: fingerprint {reply.fingerprint!r} "
@@ -793,7 +844,8 @@ class RewardClient:
         Args:
             groups: the groups; keys must be unique.
             truncation, model: sent with every request (see :class:`ScoreRequest`).
-            expect_fingerprint: when set, a reply with another fingerprint raises
+            expect_fingerprint: when set, every request carries it (the server refuses to
+                score with another model: 409) and a reply with another fingerprint raises
                 :class:`~rmserve.errors.FingerprintMismatch` (the server's model changed).
             kind: what kind of score the server's rewards are (``ScoreKind.of(model_info)``),
                 written into every record; None: a classifier. Kind ``judge`` also sends each

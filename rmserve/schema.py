@@ -137,6 +137,10 @@ class ScoreRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
     groups: tuple[RequestGroup, ...]
     model: str | None = None
     truncation: Truncation | None = None
+    fingerprint: str | None = None
+    """The served model's fingerprint the caller expects; another one is refused with 409
+    ``conflict`` (field ``fingerprint``) before any engine work, so a checkpoint swap never
+    mixes models within a run. Left out of the JSON when None (any model scores it)."""
 
 
 RESPONSE_ERROR_TYPES: tuple[str, ...] = ("sequence_too_long", "non_finite_reward", "no_answer_tokens", "unsupported_group")
@@ -231,6 +235,10 @@ class ModelInfo(msgspec.Struct, frozen=True):
     model and every setting that changes verdicts (:func:`rmserve.fingerprint.judge_fingerprint`).
     The two ``judge_*`` fields are ``msgspec.UNSET`` for other kinds and then left out of the
     JSON, so other kinds' replies are unchanged (:meth:`judge_settings` reads them).
+
+    ``lease_holder`` names the user whose checkpoint load holds the model's lease and
+    ``lease_since`` the Unix time (seconds) it was taken; both ``msgspec.UNSET`` (left out of
+    the JSON) while nobody holds it (:mod:`rmserve.server.leases`).
     """
 
     name: str
@@ -246,6 +254,8 @@ class ModelInfo(msgspec.Struct, frozen=True):
     compat: str = "none"
     judge_max_tokens: int | msgspec.UnsetType = msgspec.UNSET
     judge_seed: int | msgspec.UnsetType = msgspec.UNSET
+    lease_holder: str | msgspec.UnsetType = msgspec.UNSET
+    lease_since: float | msgspec.UnsetType = msgspec.UNSET
 
     def judge_settings(self) -> tuple[int | None, int | None]:
         """``(judge_max_tokens, judge_seed)``, each None when not sent (other kinds)."""
@@ -254,11 +264,22 @@ class ModelInfo(msgspec.Struct, frozen=True):
         return max_tokens, seed
 
 
-class LoadModelRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Body of ``POST /v1/models/load``: serve the checkpoint folder ``path`` as ``name``."""
+class LoadModelRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Body of ``POST /v1/models/load``: serve the checkpoint folder ``path`` as ``name``.
+
+    ``force`` (admins only): swap even though another user holds the model's lease or has
+    pinned work in flight on it; left out of the JSON when false.
+    """
 
     name: str
     path: str
+    force: bool = False
+
+
+class ReleaseModelRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Body of ``POST /v1/models/release``: end the lease on the model ``name``."""
+
+    name: str
 
 
 class ModelList(msgspec.Struct, frozen=True):

@@ -9,7 +9,8 @@ while the model loads; on cleanup the load is cancelled if still running and the
 shut down.
 
 Routes: ``POST /v1/score``, ``GET /health``, ``GET /v1/models``, ``POST /v1/models/load``
-(checkpoint swap, admin token), ``GET /metrics`` (:mod:`rmserve.server.handlers`). Errors are
+(checkpoint swap, admin token), ``POST /v1/models/release`` (end a checkpoint lease,
+:mod:`rmserve.server.leases`), ``GET /metrics`` (:mod:`rmserve.server.handlers`). Errors are
 written by one middleware (:func:`rmserve.server.middleware.error_middleware`).
 
 A generative judge (an engine that is a :class:`~rmserve.server.protocol.JudgeEngine`) needs
@@ -35,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 from aiohttp import web
-from rmserve.server import handlers, queue_routes
+from rmserve.server import handlers, leases, queue_routes
 from rmserve.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
 from rmserve.server import auth, limits
 from rmserve.server.judge_scoring import JudgeSettings
@@ -208,6 +209,8 @@ def create_app(
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_post("/v1/models/load", handlers.load_model)
+    app.router.add_post("/v1/models/release", handlers.release_model)
+    leases.setup(app, config.lease_idle_s)
     app.router.add_get("/metrics", handlers.metrics)
     queue_routes.setup(app)  # fair queue, GET /v1/queue, status page (GET /, /v1/status)
     return app

@@ -447,6 +447,9 @@ class ServerConfig:
     """The records of ``users_file``, read and checked when the config is built (not an option;
     the app is built from them, so it reads no file on the event loop)."""
 
+    lease_idle_s: float = 600.0
+    """Seconds a checkpoint lease outlives its holder's last pinned work in flight (> 0); then another user may swap. Default: 600."""
+
     def __post_init__(self) -> None:
         if not self.host:
             raise ValueError("ServerConfig.host must be a non-empty host name or address")
@@ -487,6 +490,8 @@ class ServerConfig:
             raise ValueError(
                 f"ServerConfig.fair_share_interactive_boost is {self.fair_share_interactive_boost!r}; it must be ≥ 1"
             )
+        if not isinstance(self.lease_idle_s, (int, float)) or not self.lease_idle_s > 0:
+            raise ValueError(f"ServerConfig.lease_idle_s is {self.lease_idle_s!r}; it must be > 0 seconds")
         self._check_access()
 
     def _check_access(self) -> None:

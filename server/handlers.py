@@ -6,7 +6,8 @@
   :func:`rmserve.server.judge_scoring.score_request`).
 - ``GET /health``, ``GET /v1/models``, ``GET /metrics``: read the app's state.
 - ``POST /v1/models/load``: :func:`load_model` → checks and
-  :func:`rmserve.server.swap.start_swap`.
+  :func:`rmserve.server.swap.start_swap` (which checks and takes the model's lease).
+- ``POST /v1/models/release``: :func:`release_model` (:mod:`rmserve.server.leases`).
 
 Errors are raised as :class:`~rmserve.errors.RMServeError` and answered by
 :func:`rmserve.server.middleware.error_middleware`.
@@ -18,8 +19,10 @@ import asyncio
 
 from aiohttp import web
 from rmserve.server import fair_queue, judge_scoring, scoring, swap, wire
+from rmserve.server.leases import leases_of
 from rmserve.server.middleware import json_response
 from rmserve.server.state import CONFIG_KEY, ENGINE_KEY, EXECUTOR_KEY, JUDGE_KEY, METRICS_KEY, STATE_KEY
+from rmserve.server.users import ANONYMOUS, USER_KEY
 
 from rmserve.errors import BodyTooLarge, InvalidCheckpoint, ModelNotFound
 from rmserve.schema import ScoreRequest
@@ -39,9 +42,10 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
-    """``GET /v1/models``: ``{"models": [ModelInfo]}``; 503 ``engine_not_ready`` while loading."""
+    """``GET /v1/models``: ``{"models": [ModelInfo]}`` (with ``lease_holder`` and
+    ``lease_since`` while a lease is held); 503 ``engine_not_ready`` while loading."""
     info, _ = request.app[STATE_KEY].require_ready()
-    return json_response(wire.encode_models([info]), 200)
+    return json_response(wire.encode_models([leases_of(request.app).annotate(info)]), 200)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -57,7 +61,8 @@ async def score(request: web.Request) -> web.Response:
     serves; requests already past the gate finish on the old weights before the swap starts.
 
     Raises (answered by the error middleware): ``EngineNotReady`` (503),
-    ``InvalidRequest`` (400), ``ModelNotFound`` (404), ``SequenceTooLong`` /
+    ``InvalidRequest`` (400), ``ModelNotFound`` (404), ``Conflict`` (409: the request's
+    ``fingerprint`` is not the served model's), ``SequenceTooLong`` /
     ``BodyTooLarge`` (413), ``Overloaded`` (429), ``EngineError`` (500).
     """
     state = request.app[STATE_KEY]
@@ -98,7 +103,7 @@ async def _score(request: web.Request) -> web.Response:
 
 
 async def load_model(request: web.Request) -> web.Response:
-    """``POST /v1/models/load`` ``{"name", "path"}``: serve another checkpoint as ``name``.
+    """``POST /v1/models/load`` ``{"name", "path", "force"?}``: serve another checkpoint as ``name``.
 
     Checks, in order, none of which touches the engine or pauses scoring: admin token
     (403/401), engine ready (503), body (400), path under a checkpoint root (403), the
@@ -109,6 +114,12 @@ async def load_model(request: web.Request) -> web.Response:
     503 and nothing changes), the engine reloads the weights in place (same shape and
     tokenizer) or restarts on the checkpoint, and the gate reopens. The swap runs to its end
     even if the caller disconnects.
+
+    Leases (:mod:`rmserve.server.leases`): once the gate is closed, a swap by a user
+    (``request[USER_KEY]``, the anonymous user without authentication) is refused with 409
+    while another user holds the model's lease or has pinned work in flight on it, unless an
+    admin passes ``force: true`` (403 for anyone else); a successful swap gives the lease to
+    the user.
 
     Replies ``{"models": [ModelInfo], "swap_kind": "reload" | "restart"}``: the new name and
     fingerprint, ``swap_count`` + 1 (after a restart also the new ``max_model_len`` and
@@ -134,5 +145,29 @@ async def load_model(request: web.Request) -> web.Response:
     load = wire.decode_load_request(await request.read())
     folder = swap.resolve_checkpoint(load.path, config.checkpoint_roots)
     await swap.check_files(folder, request.app[ENGINE_KEY])
-    info, kind = await swap.start_swap(request.app, load, folder)
-    return json_response(wire.encode_load_response([info], kind), 200)
+    user = request.get(USER_KEY, ANONYMOUS)
+    info, kind = await swap.start_swap(request.app, load, folder, user)
+    return json_response(wire.encode_load_response([leases_of(request.app).annotate(info)], kind), 200)
+
+
+async def release_model(request: web.Request) -> web.Response:
+    """``POST /v1/models/release`` ``{"name"}``: end the lease on the model ``name``.
+
+    Same token as ``POST /v1/models/load`` (403/401). Replies ``{"models": [ModelInfo]}``
+    (no lease fields any more).
+
+    Raises (answered by the error middleware): ``Forbidden`` / ``Unauthorized``, ``EngineNotReady``
+    (503), ``InvalidRequest`` (400, bad body), ``ModelNotFound`` (404, not the served model),
+    ``Conflict`` (409, no lease held), ``Forbidden`` (403, neither the holder nor an admin).
+    """
+    config = request.app[CONFIG_KEY]
+    swap.check_admin_token(request.headers.get("Authorization"), config.admin_token)
+    info, _ = request.app[STATE_KEY].require_ready()
+    release = wire.decode_release_request(await request.read())
+    if release.name != info.name:
+        raise ModelNotFound(f"model {release.name!r} is not served here; this server scores {info.name!r}",
+                            field="name", value=release.name)
+    book = leases_of(request.app)
+    ended = book.release(request.get(USER_KEY, ANONYMOUS), release.name)
+    swap.logger.info("lease on %s released (held by %s)", ended.model, ended.holder)
+    return json_response(wire.encode_models([book.annotate(info)]), 200)

@@ -56,6 +56,7 @@ import msgspec
 from aiohttp import web
 from rmserve.server import limits
 from rmserve.server.fair_queue import Caller, FairQueue, queue_of
+from rmserve.server.leases import leases_of
 from rmserve.server.judge_protocols import (
     JudgeOutput,
     JudgePlan,
@@ -454,13 +455,20 @@ async def score_request(
     """Judge every group of a decoded, checked request with the judge ``info`` describes;
     ``caller`` (user and priority hint) takes each group's turn of the app's fair queue.
 
+    The request's ``fingerprint``, when set, is checked first (409 ``conflict`` when it is not
+    the judge's, :meth:`~rmserve.server.leases.LeaseBook.check_fingerprint`); its groups count
+    as the caller's pinned work while they are judged.
+
     Raises:
+        Conflict (409, field ``fingerprint``): the request is pinned to another fingerprint.
         InvalidRequest: ``truncation`` asked (a judge shows whole answers); a group that
             :func:`rebuild_group` or :meth:`JudgeSettings.check_group` refuses.
         InvalidRequest / Overloaded: admission (``max_inflight_groups``).
         EngineNotReady / EngineError: from the engine (the whole request fails), or outputs
             that do not make valid records (e.g. more cached than prompt tokens).
     """
+    book = leases_of(app)
+    book.check_fingerprint(request.fingerprint, info)
     if request.truncation is not None:
         raise InvalidRequest(
             "truncation: a generative judge shows whole answers and does not truncate; drop --truncation",
@@ -487,9 +495,10 @@ async def score_request(
         await admission.charge_tokens(
             sum(queue_cost(item.plan, engine.max_tokens) for item in items if item.plan is not None)
         )
-        await judge_groups(
-            app[ENGINE_KEY], items, uuid.uuid4().hex, app[RESULT_CACHE_KEY], queue_of(app), caller
-        )
+        with book.pinned(caller.user.name, request.fingerprint, num_groups):
+            await judge_groups(
+                app[ENGINE_KEY], items, uuid.uuid4().hex, app[RESULT_CACHE_KEY], queue_of(app), caller
+            )
     finally:
         admission.release()
         state.release_groups(num_groups)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from aiohttp import web
 from rmserve.server import limits
 from rmserve.server.fair_queue import Caller, FairQueue, queue_of
+from rmserve.server.leases import leases_of
 from rmserve.server.protocol import ExtraValue, RewardEngine, SequenceScore
 from rmserve.server.render import RenderedGroup, Renderer
 from rmserve.server.result_cache import ResultCache, group_key
@@ -223,7 +224,12 @@ async def score_request(
     ``caller`` (user and priority hint) takes each group's turn of the app's fair queue, when
     the app has one (:mod:`rmserve.server.fair_queue`).
 
+    The request's ``fingerprint``, when set, is checked first
+    (:meth:`~rmserve.server.leases.LeaseBook.check_fingerprint`); its groups count as the
+    caller's pinned work until the request is answered.
+
     Raises:
+        Conflict (409, field ``fingerprint``): the request is pinned to another fingerprint.
         InvalidRequest / Overloaded: admission (see ``max_inflight_groups``), and ``user``'s
             own limits (:mod:`rmserve.server.limits`: groups in flight, then prompt tokens
             per minute once rendered; nothing reaches the engine when refused).
@@ -236,19 +242,23 @@ async def score_request(
     metrics = app[METRICS_KEY]
     executor = app[EXECUTOR_KEY]
     num_groups = len(request.groups)
+    book = leases_of(app)
+    book.check_fingerprint(request.fingerprint, info)
     admit(state, num_groups, app[CONFIG_KEY].max_inflight_groups)
     admission = limits.admit(app, caller.user, num_groups)
     state.admit_groups(num_groups)
     metrics.inflight_groups.inc(num_groups)
     try:
-        loop = asyncio.get_running_loop()
-        rendered: list[RenderedGroup] = await loop.run_in_executor(
-            executor, functools.partial(renderer.render_request, request, too_long="mark")
-        )
-        await admission.charge_tokens(limits.rendered_tokens(rendered))
-        scores, from_cache = await score_groups(
-            app[ENGINE_KEY], rendered, uuid.uuid4().hex, app[RESULT_CACHE_KEY], info.fingerprint, queue_of(app), caller
-        )
+        with book.pinned(caller.user.name, request.fingerprint, num_groups):
+            loop = asyncio.get_running_loop()
+            rendered: list[RenderedGroup] = await loop.run_in_executor(
+                executor, functools.partial(renderer.render_request, request, too_long="mark")
+            )
+            await admission.charge_tokens(limits.rendered_tokens(rendered))
+            scores, from_cache = await score_groups(
+                app[ENGINE_KEY], rendered, uuid.uuid4().hex, app[RESULT_CACHE_KEY], info.fingerprint, queue_of(app),
+                caller,
+            )
     finally:
         admission.release()
         state.release_groups(num_groups)

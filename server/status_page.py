@@ -2,9 +2,9 @@
 
 The page is plain HTML with a little JavaScript (``server/static/``, no build step). Every
 :data:`REFRESH_S` seconds it reads ``GET /v1/models`` (models, fingerprints, swap count and
-last swap time), ``GET /v1/queue`` (per-user queue and throughput, as the caller may see it:
+last swap time, who holds each lease), ``GET /v1/queue`` (per-user queue and throughput, as the caller may see it:
 :mod:`rmserve.server.queue_routes`) and ``GET /v1/status`` (:class:`StatusReply`: engine state
-and prefix-cache hit rate, from the server's metrics). The page holds no token and no secret;
+and prefix-cache hit rate, from the server's metrics; leases with their pinned work in flight). The page holds no token and no secret;
 when the server asks for one (401), the page offers a field whose token stays in the
 browser's session storage and goes only to this server as a bearer token.
 
@@ -20,6 +20,7 @@ from importlib import resources
 import msgspec
 from aiohttp import web
 from rmserve.server.fair_queue import queue_of
+from rmserve.server.leases import LeaseState, leases_of
 from rmserve.server.middleware import json_response
 from rmserve.server.state import METRICS_KEY, STATE_KEY
 
@@ -57,7 +58,10 @@ class StatusReply(msgspec.Struct, frozen=True):
             None when the engine has none.
         served_prefix_cache: the same figures summed from the replies this server sent
             (``rmserve_prefix_cache_*``).
-        leases: None: checkpoint leases are not built yet.
+        leases: the served model's lease and pinned work in flight
+            (:class:`~rmserve.server.leases.LeaseState`: holder, since when, seconds until
+            it ends if its holder stays idle, every user's pinned groups); empty while no
+            model is served.
     """
 
     status: str
@@ -66,7 +70,7 @@ class StatusReply(msgspec.Struct, frozen=True):
     groups_scored: int
     engine_prefix_cache: PrefixCache | None
     served_prefix_cache: PrefixCache
-    leases: None = None
+    leases: tuple[LeaseState, ...] = ()
 
 
 _encoder = msgspec.json.Encoder()
@@ -96,6 +100,7 @@ async def status(request: web.Request) -> web.Response:
             value("rmserve_engine_prefix_cache_queries_total"), value("rmserve_engine_prefix_cache_hits_total")
         ),
         served_prefix_cache=served,
+        leases=(leases_of(app).state(state.info),) if state.status == "ready" and state.info is not None else (),
     )
     return json_response(_encoder.encode(reply), 200)
 

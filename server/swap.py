@@ -30,8 +30,10 @@ from typing import Literal
 from aiohttp import web
 from rmserve.fingerprint import TOKENIZER_FILES
 from rmserve.server.checkpoint_check import check_checkpoint
+from rmserve.server.leases import leases_of
 from rmserve.server.protocol import LoadedModel, SupportsCheckpointCheck, SupportsRestart, SupportsWeightReload
 from rmserve.server.render import Renderer
+from rmserve.server.users import ANONYMOUS, User
 from rmserve.server.state import (
     CONFIG_KEY,
     ENGINE_KEY,
@@ -243,8 +245,10 @@ async def scoring_slot(state: EngineState, wait_s: float) -> AsyncIterator[None]
         state.leave_scoring()
 
 
-async def start_swap(app: web.Application, load: LoadModelRequest, folder: Path) -> tuple[ModelInfo, SwapKind]:
-    """Plan and run the swap of the app's engine to the resolved checkpoint ``folder``.
+async def start_swap(app: web.Application, load: LoadModelRequest, folder: Path,
+                     user: User = ANONYMOUS) -> tuple[ModelInfo, SwapKind]:
+    """Plan and run the swap of the app's engine to the resolved checkpoint ``folder`` for
+    ``user`` (who then holds the model's lease, :mod:`rmserve.server.leases`).
 
     One swap at a time: a second one is refused, not queued. Once it holds the swap lock the
     swap runs to its end even if the caller is cancelled (a half-done restart would leave no
@@ -255,26 +259,35 @@ async def start_swap(app: web.Application, load: LoadModelRequest, folder: Path)
 
     Raises:
         Conflict: another swap is in progress, or :func:`plan_swap` found no way to load it.
-        EngineNotReady / EngineError: from :func:`run_swap`.
+        Conflict / Forbidden / EngineNotReady / EngineError: from :func:`run_swap`.
     """
     state = app[STATE_KEY]
     kind, reason = plan_swap(app[ENGINE_KEY], state.checkpoint_dir, folder)
     if state.swap_lock.locked():
         raise Conflict("another checkpoint swap is in progress; retry after it finishes")
     await state.swap_lock.acquire()  # free (checked just above): returns without yielding
-    operation = asyncio.ensure_future(run_swap(app, load, folder, kind, reason))
+    operation = asyncio.ensure_future(run_swap(app, load, folder, kind, reason, user))
     operation.add_done_callback(lambda _: state.swap_lock.release())
     return await asyncio.shield(operation), kind
 
 
 async def run_swap(app: web.Application, load: LoadModelRequest, folder: Path, kind: SwapKind,
-                   reason: str | None) -> ModelInfo:
-    """Drain, swap, publish the new model info; the scoring gate reopens whatever happens.
+                   reason: str | None, user: User = ANONYMOUS) -> ModelInfo:
+    """Close the gate, check the lease, drain, swap, publish the new model info and hand the
+    lease to ``user``; the scoring gate reopens whatever happens.
+
+    The lease check (:meth:`~rmserve.server.leases.LeaseBook.check_swap`) runs right after
+    the gate closes, with no await between: pinned work admitted before it is counted, and
+    none is admitted after it until the swap ends. Requests already admitted are drained and
+    answered on the old checkpoint (also when the swap is forced); requests pinned to the old
+    fingerprint that come later get 409.
 
     After a successful swap the result cache is cleared: its entries are keyed by the old
     model's fingerprint and can no longer be hit (unless a later swap goes back to it).
 
     Raises:
+        Conflict: another user holds the lease or has pinned work in flight (not forced).
+        Forbidden: ``force`` asked by a user who is not an admin.
         EngineNotReady: in-flight scoring outlasted ``swap_drain_timeout_s`` (nothing loaded).
         EngineError: the engine failed; see :func:`reload_or_restore` and
             :func:`restart_or_restore` for what is served afterwards.
@@ -286,8 +299,14 @@ async def run_swap(app: web.Application, load: LoadModelRequest, folder: Path, k
     if kind == "restart":
         logger.info("checkpoint swap to %s needs an engine restart: %s", folder.name, reason)
     started = time.perf_counter()
+    book = leases_of(app)
     state.begin_swap()
     try:
+        current, _ = state.require_ready()
+        forced, overridden = book.check_swap(user, load.force, current)
+        if overridden:
+            logger.warning("checkpoint swap forced by %s over pinned work in flight on %s: %s", user.name,
+                           current.fingerprint, ", ".join(f"{u}: {n} groups" for u, n in overridden))
         try:
             async with asyncio.timeout(config.swap_drain_timeout_s):
                 await state.scoring_idle.wait()
@@ -308,6 +327,7 @@ async def run_swap(app: web.Application, load: LoadModelRequest, folder: Path, k
             raise
         before = state.info
         info = state.swapped(loaded, load.name, folder)
+        book.granted(user.name, info, current.fingerprint, overridden, forced)
         if before is None or info.fingerprint != before.fingerprint:
             # Entries are keyed by fingerprint, so none is ever served for another model; they
             # go to free memory. The same checkpoint loaded again (a sweep resuming) keeps them,

@@ -20,6 +20,7 @@ from rmserve.schema import (
     HealthReply,
     HealthStatus,
     LoadModelRequest,
+    ReleaseModelRequest,
     LoadModelResponse,
     ModelInfo,
     ModelList,
@@ -35,6 +36,7 @@ MIN_TRUNCATION_TOKENS = 2
 _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(ScoreRequest)
 _load_decoder = msgspec.json.Decoder(LoadModelRequest)
+_release_decoder = msgspec.json.Decoder(ReleaseModelRequest)
 
 
 def _validation_error(exc: msgspec.ValidationError) -> InvalidRequest:
@@ -194,6 +196,18 @@ def decode_load_request(body: bytes) -> LoadModelRequest:
     for name in ("name", "path"):
         if not getattr(request, name).strip():
             raise InvalidRequest(f"{name} must be a non-empty string", field=name)
+    return request
+
+
+def decode_release_request(body: bytes) -> ReleaseModelRequest:
+    """Decode and validate a ``POST /v1/models/release`` body.
+
+    Raises:
+        InvalidRequest: malformed JSON, a missing/unknown field, or an empty ``name``.
+    """
+    request: ReleaseModelRequest = _decode_body(_release_decoder, body)
+    if not request.name.strip():
+        raise InvalidRequest("name must be a non-empty string", field="name")
     return request
 
 

@@ -301,9 +301,16 @@ async def _score_pending(
     *,
     server_version: str = "",
 ) -> None:
-    """Stream ``pending`` through the client, appending each record to ``log`` as it arrives."""
+    """Stream ``pending`` through the client, appending each record to ``log`` as it arrives.
+
+    Every request is pinned to ``info.fingerprint``: when the server's model is swapped
+    during the run, it refuses the next request (409) and the run stops with
+    :class:`~rmserve.errors.FingerprintMismatch` whose message adds what is kept and how to
+    resume; the records already appended stay in the score file.
+    """
     bar = progress_bar(n_total, n_total - len(pending), config.quiet)
     tokens = 0
+    kept = n_total - len(pending)
     started = time.monotonic()
     try:
         stream = client.score_stream(
@@ -316,6 +323,7 @@ async def _score_pending(
         async with contextlib.aclosing(stream):
             async for record in stream:
                 log.append(record, server_version=server_version)
+                kept += 1
                 if config.strict and not record.scored:
                     raise strict_stop(
                         record,
@@ -326,6 +334,15 @@ async def _score_pending(
                 elapsed_s = max(time.monotonic() - started, 1e-9)
                 bar.set_postfix_str(f"{tokens / elapsed_s:,.0f} tok/s", refresh=False)
                 bar.update(1)
+    except errors.FingerprintMismatch as exc:
+        raise errors.FingerprintMismatch(
+            f"{exc.message}. This run stopped: {kept} of {n_total} groups scored with fingerprint "
+            f"{info.fingerprint} are kept in {log.path}; run the same command again once the server serves "
+            f"fingerprint {info.fingerprint} again to score the other {n_total - kept} (the kept ones are not "
+            "scored again), or use another --out for the new model",
+            field="fingerprint",
+            value=info.fingerprint,
+        ) from exc
     finally:
         bar.close()
 

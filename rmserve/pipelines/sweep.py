@@ -277,9 +277,17 @@ async def _load(server: _Server, checkpoint: Checkpoint, config: SweepConfig) ->
             field="admin_token",
         )
     logger.info("loading %s on %s", checkpoint.name, server.url)
-    return await server.client.load_checkpoint(
-        checkpoint.name, str(checkpoint.path), admin_token=config.admin_token, timeout_s=config.load_timeout_s
-    )
+    try:
+        return await server.client.load_checkpoint(
+            checkpoint.name, str(checkpoint.path), admin_token=config.admin_token, timeout_s=config.load_timeout_s
+        )
+    except errors.Conflict as exc:
+        if exc.field is not None:  # a refused checkpoint (path): nothing to add
+            raise
+        raise errors.Conflict(
+            f"{server.url} refused to load checkpoint {checkpoint.name}: {exc.message}. Every group scored so far "
+            "is kept in the score store; run the same command again to resume without scoring them again",
+        ) from exc
 
 
 def _refusal(server: _Server, checkpoint: Checkpoint, got: str, expected: str, source: str) -> _Refused:
@@ -677,7 +685,7 @@ class _Sweep:
 
     async def _score_one(self, server: _Server, group: Group, fingerprint: str) -> ScoreRecord:
         judge = {"judge": True} if self.kind is not None and self.kind.kind == "judge" else {}
-        reply = await server.client.score([group], truncation=self.config.truncation, **judge)
+        reply = await server.client.score([group], truncation=self.config.truncation, fingerprint=fingerprint, **judge)
         if reply.fingerprint != fingerprint:
             raise errors.FingerprintMismatch(
                 f"{server.url} answered with fingerprint {reply.fingerprint} ({reply.model}), expected {fingerprint}",

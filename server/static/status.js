@@ -1,4 +1,4 @@
-// rmserve status page: reads /v1/models, /v1/queue and /v1/status every few seconds.
+// rmserve status page: reads /v1/models, /v1/queue and /v1/status (engine, prefix cache, leases) every few seconds.
 "use strict";
 
 const REFRESH_MS = 1000 * Number(document.body.dataset.refreshS || 3);
@@ -94,7 +94,31 @@ function showQueue(body) {
   }
 }
 
+function showLeases(leases) {
+  const held = leases.filter((l) => l.holder !== null).length;
+  document.getElementById("leases-summary").textContent = leases.length === 0
+    ? "No model is served."
+    : held === 0 ? "Nobody holds a lease: any user may load a checkpoint."
+      : "A checkpoint load by another user is refused while a lease is held or others' pinned work is in flight (an admin may force it).";
+  const tbody = document.querySelector("#leases tbody");
+  tbody.replaceChildren();
+  for (const l of leases) {
+    const row = document.createElement("tr");
+    row.dataset.model = l.model;
+    cell(row, l.model, "model");
+    cell(row, l.fingerprint, "fingerprint");
+    cell(row, l.holder === null ? "nobody" : l.holder, "holder");
+    cell(row, l.since === null ? "" : fmtTime(l.since), "since");
+    cell(row, l.holder === null ? "" : l.expires_in_s === null ? "holder busy" : fmtSeconds(l.expires_in_s), "expires");
+    cell(row, l.pinned.length === 0 ? "none"
+      : l.pinned.map((p) => p.user + ": " + fmtInt(p.groups) + (p.groups === 1 ? " group" : " groups")).join(", "),
+    "pinned");
+    tbody.appendChild(row);
+  }
+}
+
 function showStatus(body) {
+  showLeases(body.leases || []);
   document.getElementById("engine-status").textContent = body.status;
   document.getElementById("uptime").textContent = fmtSeconds(body.uptime_s);
   const engine = body.engine_prefix_cache;

@@ -317,10 +317,11 @@ class ScriptedServer:
         self.loads.append(name)
         return ModelInfo(name=name, max_model_len=BIG, dtype="float32", fingerprint=FP, engine="scripted")
 
-    async def score(self, groups, *, truncation=None):
+    async def score(self, groups, *, truncation=None, fingerprint=None):
         from rmserve.schema import GroupResult, ScoreResponse
 
         (group,) = groups
+        assert fingerprint == FP  # every request is pinned to the checkpoint just loaded
         step = self.script[min(len(self.requests), len(self.script) - 1)]
         self.requests.append(group.id)
         if step == "invalid":

@@ -77,7 +77,10 @@ async def test_status_reports_prefix_cache_counters_from_the_metrics(make_client
     async with client.get("/v1/status") as resp:
         assert resp.status == 200
         body = orjson.loads(await resp.read())
-    assert (body["status"], body["fair_share"], body["groups_scored"], body["leases"]) == ("ready", True, 1, None)
+    assert (body["status"], body["fair_share"], body["groups_scored"]) == ("ready", True, 1)
+    # no load yet: nobody holds a lease; the request was not pinned, and is answered anyway
+    assert body["leases"] == [{"model": "fake-rm", "fingerprint": FAKE_MODEL.fingerprint, "holder": None,
+                               "since": None, "expires_in_s": None, "pinned": []}]
     assert body["engine_prefix_cache"] == {"query_tokens": 18, "hit_tokens": 4, "hit_rate": 4 / 18}
     assert body["served_prefix_cache"] == {"query_tokens": 18, "hit_tokens": 4, "hit_rate": 4 / 18}
     assert body["uptime_s"] >= 0
@@ -107,8 +110,9 @@ async def user_from_test_header(request: web.Request, handler):
 
 def _post(url: str, user: str, n_groups: int, first: int, out: list[int]) -> None:
     groups = [{"id": f"{user}{i}", "prompt": "hi", "responses": ["ya", "yb"]} for i in range(first, first + n_groups)]
+    body = {"groups": groups, "fingerprint": FAKE_MODEL.fingerprint}  # pinned, as the client sends it
     request = urllib.request.Request(
-        f"{url}/v1/score", data=json.dumps({"groups": groups}).encode(),
+        f"{url}/v1/score", data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json", "X-Test-User": user}, method="POST",
     )
     with urllib.request.urlopen(request, timeout=120) as resp:
@@ -196,7 +200,11 @@ def test_status_page_in_chromium_shows_two_users_work_in_flight(tmp_path):
             assert model_row.find_element(By.CSS_SELECTOR, "td.swaps").text == "0"
             assert driver.find_element(By.ID, "engine-status").text == "ready"
             assert "1 of 1 engine slots busy, 4 groups queued" in driver.find_element(By.ID, "queue-summary").text
-            assert "Checkpoint leases are not built yet." in driver.find_element(By.ID, "leases").text
+            lease_row = driver.find_element(By.CSS_SELECTOR, f'#leases tr[data-model="{FAKE_MODEL.name}"]')
+            assert lease_row.find_element(By.CSS_SELECTOR, "td.holder").text == "nobody"
+            assert lease_row.find_element(By.CSS_SELECTOR, "td.pinned").text == "alice: 3 groups, bob: 2 groups"
+            assert lease_row.find_element(By.CSS_SELECTOR, "td.fingerprint").text == FAKE_MODEL.fingerprint
+            assert driver.find_element(By.ID, "leases-summary").text.startswith("Nobody holds a lease")
             assert driver.find_element(By.ID, "error").get_attribute("hidden") is not None
             shot = _artifacts(tmp_path) / "status_page.png"
             assert driver.save_screenshot(str(shot))
