@@ -1085,6 +1085,7 @@ def judge_main(args: argparse.Namespace, command: str) -> int:
             warmup_group("chat") if args.bench == "rm-bench" else rb2_warmup_group()
         ).decode(),
     }
+    machine = machine_info()  # its load average is the one before the first path
     results: dict[str, JudgePathResult] = {}
     peaks: dict[str, int] = {}
     loads: dict[str, tuple[float, float]] = {}
@@ -1122,7 +1123,7 @@ def judge_main(args: argparse.Namespace, command: str) -> int:
         "kv_cache_memory_bytes": KV_CACHE_BYTES, "enforce_eager": args.enforce_eager,
         "max_num_batched_tokens": args.max_num_batched_tokens, "cpu_threads_bind": args.cpu_threads_bind,
         "parity_ok": parity_ok, "differences": differences, "rows": list(rows.values()),
-        "ratios": judge_ratios(rows), "machine": machine_info(), "versions": versions(),
+        "ratios": judge_ratios(rows), "machine": machine, "versions": versions(),
     }
     out_dir = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
