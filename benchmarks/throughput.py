@@ -45,21 +45,27 @@ Both score the token ids rmserve's :class:`~rmserve.server.dpo_render.DPORendere
 
 ``--kind judge`` measures a generative judge (a chat model) on the calls
 :func:`~rmserve.server.judge_protocols.plan_group` makes for each group (RM-Bench: rmserve's
-pairwise protocol, 18 calls per group), greedy, ``--judge-max-tokens`` per call, two ways on
-the same in-process :class:`~rmserve.server.engine.VLLMJudgeEngine` settings:
+pairwise protocol, 18 calls per group; RewardBench 2 with ``--bench rewardbench2``: the 4-way
+ranking or, ``--protocol ratings``, one rating call per answer, Ties always rated), greedy,
+``--judge-max-tokens`` per call, three ways on the same :class:`~rmserve.server.engine.VLLMJudgeEngine`
+settings:
 
 * ``a`` — the official way: one call at a time, each awaited before the next (as the official
   RewardBench generative script generates, one prompt after the other).
 * ``c`` — the rmserve engine path: each group's calls in one ``judge_group`` (submitted
   together, so they share the prefix cache), ``--max-groups-in-flight`` groups at once.
+* ``d`` — the full rmserve path: RewardClient → HTTP → ``rmserve serve --kind judge`` (a child
+  process, as ``rmserve run`` starts it; same model, protocol, ``--judge-max-tokens`` and seed),
+  ``--max-groups-in-flight`` groups in flight, one group per request. The outputs are the
+  ``judge.calls`` of the records it returns (text, token counts, finish reason, cache hits),
+  checked call by call against the plan (:func:`server_judge_outputs`).
 
 Reported per path: completed groups/s, calls/s, prompt and generated tokens, prefix-cache hit
-tokens, outputs cut at the length limit, unparsed calls, latency and peak RSS. The texts of
-``c`` must equal ``a``'s call by call, and the scores (``score_group``) group by group; the run
-exits with status 1 and counts the differences otherwise. A full server path (``d``:
-RewardClient → HTTP → ``rmserve serve --kind judge``) plugs in as one runner in
-:data:`JUDGE_RUNNERS` returning the calls' outputs (a server record's ``judge.calls`` carry the
-same fields). Results: ``<out>/<date>-<machine>-judge[-<tag>].json`` and ``.md``.
+tokens, outputs cut at the length limit, unparsed calls, latency, peak RSS and the machine's
+load average when the path started and ended (the machine may be shared). The texts, generated
+token counts and finish reasons of ``c`` and ``d`` must equal ``a``'s call by call, and the scores
+(``score_group``) group by group; the run exits with status 1 and counts the differences
+otherwise. Results: ``<out>/<date>-<machine>-judge[-<tag>].json`` and ``.md``.
 
 Results: ``<out>/<date>-<machine>[-<tag>].json`` and ``.md`` (also printed), with machine,
 versions and the command line. Run from the repository root, for example::
@@ -92,7 +98,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from rmserve.schema import RMBENCH_DOMAINS, Group, Message
+from rmserve.schema import RB2_SUBSETS, RMBENCH_DOMAINS, Group, Message
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO_ROOT / ".." / "shared" / "data" / "rm-bench"
@@ -109,6 +115,8 @@ DPO_PATH_TITLES: dict[str, str] = {
     "a": "transformers policy + reference, official pairwise padded batches (reference harness)",
     "d": "rmserve: RewardClient → HTTP → rmserve serve --kind dpo (vLLM, prompt log-probs)",
 }
+BENCHES: tuple[str, ...] = ("rm-bench", "rewardbench2")
+"""Data a run may read (``--bench``); RewardBench 2 only with ``--kind judge``."""
 KV_CACHE_BYTES = 1 << 30
 """KV-cache size of every vLLM engine here (1 GiB: the benchmark machine has little memory)."""
 
@@ -116,18 +124,24 @@ KV_CACHE_BYTES = 1 << 30
 # --- groups, rendering and the trie bound ---------------------------------------------------
 
 
-def load_groups(data: Path, domains: Sequence[str] | None, limit_groups: int | None) -> list[Group]:
-    """RM-Bench groups of ``domains`` (all present when None), the first ``limit_groups`` of each domain.
+def load_groups(
+    data: Path, domains: Sequence[str] | None, limit_groups: int | None, bench: str = "rm-bench"
+) -> list[Group]:
+    """Groups of ``domains`` (all present when None; RewardBench 2: subsets), the first
+    ``limit_groups`` of each, in file order. ``bench``: ``rm-bench`` (a folder) or
+    ``rewardbench2`` (a file or folder in the release schema).
 
     Raises:
         rmserve.errors.DataError: from the loader (unknown domain, unreadable files).
-        ValueError: ``limit_groups`` < 1.
+        ValueError: ``limit_groups`` < 1, or an unknown ``bench``.
     """
-    from rmserve.datasets import load_rmbench
+    from rmserve.datasets import load_rewardbench2, load_rmbench
 
     if limit_groups is not None and limit_groups < 1:
         raise ValueError(f"--limit-groups: {limit_groups} must be ≥ 1")
-    dataset = load_rmbench(data, domains)
+    if bench not in BENCHES:
+        raise ValueError(f"--bench: {bench!r} is not one of {', '.join(BENCHES)}")
+    dataset = load_rmbench(data, domains) if bench == "rm-bench" else load_rewardbench2(data, domains)
     taken: dict[str, int] = {}
     groups = []
     for group in dataset.groups:
@@ -178,6 +192,20 @@ def warmup_group(domain: str = "code") -> Group:
         messages=(Message("user", "Write a function that adds two numbers and explain it briefly."),),
         responses=tuple(f"Answer number {k}: def add(a, b): return a + b  # variant {k}" for k in range(6)),
         num_chosen=3,
+    )
+
+
+def rb2_warmup_group() -> Group:
+    """A synthetic RewardBench 2 group (Focus: one correct answer, three rejected; not in any
+    dataset) warming the judge paths up on RewardBench 2 data, where a judge server running
+    ``--protocol ranking`` or ``ratings`` refuses RM-Bench groups."""
+    return Group(
+        benchmark="rewardbench2",
+        domain="Focus",
+        id="throughput-warm-up",
+        messages=(Message("user", "Write a function that adds two numbers and explain it briefly."),),
+        responses=tuple(f"Answer number {k}: def add(a, b): return a + b  # variant {k}" for k in range(4)),
+        num_chosen=1,
     )
 
 
@@ -659,14 +687,19 @@ def run_path_in_child(name: str, spec_path: Path, work_dir: Path, result_type: t
 
 # --- a generative judge (--kind judge) -------------------------------------------------------
 
-JUDGE_PATHS: tuple[str, ...] = ("a", "c")
-"""Paths of ``--kind judge``; the full server path (``d``: RewardClient → HTTP → ``rmserve serve
---kind judge``) is added by a runner in :data:`JUDGE_RUNNERS` and a title here."""
+JUDGE_PATHS: tuple[str, ...] = ("a", "c", "d")
+"""Paths of ``--kind judge`` (each has a runner in :data:`JUDGE_RUNNERS` and a title here)."""
 JUDGE_PATH_TITLES: dict[str, str] = {
     "a": "official way: vLLM judge engine in-process, one call at a time (each awaited before the next)",
     "c": "rmserve engine path: a group's calls via judge_group together, groups concurrently",
+    "d": "rmserve: RewardClient → HTTP → rmserve serve --kind judge (engine as c)",
 }
-JUDGE_TARGET = ("c", "a", 3.0, "(c)/(a) completed groups/s ≥ 3.0× (the one-call-at-a-time official way)")
+JUDGE_TARGETS: tuple[tuple[str, str, float, str], ...] = (
+    ("d", "a", 3.0, "(d)/(a) completed groups/s ≥ 3.0× (the full rmserve path against the one-call-at-a-time official way)"),
+    ("c", "a", 3.0, "(c)/(a) completed groups/s ≥ 3.0× (the rmserve engine path against the official way)"),
+)
+"""(numerator path, denominator path, threshold, wording) of each groups/s target; ``d``/``a``
+is the product's target, ``c``/``a`` isolates the engine path from HTTP."""
 
 
 @dataclass
@@ -683,11 +716,19 @@ class JudgePathResult:
     notes: str = ""
 
 
-def judge_plans(groups: Sequence[Group], seed: int, compat: str) -> list[Any]:
-    """:func:`~rmserve.server.judge_protocols.plan_group` of every group (the server's plan)."""
-    from rmserve.server.judge_protocols import JudgeProtocolConfig, plan_group
+def judge_protocol_config(seed: int, compat: str, protocol: str = "auto") -> Any:
+    """The :class:`~rmserve.server.judge_protocols.JudgeProtocolConfig` a judge server with
+    these settings plans and scores with (``protocol``: ``rmserve serve --protocol``)."""
+    from rmserve.server.judge_scoring import JudgeSettings
 
-    config = JudgeProtocolConfig(seed=seed, compat=compat)
+    return JudgeSettings(protocol=protocol, seed=seed, compat=compat).protocol_config()
+
+
+def judge_plans(groups: Sequence[Group], seed: int, compat: str, protocol: str = "auto") -> list[Any]:
+    """:func:`~rmserve.server.judge_protocols.plan_group` of every group (the server's plan)."""
+    from rmserve.server.judge_protocols import plan_group
+
+    config = judge_protocol_config(seed, compat, protocol)
     return [plan_group(group, config) for group in groups]
 
 
@@ -695,7 +736,7 @@ def judge_calls(spec: dict[str, Any]) -> tuple[list[list[list[Message]]], list[l
     """(per group its calls' messages, the warm-up group's calls) of a judge spec."""
     groups = msgspec.json.decode(spec["groups_json"], type=list[Group])
     warm = msgspec.json.decode(spec["warmup_group_json"], type=Group)
-    plans = judge_plans([*groups, warm], spec["judge_seed"], spec["compat"])
+    plans = judge_plans([*groups, warm], spec["judge_seed"], spec["compat"], spec.get("protocol", "auto"))
     calls = [[list(p.messages) for p in plan.prompts] for plan in plans]
     return calls[:-1], calls[-1]
 
@@ -750,9 +791,114 @@ async def _run_judge_engine(spec: dict[str, Any], *, grouped: bool) -> JudgePath
     return JudgePathResult(outputs, wall_s, _latencies(first_start, last_done), startup_s)
 
 
+def server_judge_outputs(groups: Sequence[Group], plans: Sequence[Any], judges: Sequence[Any]) -> list[list[dict[str, Any]]]:
+    """The outputs of a judge server's records, in the form of :func:`_output_dict`, after
+    checking that the server made exactly the planned calls.
+
+    Args:
+        groups: the groups sent, in order.
+        plans: their :func:`judge_plans`, in the same order.
+        judges: per group, the reply's :class:`~rmserve.judge_records.JudgeGroupResult`
+            (``ScoreRecord.judge``), None where the server judged nothing.
+
+    Returns:
+        ``[group][call]`` dicts of ``text``, ``prompt_tokens``, ``completion_tokens``,
+        ``finish_reason``, ``cached_tokens``, in the plan's call order.
+
+    Raises:
+        ValueError: naming the group (and call) where a record has no judge result, another
+            protocol, another number of calls, or a call whose messages (SHA-256) or shown
+            responses differ from the plan's.
+    """
+    outputs: list[list[dict[str, Any]]] = []
+    for group, plan, judge in zip(groups, plans, judges, strict=True):
+        if judge is None:
+            raise ValueError(f"group {group.key}: the server returned no judge result")
+        if judge.protocol != plan.protocol:
+            raise ValueError(f"group {group.key}: protocol {judge.protocol!r}, planned {plan.protocol!r}")
+        if len(judge.calls) != len(plan.prompts):
+            raise ValueError(f"group {group.key}: {len(judge.calls)} calls, planned {len(plan.prompts)}")
+        for k, (call, prompt) in enumerate(zip(judge.calls, plan.prompts)):
+            if call.messages_sha256 != prompt.sha256 or tuple(call.responses) != tuple(prompt.responses):
+                raise ValueError(
+                    f"group {group.key} call {k}: the server sent other messages (sha256 {call.messages_sha256[:12]}, "
+                    f"responses {tuple(call.responses)}) than planned (sha256 {prompt.sha256[:12]}, "
+                    f"responses {tuple(prompt.responses)})"
+                )
+        outputs.append([_output_dict(call) for call in judge.calls])
+    return outputs
+
+
+def run_judge_server_path(spec: dict[str, Any]) -> JudgePathResult:
+    """Path d of ``--kind judge``: ``rmserve serve --kind judge`` in a child process (the
+    engine options of the spec: protocol, ``judge_max_tokens``, seed, compat …), the groups
+    scored through RewardClient.score_stream, one group per request, ``max_groups_in_flight``
+    in flight. A group's latency runs from the moment the client takes it from the input
+    iterator to the moment its record is yielded.
+
+    Raises:
+        SystemExit: the server answered a group without a judge result (its errors named) or
+            with other calls than planned.
+    """
+    from rmserve.client.client import Concurrency, RewardClient
+    from rmserve.pipelines.launch import ServeOptions, ServerProcess, free_loopback_port
+    from rmserve.schema import ScoreKind
+
+    groups = msgspec.json.decode(spec["groups_json"], type=list[Group])
+    warm = msgspec.json.decode(spec["warmup_group_json"], type=Group)
+    plans = judge_plans(groups, spec["judge_seed"], spec["compat"], spec.get("protocol", "auto"))
+    options = ServeOptions(model=spec["model"], engine_options=engine_options(spec))
+    port = free_loopback_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = Path(spec["work_dir"]) / "server-judge.log"
+    server = ServerProcess(
+        options.argv("127.0.0.1", port), url=url, log_path=log_path, startup_timeout_s=1800.0, stop_grace_s=30.0
+    )
+    started = time.perf_counter()
+    with server:
+        server.wait_ready()
+        startup_s = time.perf_counter() - started
+        index = {str(g.key): i for i, g in enumerate(groups)}
+        n = len(groups)
+        first_start, last_done = [0.0] * n, [0.0] * n
+        records: list[Any] = [None] * n
+
+        def taken(source: Sequence[Group]):
+            for i, group in enumerate(source):
+                first_start[i] = time.perf_counter()
+                yield group
+
+        async def drive() -> float:
+            concurrency = Concurrency(max_groups_in_flight=spec["max_groups_in_flight"], groups_per_request=1)
+            async with RewardClient(url, concurrency=concurrency) as client:
+                (info,) = (await client.models())[:1]
+                kind = ScoreKind.of(info)
+                if kind.kind != "judge":
+                    raise SystemExit(f"path d: the server scores as {kind.describe()}, not as a judge")
+                await client.score([warm], judge=True)
+                t0 = time.perf_counter()
+                async for record in client.score_stream(taken(groups), kind=kind):
+                    i = index[str(record.key)]
+                    last_done[i] = time.perf_counter()
+                    records[i] = record
+                return time.perf_counter() - t0
+
+        wall_s = asyncio.run(drive())
+    for record in records:
+        if record.judge is None:
+            raise SystemExit(f"path d: the server judged nothing for group {record.key}: {record.errors}")
+    try:
+        outputs = server_judge_outputs(groups, plans, [r.judge for r in records])
+    except ValueError as exc:
+        raise SystemExit(f"path d: {exc}") from None
+    return JudgePathResult(outputs, wall_s, _latencies(first_start, last_done), startup_s,
+                           notes=f"server log: {log_path}")
+
+
 JUDGE_RUNNERS: dict[str, Any] = {
     "a": lambda spec: asyncio.run(_run_judge_engine(spec, grouped=False)),
     "c": lambda spec: asyncio.run(_run_judge_engine(spec, grouped=True)),
+    "d": run_judge_server_path,
 }
 """Path name → runner (``spec`` → :class:`JudgePathResult`), run in a child process."""
 
@@ -807,10 +953,12 @@ def judge_differences(
 
 
 def summarize_judge(
-    name: str, result: JudgePathResult, peak_bytes: int, scores: Sequence[Any], differences: dict[str, Any] | None
+    name: str, result: JudgePathResult, peak_bytes: int, scores: Sequence[Any], differences: dict[str, Any] | None,
+    load: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     """One row of the judge results: groups/s, calls, tokens, prefix-cache hits, latency,
-    memory, unparsed calls and the differences to path a."""
+    memory, unparsed calls, the differences to path a and ``load``: the machine's 1-minute
+    load average when the path's process started and when it ended (None: not measured)."""
     outputs = [o for group in result.outputs for o in group]
     n = len(result.outputs)
     prompt = sum(o["prompt_tokens"] for o in outputs)
@@ -837,17 +985,27 @@ def summarize_judge(
         "peak_rss_mib": peak_bytes / 2**20,
         "startup_s": result.startup_s,
         "differences_vs_a": differences,
+        "load_avg_1min_start": None if load is None else load[0],
+        "load_avg_1min_end": None if load is None else load[1],
         "notes": result.notes,
     }
 
 
 def judge_ratios(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The groups/s target (:data:`JUDGE_TARGET`) when both of its paths ran."""
-    num, den, threshold, text = JUDGE_TARGET
-    if num not in rows or den not in rows:
-        return []
-    value = rows[num]["groups_per_s"] / rows[den]["groups_per_s"]
-    return [{"target": text, "value": value, "threshold": threshold, "holds": value >= threshold}]
+    """The groups/s targets (:data:`JUDGE_TARGETS`, in that order) whose two paths both ran."""
+    out = []
+    for num, den, threshold, text in JUDGE_TARGETS:
+        if num in rows and den in rows:
+            value = rows[num]["groups_per_s"] / rows[den]["groups_per_s"]
+            out.append({"target": text, "value": value, "threshold": threshold, "holds": value >= threshold})
+    return out
+
+
+def load_text(row: dict[str, Any]) -> str:
+    """The load-average cell of a judge row: ``start → end`` (1-minute averages, 2 decimals),
+    empty when not measured."""
+    start, end = row.get("load_avg_1min_start"), row.get("load_avg_1min_end")
+    return "" if start is None or end is None else f"{start:.2f} → {end:.2f}"
 
 
 def judge_markdown(report: dict[str, Any]) -> str:
@@ -855,16 +1013,17 @@ def judge_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Judge throughput — {report['date']} — {report['machine_name']}",
         "",
-        f"Generative judge `{report['model']}` ({report['dtype']}), protocol by benchmark (RM-Bench: "
-        f"rmserve's pairwise protocol, 18 calls per group), `judge_max_tokens` {report['judge_max_tokens']}, "
+        f"Generative judge `{report['model']}` ({report['dtype']}), {report.get('bench', 'rm-bench')} data, "
+        f"protocol `{report.get('protocol', 'auto')}` (auto: RM-Bench rmserve's pairwise protocol, 18 calls per "
+        f"group; RewardBench 2 the 4-way ranking, Ties rated), `judge_max_tokens` {report['judge_max_tokens']}, "
         f"seed {report['judge_seed']}; data {report['selection']}; block size {report['block_size']}; "
         f"{report['max_groups_in_flight']} groups in flight (c).",
         "",
         "| path | what | groups | calls | prompt tokens | generated tokens | wall s | groups/s | calls/s "
         "| generated tok/s | cache hits | hits/prompt | cut at length | unparsed | p50 ms | p95 ms | peak RSS MiB "
-        "| text diffs vs a | score diffs vs a |",
+        "| text diffs vs a | score diffs vs a | load avg 1 min (start → end) |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | ---: | ---: | ---: |",
+        "| ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in report["rows"]:
         diff = row["differences_vs_a"]
@@ -875,7 +1034,8 @@ def judge_markdown(report: dict[str, Any]) -> str:
             f"| {row['calls_per_s']:.2f} | {row['completion_tokens_per_s']:,.0f} | {row['prefix_cache_hit_tokens']:,} "
             f"| {'' if frac is None else f'{frac:.1%}'} | {row['finish_length']:,} | {row['unparsed_calls']:,} "
             f"| {row['latency_p50_ms']:,.0f} | {row['latency_p95_ms']:,.0f} | {row['peak_rss_mib']:,.0f} "
-            f"| {'' if diff is None else diff['text_diffs']} | {'' if diff is None else diff['score_diffs']} |"
+            f"| {'' if diff is None else diff['text_diffs']} | {'' if diff is None else diff['score_diffs']} "
+            f"| {load_text(row)} |"
         )
     lines += ["", "| target | measured | holds |", "| --- | ---: | --- |"]
     for r in report["ratios"]:
@@ -889,8 +1049,13 @@ def judge_markdown(report: dict[str, Any]) -> str:
           for name, d in report["differences"].items()),
         "Wall time excludes engine start and a one-group warm-up (prefix cache reset after it); rendering "
         "(the chat template, in a worker thread) is inside every path's time. Latency: a group's first call "
-        "submitted to its last output. Peak RSS: the path's whole process tree, sampled every 0.1 s. "
-        "Unparsed: calls whose output gave no verdict (the pairwise protocol counts them 0.5).",
+        "submitted to its last output (d: the client taking the group to its record). Peak RSS: the path's "
+        "whole process tree, sampled every 0.1 s. Unparsed: calls whose output gave no verdict or rating "
+        "(pairwise counts them 0.5; ranking 0.25; ratings: the official fallback). Path d: the server renders "
+        "and plans every group itself; its calls are checked against the benchmark's plan (messages SHA-256 and "
+        "shown answers) and its outputs are the records' `judge.calls`; d's server is not reset after its "
+        "warm-up group. Load average: the machine's 1-minute load average when the path's process started "
+        "and ended (the machine is shared).",
         "",
         *provenance_lines(report),
     ]
@@ -899,12 +1064,11 @@ def judge_markdown(report: dict[str, Any]) -> str:
 
 def judge_main(args: argparse.Namespace, command: str) -> int:
     """``--kind judge``: plan the groups, run the paths in child processes, compare, report."""
-    from rmserve.server.judge_protocols import JudgeProtocolConfig
-
     model = str(Path(args.model).resolve())
-    groups = load_groups(args.data, args.domain_list, args.limit_groups)
-    plans = judge_plans(groups, args.judge_seed, args.compat)
-    domains = sorted({g.domain for g in groups}, key=RMBENCH_DOMAINS.index)
+    groups = load_groups(args.data, args.domain_list, args.limit_groups, args.bench)
+    plans = judge_plans(groups, args.judge_seed, args.compat, args.protocol)
+    order = RMBENCH_DOMAINS if args.bench == "rm-bench" else RB2_SUBSETS
+    domains = sorted({g.domain for g in groups}, key=order.index)
     counts = {d: sum(g.domain == d for g in groups) for d in domains}
     selection = ", ".join(f"{d} {n}" for d, n in counts.items()) + (
         f" groups (first {args.limit_groups} per domain)" if args.limit_groups else " groups (all)"
@@ -915,12 +1079,16 @@ def judge_main(args: argparse.Namespace, command: str) -> int:
         "block_size": args.block_size, "kv_cache_memory_bytes": KV_CACHE_BYTES, "enforce_eager": args.enforce_eager,
         "max_num_batched_tokens": args.max_num_batched_tokens, "cpu_threads_bind": args.cpu_threads_bind,
         "max_groups_in_flight": args.max_groups_in_flight, "judge_max_tokens": args.judge_max_tokens,
-        "judge_seed": args.judge_seed, "compat": args.compat,
+        "judge_seed": args.judge_seed, "compat": args.compat, "protocol": args.protocol,
         "groups_json": msgspec.json.encode(list(groups)).decode(),
-        "warmup_group_json": msgspec.json.encode(warmup_group("chat")).decode(),
+        "warmup_group_json": msgspec.json.encode(
+            warmup_group("chat") if args.bench == "rm-bench" else rb2_warmup_group()
+        ).decode(),
     }
+    machine = machine_info()  # its load average is the one before the first path
     results: dict[str, JudgePathResult] = {}
     peaks: dict[str, int] = {}
+    loads: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="rmserve-throughput-judge-") as tmp:
         work_dir = Path(tmp)
         spec["work_dir"] = str(work_dir)
@@ -928,10 +1096,13 @@ def judge_main(args: argparse.Namespace, command: str) -> int:
         spec_path.write_text(json.dumps(spec))
         for name in args.path_list:
             print(f"path {name}: {JUDGE_PATH_TITLES[name]} …", flush=True)
+            load_start = os.getloadavg()[0]
             data, peaks[name] = run_path_in_child(name, spec_path, work_dir, result_type=dict)
+            loads[name] = (load_start, os.getloadavg()[0])
             results[name] = JudgePathResult(**data)
-            print(f"path {name}: {results[name].wall_s:.1f} s", flush=True)
-    config = JudgeProtocolConfig(seed=args.judge_seed, compat=args.compat)
+            print(f"path {name}: {results[name].wall_s:.1f} s, load {loads[name][0]:.2f} → {loads[name][1]:.2f}",
+                  flush=True)
+    config = judge_protocol_config(args.judge_seed, args.compat, args.protocol)
     outputs = {name: judge_outputs(r) for name, r in results.items()}
     scores = {name: judge_scores(groups, plans, o, config) for name, o in outputs.items()}
     differences = {
@@ -939,7 +1110,7 @@ def judge_main(args: argparse.Namespace, command: str) -> int:
         for name in results if name != "a" and "a" in results
     }
     rows = {
-        name: summarize_judge(name, r, peaks[name], scores[name], differences.get(name))
+        name: summarize_judge(name, r, peaks[name], scores[name], differences.get(name), loads[name])
         for name, r in results.items()
     }
     parity_ok = all(d["text_diffs"] == 0 and d["token_diffs"] == 0 and d["score_diffs"] == 0 for d in differences.values())
@@ -947,12 +1118,12 @@ def judge_main(args: argparse.Namespace, command: str) -> int:
         "benchmark": "throughput", "kind": "judge", "date": dt.date.today().isoformat(),
         "machine_name": args.machine, "command": command, "model": model, "dtype": args.dtype,
         "judge_max_tokens": args.judge_max_tokens, "judge_seed": args.judge_seed, "compat": args.compat,
-        "selection": selection, "domains": counts, "limit_groups": args.limit_groups,
+        "bench": args.bench, "protocol": args.protocol, "selection": selection, "domains": counts, "limit_groups": args.limit_groups,
         "block_size": args.block_size, "max_groups_in_flight": args.max_groups_in_flight,
         "kv_cache_memory_bytes": KV_CACHE_BYTES, "enforce_eager": args.enforce_eager,
         "max_num_batched_tokens": args.max_num_batched_tokens, "cpu_threads_bind": args.cpu_threads_bind,
         "parity_ok": parity_ok, "differences": differences, "rows": list(rows.values()),
-        "ratios": judge_ratios(rows), "machine": machine_info(), "versions": versions(),
+        "ratios": judge_ratios(rows), "machine": machine, "versions": versions(),
     }
     out_dir = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -1114,8 +1285,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="checkpoint folder: a one-label *ForSequenceClassification RM, "
                         "or a causal LM for --kind dpo (the policy) and --kind judge (a chat model)")
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="RM-Bench folder (default ../shared/data/rm-bench)")
-    parser.add_argument("--domains", default=None, help="comma-separated RM-Bench domains (default: all present)")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="RM-Bench folder (default ../shared/data/rm-bench); with --bench rewardbench2 a "
+                        "RewardBench 2 file or folder in the release schema (required)")
+    parser.add_argument("--bench", default="rm-bench", choices=BENCHES,
+                        help="the data's benchmark (default rm-bench; rewardbench2 needs --kind judge)")
+    parser.add_argument("--domains", default=None,
+                        help="comma-separated RM-Bench domains or RewardBench 2 subsets (default: all present)")
     parser.add_argument("--limit-groups", type=int, default=None, help="first N groups of each domain (default: all)")
     parser.add_argument("--paths", default="a,b,c,d", help="comma-separated subset of a,b,c,d (run in that order)")
     parser.add_argument("--batch-size", type=int, default=8, help="path a: sequences per padded batch (default 8)")
@@ -1130,7 +1306,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cpu-threads-bind", default=None, help=engine_help("cpu_threads_bind", "Paths b–d."))
     parser.add_argument("--kind", default="classifier", choices=("classifier", "dpo", "judge"),
                         help="classifier (paths a-d), dpo: a DPO policy's implicit reward (paths a and d), or "
-                        "judge: a generative judge (paths a and c)")
+                        "judge: a generative judge (paths a, c and d)")
+    parser.add_argument("--protocol", default=None, choices=("auto", "ranking", "ratings", "pairwise"),
+                        help=engine_help("protocol", "Judge only; default auto."))
     parser.add_argument("--judge-max-tokens", type=int, default=None,
                         help=engine_help("judge_max_tokens", "Here: default the engine's."))
     parser.add_argument("--judge-seed", type=int, default=0, help=engine_help("judge_seed", ""))
@@ -1159,6 +1337,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         elif args.compat != "none" and args.kind != "judge":
             parser.error("--compat needs --kind dpo or judge")
         if args.kind == "judge":
+            if args.protocol is None:
+                args.protocol = "auto"
             if args.paths == "a,b,c,d":
                 args.paths = ",".join(JUDGE_PATHS)
             if args.judge_max_tokens is None:
@@ -1167,8 +1347,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 args.judge_max_tokens = EngineConfig.judge_max_tokens
             if args.judge_max_tokens < 1:
                 parser.error(f"--judge-max-tokens: {args.judge_max_tokens} must be ≥ 1")
-        elif args.judge_max_tokens is not None or args.judge_seed != 0:
-            parser.error("--judge-max-tokens and --judge-seed need --kind judge")
+        elif args.judge_max_tokens is not None or args.judge_seed != 0 or args.protocol is not None:
+            parser.error("--judge-max-tokens, --judge-seed and --protocol need --kind judge")
+        if args.bench == "rewardbench2":
+            if args.kind != "judge":
+                parser.error("--bench rewardbench2 needs --kind judge")
+            if args.data is None:
+                parser.error("--bench rewardbench2 needs --data FILE (a RewardBench 2 file in the release schema)")
+        elif args.data is None:
+            args.data = DEFAULT_DATA
         allowed = {"dpo": DPO_PATHS, "judge": JUDGE_PATHS}.get(args.kind, PATHS)
         paths = [p.strip() for p in args.paths.split(",") if p.strip()]
         bad = [p for p in paths if p not in allowed]
@@ -1177,9 +1364,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.path_list = paths
         if args.domains:
             args.domain_list = [d.strip() for d in args.domains.split(",") if d.strip()]
-            unknown = [d for d in args.domain_list if d not in RMBENCH_DOMAINS]
+            known = RMBENCH_DOMAINS if args.bench == "rm-bench" else RB2_SUBSETS
+            unknown = [d for d in args.domain_list if d not in known]
             if unknown:
-                parser.error(f"--domains: {unknown} not among {', '.join(RMBENCH_DOMAINS)}")
+                parser.error(f"--domains: {unknown} not among {', '.join(known)}")
         else:
             args.domain_list = None
         if args.batch_size < 1:

@@ -268,8 +268,21 @@ def test_judge_summary_and_target_by_hand():
     assert (row["prefix_cache_hit_tokens"], row["finish_length"], row["unparsed_calls"]) == (18 * 64, 1, 2)
     assert row["hit_fraction_of_prompt"] == pytest.approx(1152 / 1953)
     assert (row["latency_p50_ms"], row["peak_rss_mib"]) == (4000.0, 1.0)
+    assert (row["load_avg_1min_start"], row["load_avg_1min_end"]) == (None, None)
+    assert throughput.load_text(row) == ""
+    loaded = throughput.summarize_judge("d", result, 2**20, scores, None, (3.5, 12.25))
+    assert (loaded["load_avg_1min_start"], loaded["load_avg_1min_end"]) == (3.5, 12.25)
+    assert throughput.load_text(loaded) == "3.50 → 12.25"
+    d_target, c_target = (t[3] for t in throughput.JUDGE_TARGETS)
     assert throughput.judge_ratios({"a": {"groups_per_s": 0.5}, "c": {"groups_per_s": 1.25}}) == [
-        {"target": throughput.JUDGE_TARGET[3], "value": 2.5, "threshold": 3.0, "holds": False}
+        {"target": c_target, "value": 2.5, "threshold": 3.0, "holds": False}
+    ]
+    # d/a first (the product's target), then c/a
+    assert throughput.judge_ratios(
+        {"a": {"groups_per_s": 0.5}, "c": {"groups_per_s": 2.0}, "d": {"groups_per_s": 1.5}}
+    ) == [
+        {"target": d_target, "value": 3.0, "threshold": 3.0, "holds": True},
+        {"target": c_target, "value": 4.0, "threshold": 3.0, "holds": True},
     ]
     assert throughput.judge_ratios({"a": {"groups_per_s": 0.5}}) == []
 
@@ -277,9 +290,89 @@ def test_judge_summary_and_target_by_hand():
 def test_judge_arguments():
     throughput = _load("throughput")
     args = throughput.parse_args(["--kind", "judge", "--model", "/m", "--judge-max-tokens", "32"])
-    assert (args.path_list, args.judge_max_tokens, args.judge_seed) == (["a", "c"], 32, 0)
+    assert (args.path_list, args.judge_max_tokens, args.judge_seed) == (["a", "c", "d"], 32, 0)
+    assert (args.bench, args.protocol, args.data) == ("rm-bench", "auto", throughput.DEFAULT_DATA)
+    rb2 = throughput.parse_args(["--kind", "judge", "--model", "/m", "--bench", "rewardbench2", "--data", "/d.jsonl",
+                                 "--protocol", "ratings", "--domains", "Ties,Focus", "--paths", "a,d"])
+    assert (rb2.bench, rb2.protocol, rb2.data, rb2.domain_list, rb2.path_list) == (
+        "rewardbench2", "ratings", Path("/d.jsonl"), ["Ties", "Focus"], ["a", "d"])
     assert throughput.parse_args(["--kind", "judge", "--model", "/m"]).judge_max_tokens == 2048
     with pytest.raises(SystemExit):
         throughput.parse_args(["--kind", "judge", "--model", "/m", "--paths", "b"])
     with pytest.raises(SystemExit):
         throughput.parse_args(["--model", "/m", "--judge-max-tokens", "32"])
+    for bad in (
+        ["--model", "/m", "--protocol", "ratings"],  # a classifier has no protocol
+        ["--kind", "judge", "--model", "/m", "--bench", "rewardbench2"],  # no --data
+        ["--model", "/m", "--bench", "rewardbench2", "--data", "/d.jsonl"],  # not a judge
+        ["--kind", "judge", "--model", "/m", "--bench", "rewardbench2", "--data", "/d", "--domains", "chat"],
+    ):
+        with pytest.raises(SystemExit):
+            throughput.parse_args(bad)
+
+
+def _rb2_groups():
+    from rmserve.schema import Group, Message
+
+    focus = Group("rewardbench2", "Focus", "7", (Message("user", "Say hi."),), ("hi", "bye", "no", "x"), num_chosen=1)
+    ties = Group("rewardbench2", "Ties", "tied:1", (Message("user", "A prime?"),), ("2", "7", "4", "9"), num_chosen=2)
+    return [focus, ties]
+
+
+def test_judge_plans_follow_the_protocol_choice():
+    throughput = _load("throughput")
+    groups = _rb2_groups()
+    ranking = throughput.judge_plans(groups, seed=0, compat="none")  # auto: ranking, Ties rated
+    assert [(p.protocol, len(p.prompts)) for p in ranking] == [("rb2-ranking", 1), ("rb2-rating-ties", 4)]
+    ratings = throughput.judge_plans(groups, seed=0, compat="none", protocol="ratings")
+    assert [(p.protocol, len(p.prompts)) for p in ratings] == [("rb2-rating", 4), ("rb2-rating-ties", 4)]
+    config = throughput.judge_protocol_config(5, "official", "ratings")
+    assert (config.ratings, config.seed, config.compat) == (True, 5, "official")
+    assert throughput.judge_protocol_config(0, "none").ratings is False
+    warm = throughput.rb2_warmup_group()
+    assert (warm.benchmark, warm.domain, warm.num_chosen, len(warm.responses)) == ("rewardbench2", "Focus", 1, 4)
+
+
+def test_server_judge_outputs_checks_the_calls_against_the_plan():
+    import msgspec
+
+    from rmserve.server.judge_protocols import JudgeOutput
+
+    throughput = _load("throughput")
+    group = _judge_group()
+    config = throughput.judge_protocol_config(0, "none")
+    (plan,) = throughput.judge_plans([group], seed=0, compat="none")
+    outputs = [JudgeOutput(f"\\boxed{{A>B}} {k}", 100 + k, 7, "stop" if k else "length", k) for k in range(18)]
+    (judge,) = throughput.judge_scores([group], [plan], [outputs], config)
+    (got,) = throughput.server_judge_outputs([group], [plan], [judge])
+    assert got[0] == {"text": "\\boxed{A>B} 0", "prompt_tokens": 100, "completion_tokens": 7,
+                      "finish_reason": "length", "cached_tokens": 0}
+    assert got[17] == {"text": "\\boxed{A>B} 17", "prompt_tokens": 117, "completion_tokens": 7,
+                       "finish_reason": "stop", "cached_tokens": 17}
+    with pytest.raises(ValueError, match="rm-bench/chat/x: the server returned no judge result"):
+        throughput.server_judge_outputs([group], [plan], [None])
+    with pytest.raises(ValueError, match="17 calls, planned 18"):
+        throughput.server_judge_outputs([group], [plan], [msgspec.structs.replace(judge, calls=judge.calls[:17])])
+    swapped = (judge.calls[1], judge.calls[0], *judge.calls[2:])  # the two orders of pair (0, 0) swapped
+    with pytest.raises(ValueError, match="rm-bench/chat/x call 0: the server sent other messages"):
+        throughput.server_judge_outputs([group], [plan], [msgspec.structs.replace(judge, calls=swapped)])
+    with pytest.raises(ValueError, match="protocol 'rb2-rating', planned 'rmbench-pairwise'"):
+        throughput.server_judge_outputs([group], [plan], [msgspec.structs.replace(judge, protocol="rb2-rating")])
+    with pytest.raises(ValueError):  # zip(strict=True): one record short
+        throughput.server_judge_outputs([group, group], [plan, plan], [judge])
+
+
+def test_load_groups_reads_a_rewardbench2_file(tmp_path):
+    throughput = _load("throughput")
+    rows = [
+        {"id": str(i), "prompt": f"q{i}", "chosen": [f"c{i}"], "rejected": ["r1", "r2", "r3"], "num_correct": 1,
+         "num_incorrect": 3, "total_completions": 4, "models": ["m"] * 4, "subset": subset, "additional_metadata": {}}
+        for i, subset in enumerate(["Focus", "Math", "Focus", "Focus"])
+    ]
+    path = tmp_path / "rb2.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    groups = throughput.load_groups(path, None, 2, "rewardbench2")
+    assert [(g.domain, g.id) for g in groups] == [("Focus", "0"), ("Math", "1"), ("Focus", "2")]
+    assert [g.id for g in throughput.load_groups(path, ["Math"], None, "rewardbench2")] == ["1"]
+    with pytest.raises(ValueError, match="--bench: 'rb3' is not one of rm-bench, rewardbench2"):
+        throughput.load_groups(path, None, None, "rb3")
