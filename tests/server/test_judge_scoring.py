@@ -336,7 +336,7 @@ def test_fake_prompt_tokens_rule():
 
 async def test_outputs_that_make_no_valid_record_are_an_engine_error(make_judge):
     class BadCounts(FakeJudgeEngine):
-        async def judge_group(self, calls, request_id):
+        async def judge_group(self, calls, request_id, priority=0):
             outputs = await super().judge_group(calls, request_id)
             return [replaced(o, cached_tokens=o.prompt_tokens + 1) for o in outputs]
 
