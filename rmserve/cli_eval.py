@@ -32,6 +32,8 @@ from rmserve.cli_common import (
     model_argument,
     truncation_option,
     QUIET_HELP,
+    PRIORITY_HELP,
+    PriorityHint,
     only_option,
     only_help,
     SEED_HELP,
@@ -70,6 +72,7 @@ def _eval_config(
     max_tokens: int | None = None,
     strict: bool = False,
     wait_for_server: bool = False,
+    priority: PriorityHint = PriorityHint.interactive,
 ):
     from rmserve.pipelines.evaluate import EvalConfig
 
@@ -95,6 +98,7 @@ def _eval_config(
             truncation=truncation_option(truncation, max_tokens),
             strict=strict,
             wait_for_server=wait_for_server,
+            priority=priority.value,
         )
     )
 
@@ -225,6 +229,7 @@ def eval_command(
     truncation: TruncationOpt = None,
     max_tokens: MaxTokensOpt = None,
     strict: StrictOpt = False,
+    priority: Annotated[PriorityHint, typer.Option("--priority", help=PRIORITY_HELP)] = PriorityHint.interactive,
 ) -> None:
     """Score a benchmark on a running server, then print its table.
 
@@ -238,7 +243,7 @@ def eval_command(
         groups_per_request=groups_per_request, timeout_s=timeout_s, ready_timeout_s=ready_timeout_s,
         only=only, model=model, overwrite=overwrite, fsync=fsync, quiet=quiet, resamples=resamples, seed=seed,
         store=_store_path(store, no_store), truncation=truncation, max_tokens=max_tokens, strict=strict,
-        wait_for_server=wait_for_server,
+        wait_for_server=wait_for_server, priority=priority,
     )
     result = _call(evaluate, config, scores_path=config.out_dir / "scores.jsonl", store_path=config.store)
     _render(result, as_json=as_json, quiet=quiet)
