@@ -4,7 +4,8 @@ each, and every sequence of a group on the rank rmserve chose for it.
 Prefix caches are per rank, so where a group ran shows in its cache hits: scored three times
 in a row, the group goes to rank 0, rank 1, rank 0 (:class:`~rmserve.server.parallel.RankBalancer`
 alternates between idle ranks). The second time it meets a cold cache like the first; the
-third time every sequence reads the shared prompt from rank 0's cache.
+third time every sequence reads the shared prompt from rank 0's cache. The engine runs vLLM's
+``priority`` scheduling policy, and the groups carry priorities 0 and 1.
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ async def test_two_ranks_each_group_on_one_rank(demo_model_dir):
     engine = VLLMEngine(
         EngineConfig(
             model=str(demo_model_dir), dtype="float32", max_model_len=512, block_size=BLOCK,
-            kv_cache_memory_bytes=1 << 30, enforce_eager=True, data_parallel_size=2,
+            kv_cache_memory_bytes=1 << 30, enforce_eager=True, data_parallel_size=2, scheduling_policy="priority",
         )
     )
     await engine.start()
     try:
         runs = []
         for k in range(3):
-            runs.append(await engine.score_group(GROUP, f"dp-{k}"))
+            runs.append(await engine.score_group(GROUP, f"dp-{k}", priority=k % 2))
     finally:
         await engine.shutdown()
     rewards = [[s.reward for s in run] for run in runs]

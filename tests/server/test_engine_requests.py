@@ -188,10 +188,12 @@ async def test_judge_group_goes_whole_to_one_rank_with_its_priority():
     }
 
 
-def test_engine_args_carry_data_parallel_size_and_policy():
+def test_engine_args_carry_data_parallel_size_and_policy(demo_model_dir):
+    from rmserve.server.config import EngineConfig
     from rmserve.server.engine import engine_args
 
-    args = engine_args(_config(data_parallel_size=2, scheduling_policy="priority"), "m", runner="pooling")
+    config = EngineConfig(model=str(demo_model_dir), data_parallel_size=2, scheduling_policy="priority")
+    args = engine_args(config, config.model, runner="pooling")
     assert (args.data_parallel_size, args.scheduling_policy, args.tensor_parallel_size) == (2, "priority", 1)
 
 
