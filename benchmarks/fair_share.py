@@ -63,7 +63,7 @@ def _fake_engine_and_renderer(tokens_per_s: float):
     class SharedRateEngine(FakeEngine):
         """Serves ``tokens_per_s`` prompt tokens per second, shared equally by the groups at it."""
 
-        async def score_group(self, token_ids, request_id):
+        async def score_group(self, token_ids, request_id, priority=0):
             need = float(sum(len(ids) for ids in token_ids))
             self._active = getattr(self, "_active", 0) + 1
             try:

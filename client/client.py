@@ -74,6 +74,12 @@ def _check_int(owner: str, name: str, value: int, *, lower: int) -> None:
         raise ValueError(f"{owner}.{name} must be an integer ≥ {lower}, got {value!r}")
 
 
+PRIORITY_HEADER = "X-RMServe-Priority"
+"""Request header carrying the caller's priority hint (the server's fair queue reads it)."""
+
+PRIORITIES = ("interactive", "batch")
+"""Priority hints: ``interactive`` (an eval someone waits for) or ``batch`` (a sweep)."""
+
 CONNECT_GRACE_S = 4.0
 """How long :meth:`RewardClient.wait_until_ready` retries a server that does not accept
 connections before saying so, seconds: long enough for a server that is just starting to
@@ -441,13 +447,15 @@ class RewardClient:
             started with a users file needs it); None sends none. A 401/403 reply is raised
             as :class:`~rmserve.errors.Unauthorized` / :class:`~rmserve.errors.Forbidden`,
             never retried.
+        priority: ``interactive`` or ``batch``, sent on every request as the
+            ``X-RMServe-Priority`` header; None sends no header (the server takes ``batch``).
 
     Attributes:
         attempts: HTTP requests sent so far (retries included).
         retries: retries done so far.
 
     Raises:
-        ValueError: ``base_url`` is not an absolute http(s) URL.
+        ValueError: ``base_url`` is not an absolute http(s) URL, or ``priority`` is another value.
     """
 
     def __init__(
@@ -461,7 +469,11 @@ class RewardClient:
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         rng: random.Random | None = None,
         token: str | None = None,
+        priority: str | None = None,
     ) -> None:
+        if priority is not None and priority not in PRIORITIES:
+            raise ValueError(f"priority: {priority!r} is not one of {', '.join(PRIORITIES)}")
+        self.priority = priority
         url = yarl.URL(base_url)
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError(f"server URL must be http(s)://host[:port], got {base_url!r}")
@@ -521,6 +533,8 @@ class RewardClient:
         headers = dict(headers or {})
         if self._token is not None and "Authorization" not in headers:
             headers["Authorization"] = f"Bearer {self._token}"
+        if self.priority is not None:
+            headers[PRIORITY_HEADER] = self.priority
         if data is not None:
             headers["Content-Type"] = "application/json"
         self.attempts += 1

@@ -534,6 +534,21 @@ def bad_parameter(call: Callable[[], T]) -> T:
 # --- options shared by eval, run and sweep -----------------------------------------------
 
 
+class PriorityHint(str, enum.Enum):
+    """Priority hints on the command line (header ``X-RMServe-Priority``)."""
+
+    interactive = "interactive"
+    batch = "batch"
+
+
+PRIORITY_HELP = (
+    "Priority hint sent with every request (header X-RMServe-Priority): the server's fair queue "
+    "serves a user's interactive groups before its batch ones, and a server started with "
+    "--scheduling-policy priority has vLLM run interactive requests first."
+)
+"""Help of ``--priority`` (``rmserve eval`` and ``rmserve sweep``; their defaults differ)."""
+
+
 class Side(str, enum.Enum):
     """Truncation sides on the command line."""
 

@@ -33,6 +33,8 @@ from rmserve.cli_common import (
     model_argument,
     truncation_option,
     QUIET_HELP,
+    PRIORITY_HELP,
+    PriorityHint,
     only_option,
     only_help,
     SEED_HELP,
@@ -72,6 +74,7 @@ def _eval_config(
     strict: bool = False,
     wait_for_server: bool = False,
     token: str | None = None,
+    priority: PriorityHint = PriorityHint.interactive,
 ):
     from rmserve.pipelines.evaluate import EvalConfig
 
@@ -98,6 +101,7 @@ def _eval_config(
             strict=strict,
             wait_for_server=wait_for_server,
             token=token,
+            priority=priority.value,
         )
     )
 
@@ -229,6 +233,7 @@ def eval_command(
     max_tokens: MaxTokensOpt = None,
     strict: StrictOpt = False,
     token_file: TokenFileOpt = None,
+    priority: Annotated[PriorityHint, typer.Option("--priority", help=PRIORITY_HELP)] = PriorityHint.interactive,
 ) -> None:
     """Score a benchmark on a running server, then print its table.
 
@@ -242,7 +247,7 @@ def eval_command(
         groups_per_request=groups_per_request, timeout_s=timeout_s, ready_timeout_s=ready_timeout_s,
         only=only, model=model, overwrite=overwrite, fsync=fsync, quiet=quiet, resamples=resamples, seed=seed,
         store=_store_path(store, no_store), truncation=truncation, max_tokens=max_tokens, strict=strict,
-        wait_for_server=wait_for_server, token=read_client_token(token_file),
+        wait_for_server=wait_for_server, token=read_client_token(token_file), priority=priority,
     )
     result = _call(evaluate, config, scores_path=config.out_dir / "scores.jsonl", store_path=config.store)
     _render(result, as_json=as_json, quiet=quiet)

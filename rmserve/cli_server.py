@@ -155,6 +155,28 @@ def serve_command(
     insecure_no_auth: Annotated[
         bool, typer.Option("--insecure-no-auth", help=_server_help("insecure_no_auth"), show_default=False)
     ] = False,
+    fair_share: Annotated[
+        Optional[bool],
+        typer.Option("--fair-share/--no-fair-share", help=_server_help("fair_share"), show_default=False),
+    ] = None,
+    engine_concurrency_groups: Annotated[
+        Optional[int],
+        typer.Option(
+            "--engine-concurrency-groups", help=_server_help("engine_concurrency_groups"), show_default=False
+        ),
+    ] = None,
+    fair_share_quantum_tokens: Annotated[
+        Optional[int],
+        typer.Option(
+            "--fair-share-quantum-tokens", help=_server_help("fair_share_quantum_tokens"), show_default=False
+        ),
+    ] = None,
+    fair_share_interactive_boost: Annotated[
+        Optional[float],
+        typer.Option(
+            "--fair-share-interactive-boost", help=_server_help("fair_share_interactive_boost"), show_default=False
+        ),
+    ] = None,
     log_level: Annotated[
         str,
         typer.Option(
@@ -198,6 +220,10 @@ def serve_command(
                 result_cache_groups=result_cache_groups,
                 users_file=str(users_file) if users_file is not None else None,
                 insecure_no_auth=insecure_no_auth or None,
+                fair_share=fair_share,
+                engine_concurrency_groups=engine_concurrency_groups,
+                fair_share_quantum_tokens=fair_share_quantum_tokens,
+                fair_share_interactive_boost=fair_share_interactive_boost,
             )
         )
         if parent_pid is not None:

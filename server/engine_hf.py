@@ -162,8 +162,12 @@ class HFEngine(EngineLifecycle[_Loaded]):
         """The renderer matching this model's tokenizer, template and max length."""
         return self._require().renderer
 
-    async def score_group(self, token_ids: Sequence[Sequence[int]], request_id: str) -> list[SequenceScore]:
+    async def score_group(
+        self, token_ids: Sequence[Sequence[int]], request_id: str, *, priority: int = 0
+    ) -> list[SequenceScore]:
         """Score one group's sequences (raw logits; ``num_cached_tokens`` is always 0).
+
+        ``priority`` is accepted and ignored (groups run in the order they arrive).
 
         ``request_id`` is only used in error messages: a forward pass in progress cannot
         be aborted, a cancelled caller simply does not wait for it.
@@ -423,9 +427,11 @@ class HFLogprobEngine(EngineLifecycle[_LMLoaded]):
         return self._require().info
 
     async def answer_logprobs(
-        self, token_ids: Sequence[Sequence[int]], answer_starts: Sequence[int], request_id: str
+        self, token_ids: Sequence[Sequence[int]], answer_starts: Sequence[int], request_id: str, *, priority: int = 0
     ) -> list[AnswerLogprobs]:
         """Per-token log-probabilities of each sequence's answer tokens (see the class doc).
+
+        ``priority`` is accepted and ignored (groups run in the order they arrive).
 
         Raises:
             EngineNotReady: not started or shut down.
@@ -661,8 +667,12 @@ class HFJudgeEngine(EngineLifecycle[_JudgeLoaded]):
         EngineNotReady before start."""
         return self._require().info
 
-    async def judge_group(self, calls: Sequence[Sequence[Message]], request_id: str) -> list[JudgeOutput]:
+    async def judge_group(
+        self, calls: Sequence[Sequence[Message]], request_id: str, *, priority: int = 0
+    ) -> list[JudgeOutput]:
         """Generate one output per call, one call after the other (see the class doc).
+
+        ``priority`` is accepted and ignored (groups run in the order they arrive).
 
         ``request_id`` is only used in error messages: a generation in progress cannot be
         aborted; a cancelled caller simply does not wait for it.

@@ -25,11 +25,10 @@ served within a priority). Across users, a visit that finds an ``interactive`` g
 head of a user's queue credits ``interactive_boost`` times the quantum (1 = the priority never
 changes the share between users; 2 = an interactive eval gets twice its weight's share while
 it has groups waiting, so it is served ahead of a sweep without shutting the sweep out). The engine
-call itself carries no priority yet: :meth:`rmserve.server.protocol.RewardEngine.score_group`
-has no such parameter; passing it on needs a ``priority`` keyword on ``score_group`` that the
-vLLM engine forwards to ``AsyncLLM.encode(..., priority=...)`` and a server started with
-``--scheduling-policy priority`` (lower value first: 0 interactive, 1 batch, see
-:data:`ENGINE_PRIORITY`).
+call carries the priority too (``priority=`` of ``score_group`` / ``judge_group``, lower first: 0
+interactive, 1 batch, see :data:`ENGINE_PRIORITY`); the vLLM engines pass it on to vLLM when the
+server was started with ``--scheduling-policy priority``, so interactive requests also go first
+among the groups already at the engine.
 
 A waiting group whose caller goes away (client disconnect: the task is cancelled) leaves the
 queue at once; a group cancelled at the engine frees its slot. :meth:`FairQueue.snapshot`

@@ -417,8 +417,12 @@ class OpenAIJudgeEngine:
 
     # --- judging ------------------------------------------------------------------------
 
-    async def judge_group(self, calls: Sequence[Sequence[Message]], request_id: str) -> list[JudgeOutput]:
+    async def judge_group(
+        self, calls: Sequence[Sequence[Message]], request_id: str, *, priority: int = 0
+    ) -> list[JudgeOutput]:
         """One chat completion per call, the calls of the group sent concurrently.
+
+        ``priority`` is accepted and ignored (an OpenAI-compatible endpoint has no such field).
 
         Args:
             calls: per call, the chat messages (role, content) to send.

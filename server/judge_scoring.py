@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import msgspec
 from aiohttp import web
 from rmserve.server import limits
-from rmserve.server.fair_queue import Caller, FairQueue, queue_of
+from rmserve.server.fair_queue import ENGINE_PRIORITY, Caller, FairQueue, queue_of
 from rmserve.server.leases import leases_of
 from rmserve.server.judge_protocols import (
     JudgeOutput,
@@ -405,7 +405,7 @@ async def _judge_one(
     )
     try:
         async with turn:
-            outputs = await engine.judge_group(calls, request_id)
+            outputs = await engine.judge_group(calls, request_id, priority=ENGINE_PRIORITY[caller.priority])
     except SequenceTooLong as exc:
         item.error = ResponseError("sequence_too_long", exc.message)
         return

@@ -122,7 +122,12 @@ class RewardEngine(Protocol):
         as the last returned :class:`LoadedModel`'s ``info``)."""
 
     async def score_group(
-        self, token_ids: Sequence[Sequence[int]], request_id: str, *, answer_starts: Sequence[int] | None = None
+        self,
+        token_ids: Sequence[Sequence[int]],
+        request_id: str,
+        *,
+        answer_starts: Sequence[int] | None = None,
+        priority: int = 0,
     ) -> list[SequenceScore]:
         """Score all sequences of one group together (so they share prefix-cache blocks).
 
@@ -135,6 +140,8 @@ class RewardEngine(Protocol):
                 renderer set :attr:`~rmserve.server.render.RenderedGroup.answer_start`
                 (DPO engines need it; the app passes it only then, so classifier engines
                 may leave the parameter out).
+            priority: engine request priority, lower first (0 interactive, 1 batch: the
+                fair queue's ``ENGINE_PRIORITY``); an engine without priorities ignores it.
 
         Returns:
             One :class:`SequenceScore` per sequence, in order.
@@ -270,7 +277,7 @@ class LogprobEngine(Protocol):
         """What is loaded (valid after ``start``)."""
 
     async def answer_logprobs(
-        self, token_ids: Sequence[Sequence[int]], answer_starts: Sequence[int], request_id: str
+        self, token_ids: Sequence[Sequence[int]], answer_starts: Sequence[int], request_id: str, *, priority: int = 0
     ) -> list[AnswerLogprobs]:
         """Log-probabilities of the answer tokens of every sequence of one group.
 
@@ -280,6 +287,8 @@ class LogprobEngine(Protocol):
                 ≤ ``len(token_ids[j])``; equal to the length means no answer token, and an
                 empty ``logprobs``).
             request_id: unique prefix for the engine's request ids.
+            priority: engine request priority, lower first (0 interactive, 1 batch: the
+                fair queue's ``ENGINE_PRIORITY``); an engine without priorities ignores it.
 
         Returns:
             One :class:`AnswerLogprobs` per sequence, in order.
@@ -322,13 +331,15 @@ class JudgeEngine(Protocol):
         """What is loaded (valid after ``start``)."""
 
     async def judge_group(
-        self, calls: Sequence[Sequence[Message]], request_id: str
+        self, calls: Sequence[Sequence[Message]], request_id: str, *, priority: int = 0
     ) -> list[JudgeOutput]:
         """Generate one output per call, all calls submitted together.
 
         Args:
             calls: per call, the chat messages before the chat template.
             request_id: unique prefix for the engine's request ids.
+            priority: engine request priority, lower first (0 interactive, 1 batch: the
+                fair queue's ``ENGINE_PRIORITY``); an engine without priorities ignores it.
 
         Returns:
             One :class:`~rmserve.server.judge_protocols.JudgeOutput` per call, in order.

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 from rmserve.server import limits
-from rmserve.server.fair_queue import Caller, FairQueue, queue_of
+from rmserve.server.fair_queue import ENGINE_PRIORITY, Caller, FairQueue, queue_of
 from rmserve.server.leases import leases_of
 from rmserve.server.protocol import ExtraValue, RewardEngine, SequenceScore
 from rmserve.server.render import RenderedGroup, Renderer
@@ -165,10 +165,11 @@ async def score_groups(
 
     async def call(gi: int, ids: list) -> list[SequenceScore]:
         turn = queue.turn(caller.user, sum(map(len, ids)), caller.priority) if queue is not None else contextlib.nullcontext()
+        priority = ENGINE_PRIORITY[caller.priority]
         async with turn:
             if starts[gi] is None:
-                return await engine.score_group(ids, f"{request_id}-{gi}")
-            return await engine.score_group(ids, f"{request_id}-{gi}", answer_starts=starts[gi])
+                return await engine.score_group(ids, f"{request_id}-{gi}", priority=priority)
+            return await engine.score_group(ids, f"{request_id}-{gi}", answer_starts=starts[gi], priority=priority)
 
     try:
         async with asyncio.TaskGroup() as tg:

@@ -88,6 +88,8 @@ def test_serve_options_argv_round_trips_through_the_serve_parser(captured, tmp_p
         "gpu_memory_utilization": 0.5,
         "kv_cache_memory_bytes": 2 * 1024 * 1024,
         "tensor_parallel_size": 2,
+        "data_parallel_size": 2,
+        "scheduling_policy": "priority",
         "chat_template": template,
         "enforce_eager": True,
         "served_model_name": "rm",
@@ -95,7 +97,7 @@ def test_serve_options_argv_round_trips_through_the_serve_parser(captured, tmp_p
         "enable_prefix_caching": False,
         "max_num_batched_tokens": 256,
         "max_num_seqs": 7,
-        "cpu_threads_bind": "0-1",
+        "cpu_threads_bind": "0|1|2|3",
         "kind": "dpo",
         "ref_model": "org/ref",
         "compat": "official",
@@ -402,3 +404,76 @@ def test_parent_watch_signals_only_when_it_cannot_cut_a_shutdown_short(
     monkeypatch.setattr(cli_server.os, "kill", lambda pid, sig: sent.append((pid, sig)))
     cli_server._stop_self(server_was_serving)
     assert sent == ([(os.getpid(), signal.SIGTERM)] if signalled else [])
+
+
+# --- fair queue and priorities --------------------------------------------------------------
+
+
+def test_serve_fair_share_options_reach_the_server_config(captured):
+    from rmserve.server.app import ServerConfig
+
+    result = runner.invoke(app, [
+        "serve", "m", "--no-fair-share", "--engine-concurrency-groups", "8", "--fair-share-quantum-tokens", "512",
+        "--fair-share-interactive-boost", "2.5",
+    ])
+    assert result.exit_code == 0, result.output
+    (_, server_config), = captured[0]
+    assert server_config == ServerConfig(
+        fair_share=False, engine_concurrency_groups=8, fair_share_quantum_tokens=512, fair_share_interactive_boost=2.5
+    )
+    captured[0].clear()
+    result = runner.invoke(app, ["serve", "m"])
+    assert result.exit_code == 0, result.output
+    (_, server_config), = captured[0]
+    assert (server_config.fair_share, server_config.engine_concurrency_groups) == (True, 64)  # the defaults
+
+
+def test_serve_refuses_a_bad_fair_share_value_naming_the_option(captured):
+    result = runner.invoke(app, ["serve", "m", "--fair-share-interactive-boost", "0.5"])
+    assert result.exit_code == 2
+    assert "Invalid value for '--fair-share-interactive-boost': 0.5; it must be ≥ 1" in " ".join(result.output.split())
+    assert captured[0] == []
+
+
+@pytest.mark.parametrize(("extra", "expected"), [([], "interactive"), (["--priority", "batch"], "batch")])
+def test_eval_priority_option_reaches_the_eval_config(monkeypatch, small_rmbench, tmp_path, extra, expected):
+    import rmserve.pipelines.evaluate as evaluate_module
+
+    seen = []
+
+    def stop(config):
+        seen.append(config.priority)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate_module, "evaluate", stop)
+    result = runner.invoke(app, [
+        "eval", "--server", "http://127.0.0.1:9", "--bench", "rm-bench", "--data", str(small_rmbench),
+        "--out", str(tmp_path / "o"), "--quiet", *extra,
+    ])
+    assert result.exit_code == 130
+    assert seen == [expected]
+
+
+@pytest.mark.parametrize(("extra", "expected"), [([], "batch"), (["--priority", "interactive"], "interactive")])
+def test_sweep_priority_option_reaches_the_sweep_config(monkeypatch, tmp_path, extra, expected):
+    import rmserve.pipelines.sweep as sweep_module
+
+    seen = []
+
+    def stop(config, *, tally):
+        seen.append(config.priority)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_module, "sweep", stop)
+    result = runner.invoke(app, [*_sweep_args(tmp_path), "--quiet", *extra])
+    assert result.exit_code == 130
+    assert seen == [expected]
+
+
+def test_priority_option_refuses_another_value(small_rmbench, tmp_path):
+    result = runner.invoke(app, [
+        "eval", "--server", "http://127.0.0.1:9", "--bench", "rm-bench", "--data", str(small_rmbench),
+        "--out", str(tmp_path / "o"), "--priority", "urgent",
+    ])
+    assert result.exit_code == 2
+    assert "'urgent' is not one of 'interactive', 'batch'" in " ".join(result.output.split())

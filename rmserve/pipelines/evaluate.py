@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts, Waiting
+from rmserve.client.client import PRIORITIES, Concurrency, Retry, RewardClient, Timeouts, Waiting
 from rmserve.client.score_file import SCORES_FILENAME, read_scores
 from rmserve.client.score_log import Resumed, ScoreLog
 from rmserve.client.score_store import ScoreStore
@@ -138,7 +138,13 @@ class EvalConfig:
     holds under the server's fingerprint are not sent again, new ones are added. Default None:
     no store (only ``OUT/scores.jsonl``)."""
 
+    priority: str = "interactive"
+    """Priority hint sent with every request (header ``X-RMServe-Priority``): ``interactive``
+    (someone waits for this eval) or ``batch``; the server's fair queue and engine use it."""
+
     def __post_init__(self) -> None:
+        if self.priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, got {self.priority!r}")
         if self.bench not in BENCHMARKS:
             raise ValueError(f"bench must be one of {', '.join(BENCHMARKS)}, got {self.bench!r}")
         if not str(self.data):
@@ -421,6 +427,7 @@ async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession |
         async with RewardClient(
             config.server_url, session=session, timeouts=timeouts, concurrency=concurrency, retry=retry,
             token=config.token,
+            priority=config.priority,
         ) as client:
             # Nothing is opened or created before the server has answered.
             health = await wait_for_server(

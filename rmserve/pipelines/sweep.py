@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts, record_from_result
+from rmserve.client.client import PRIORITIES, Concurrency, Retry, RewardClient, Timeouts, record_from_result
 from rmserve.pipelines.evaluate import progress_bar, wait_for_server
 from rmserve.pipelines.outcome import strict_stop, unscored
 from rmserve.client.score_store import ScoreStore, checkpoint_signature
@@ -160,7 +160,13 @@ class SweepConfig:
     """Stop at the first group that cannot be scored (after storing it). Default False: the
     sweep finishes and names such groups per checkpoint."""
 
+    priority: str = "batch"
+    """Priority hint sent with every request (header ``X-RMServe-Priority``): ``batch`` (a
+    sweep) or ``interactive``; the server's fair queue and engine use it."""
+
     def __post_init__(self) -> None:
+        if self.priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, got {self.priority!r}")
         object.__setattr__(self, "servers", tuple(self.servers))
         object.__setattr__(self, "checkpoints", tuple(Path(p) for p in self.checkpoints))
         object.__setattr__(self, "data", tuple((b, str(d)) for b, d in self.data))
@@ -320,7 +326,8 @@ class _Sweep:
         # (out of the rotation, polled, loaded again), not by long client-side retries.
         retry = Retry(max_attempts=2)
         self.servers = [
-            _Server(url, RewardClient(url, timeouts=timeouts, concurrency=concurrency, retry=retry, token=config.token))
+            _Server(url, RewardClient(url, timeouts=timeouts, concurrency=concurrency, retry=retry, token=config.token,
+                                      priority=config.priority))
             for url in config.servers
         ]
         self.notes: list[str] = []

@@ -50,7 +50,7 @@ class CountingEngine(fakes.ReloadableFakeEngine):
                                    fingerprint="skewed-" + info.fingerprint, engine=info.engine)
         return self.loaded()
 
-    async def score_group(self, token_ids, request_id):
+    async def score_group(self, token_ids, request_id, priority=0):
         self.n_score_calls += 1
         if self.n_score_calls - 1 in self.fail_calls:
             raise errors.EngineNotReady("the engine is restarting (test)")
@@ -437,7 +437,7 @@ async def test_a_fatal_error_is_raised_after_the_records_of_the_same_wait_are_st
 class NaNOnStep20(CountingEngine):
     """Gives NaN for every sequence of chat group 1 (its prompt is "chat 1") once step-20 is loaded."""
 
-    async def score_group(self, token_ids, request_id):
+    async def score_group(self, token_ids, request_id, priority=0):
         scores = await super().score_group(token_ids, request_id)
         prompt_ids = [ord(c) for c in "chat 1"]
         step20 = str(self.checkpoint_dir).endswith("step-20")

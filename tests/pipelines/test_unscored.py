@@ -37,7 +37,7 @@ ROWS = [
 class NaNForZ(FakeEngine):
     """:class:`FakeEngine` that answers NaN for a sequence holding the letter ``z``."""
 
-    async def score_group(self, token_ids, request_id):
+    async def score_group(self, token_ids, request_id, priority=0):
         scores = await super().score_group(token_ids, request_id)
         return [
             SequenceScore(math.nan if ord("z") in ids else s.reward, s.num_cached_tokens)

@@ -359,7 +359,7 @@ async def test_server_fault_messages_lose_file_paths(make_client, engine):
 class NaNEngine(FakeEngine):
     """Answers NaN for every second sequence."""
 
-    async def score_group(self, token_ids, request_id):
+    async def score_group(self, token_ids, request_id, priority=0):
         scores = await super().score_group(token_ids, request_id)
         return [SequenceScore(math.nan if i % 2 else s.reward, s.num_cached_tokens) for i, s in enumerate(scores)]
 

@@ -180,7 +180,7 @@ async def test_wrong_answer_lengths_from_an_engine_are_an_engine_error(ckpts):
     await engine.start()
     policy = engines.built[str(ckpts["policy"])]
 
-    async def short(token_ids, answer_starts, request_id):
+    async def short(token_ids, answer_starts, request_id, priority=0):
         return [AnswerLogprobs((-1.0,))]
 
     policy.answer_logprobs = short

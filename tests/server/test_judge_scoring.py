@@ -336,7 +336,7 @@ def test_fake_prompt_tokens_rule():
 
 async def test_outputs_that_make_no_valid_record_are_an_engine_error(make_judge):
     class BadCounts(FakeJudgeEngine):
-        async def judge_group(self, calls, request_id):
+        async def judge_group(self, calls, request_id, priority=0):
             outputs = await super().judge_group(calls, request_id)
             return [replaced(o, cached_tokens=o.prompt_tokens + 1) for o in outputs]
 
@@ -367,3 +367,19 @@ def test_a_judge_groups_fair_queue_cost_is_its_estimated_prompt_tokens_plus_its_
     )
     # (38 + 402 + 43) // 4 = 120 estimated prompt tokens, plus 2 calls x 32 generated tokens.
     assert queue_cost(plan, 32) == 120 + 64
+
+
+@pytest.mark.parametrize(("headers", "expected"), [({"X-RMServe-Priority": "interactive"}, 0), ({}, 1)])
+async def test_a_judge_group_reaches_the_engine_with_the_priority_of_its_request(make_judge, headers, expected):
+    seen = []
+
+    class Recording(FakeJudgeEngine):
+        async def judge_group(self, calls, request_id, *, priority=0):
+            seen.append(priority)
+            return await super().judge_group(calls, request_id, priority=priority)
+
+    client, _ = await make_judge(Recording())
+    payload = {"groups": [wire(rb2_group("Factuality", "7")), wire(rb2_group("Focus", "8"))]}
+    async with client.post("/v1/score", data=orjson.dumps(payload), headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
+    assert seen == [expected, expected]

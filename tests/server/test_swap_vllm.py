@@ -43,7 +43,7 @@ class _Lent:
     def info(self):
         return self._engine.info()
 
-    async def score_group(self, token_ids, request_id):
+    async def score_group(self, token_ids, request_id, priority=0):
         return await self._engine.score_group(token_ids, request_id)
 
     async def reload_weights(self, path: str):

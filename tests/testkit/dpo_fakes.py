@@ -159,7 +159,7 @@ class FakeLogprobEngine:
         return ModelInfo(name=Path(self.model).name, max_model_len=FAKE_LOGPROB_MAX_LEN, dtype="float32",
                          fingerprint=f"fp-{Path(self.model).name}", engine="fake")
 
-    async def answer_logprobs(self, token_ids, answer_starts, request_id):
+    async def answer_logprobs(self, token_ids, answer_starts, request_id, priority=0):
         if not self.started:
             raise EngineNotReady("fake log-prob engine not started")
         group = tuple(tuple(ids) for ids in token_ids)

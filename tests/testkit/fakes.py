@@ -118,7 +118,7 @@ class FakeEngine:
     def info(self) -> ModelInfo:
         return self.model
 
-    async def score_group(self, token_ids: Sequence[Sequence[int]], request_id: str) -> list[SequenceScore]:
+    async def score_group(self, token_ids: Sequence[Sequence[int]], request_id: str, *, priority: int = 0) -> list[SequenceScore]:
         if not self.started:
             raise EngineNotReady("fake engine not started")
         group = tuple(tuple(ids) for ids in token_ids)
@@ -290,7 +290,7 @@ class ReloadableFakeEngine(FakeEngine):
     reloading: bool = False
     failing_reloads: int = 0
 
-    async def score_group(self, token_ids, request_id):
+    async def score_group(self, token_ids, request_id, priority=0):
         scores = await super().score_group(token_ids, request_id)
         if self.reloading:
             self.mixed += 1

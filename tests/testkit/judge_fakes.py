@@ -104,7 +104,7 @@ class FakeJudgeEngine:
     def info(self) -> ModelInfo:
         return self.model
 
-    async def judge_group(self, calls: Sequence[Sequence[Message]], request_id: str) -> list[JudgeOutput]:
+    async def judge_group(self, calls: Sequence[Sequence[Message]], request_id: str, *, priority: int = 0) -> list[JudgeOutput]:
         if not self.started:
             raise EngineNotReady("fake judge not started")
         group = tuple(tuple(c) for c in calls)
