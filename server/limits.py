@@ -31,12 +31,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 from aiohttp import web
-from limits import RateLimitItemPerMinute
-from limits.aio.storage import MemoryStorage
-from limits.aio.strategies import FixedWindowRateLimiter
 from rmserve.server.state import METRICS_KEY
 from rmserve.server.users import User
+
+if TYPE_CHECKING:  # the limits library is a server extra: the CLI imports this module without it
+    from limits import RateLimitItemPerMinute
 
 from rmserve.errors import InvalidRequest, Overloaded
 
@@ -93,6 +95,9 @@ class UserLimits:
         self._retry_after_s = retry_after_s
         self._clock = clock
         self._inflight: Counter[str] = Counter()
+        from limits.aio.storage import MemoryStorage
+        from limits.aio.strategies import FixedWindowRateLimiter
+
         self._window = FixedWindowRateLimiter(MemoryStorage())
         self._items: dict[int, RateLimitItemPerMinute] = {}
         self._lock = asyncio.Lock()
@@ -143,6 +148,8 @@ class UserLimits:
     def _item(self, tokens_per_minute: int) -> RateLimitItemPerMinute:
         item = self._items.get(tokens_per_minute)
         if item is None:
+            from limits import RateLimitItemPerMinute
+
             item = self._items[tokens_per_minute] = RateLimitItemPerMinute(tokens_per_minute, namespace="rmserve-tpm")
         return item
 
