@@ -379,7 +379,7 @@ def model_argument(model: str | None, engine_options: Mapping[str, object]) -> s
         return model
     if engine_options.get("judge_url") is None:
         raise typer.BadParameter(
-            "MODEL is missing: give a model folder or hub id (it may be left out only with "
+            "MODEL is missing: give a model folder or hub id, or --model NAME=PATH per model on rmserve serve (it may be left out only with "
             "--kind judge --judge-url URL --judge-model NAME)",
             param_hint="'MODEL'",
         )

@@ -114,6 +114,19 @@ def serve_command(
     ] = None,
     *,
     engine_options: dict[str, Any],
+    model_specs: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--model",
+            metavar="NAME=PATH[,KEY=VALUE]",
+            help="Serve several models from this server (repeat per model; instead of MODEL): one engine each, "
+            "chosen by the request's model. KEY: gpu_memory_utilization or kv_cache_memory_bytes for that model "
+            "alone; without one, a model gets an even share of --gpu-memory-utilization (and of "
+            "--kv-cache-memory-bytes when given). Engines start one after another; the other engine options "
+            "apply to every model.",
+            show_default=False,
+        ),
+    ] = None,
     host: Annotated[Optional[str], typer.Option("--host", help=_server_help("host"), show_default=False)] = None,
     port: Annotated[Optional[int], typer.Option("--port", help=_server_help("port"), show_default=False)] = None,
     max_body_bytes: Annotated[
@@ -199,13 +212,23 @@ def serve_command(
     The listener starts at once (/health answers 503 while the model loads); the URL is printed when the model is ready. SIGINT/SIGTERM shut down cleanly.
     """  # noqa: E501 - typer keeps docstring line breaks in --help
     from rmserve.server.app import ServerConfig
-    from rmserve.server.serve import configure_logging, serve
+    from rmserve.server.serve import configure_logging, serve, serve_node
 
     if log_level.lower() not in LOG_LEVELS:
         raise typer.BadParameter(f"{log_level!r} is not one of {', '.join(LOG_LEVELS)}", param_hint="'--log-level'")
 
-    def configs() -> tuple[EngineConfig, ServerConfig]:
-        engine_config = EngineConfig(model=model_argument(model, engine_options), **engine_options)
+    def configs() -> tuple[list[EngineConfig], ServerConfig]:
+        if model_specs:
+            from rmserve.server.config import ModelSpec, node_engine_configs
+
+            if model is not None:
+                raise ValueError(f"give MODEL ({model}) or --model NAME=PATH, not both")
+            if engine_options.get("served_model_name") is not None:
+                raise ValueError("--served-model-name: with --model NAME=PATH each model is named by its NAME")
+            specs = [ModelSpec.parse(text) for text in model_specs]
+            engine_configs = node_engine_configs(EngineConfig(model=specs[0].path, **engine_options), specs)
+        else:
+            engine_configs = [EngineConfig(model=model_argument(model, engine_options), **engine_options)]
         server_config = ServerConfig(
             **_given(
                 host=host,
@@ -228,11 +251,14 @@ def serve_command(
         )
         if parent_pid is not None:
             watch_parent(parent_pid)
-        return engine_config, server_config
+        return engine_configs, server_config
 
-    engine_config, server_config = bad_parameter(configs)
+    engine_configs, server_config = bad_parameter(configs)
     configure_logging(log_level)
-    code = serve(engine_config, server_config, announce=lambda line: typer.echo(line))
+    if model_specs:
+        code = serve_node(engine_configs, server_config, announce=lambda line: typer.echo(line))
+    else:
+        code = serve(engine_configs[0], server_config, announce=lambda line: typer.echo(line))
     if code:
         raise typer.Exit(code)
 

@@ -268,12 +268,15 @@ class LoadModelRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, 
     """Body of ``POST /v1/models/load``: serve the checkpoint folder ``path`` as ``name``.
 
     ``force`` (admins only): swap even though another user holds the model's lease or has
-    pinned work in flight on it; left out of the JSON when false.
+    pinned work in flight on it; left out of the JSON when false. ``model``: on a server
+    serving several models, the served name of the one to replace (may be left out when the
+    server serves one model); left out of the JSON when None.
     """
 
     name: str
     path: str
     force: bool = False
+    model: str | None = None
 
 
 class ReleaseModelRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -283,7 +286,8 @@ class ReleaseModelRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
 
 
 class ModelList(msgspec.Struct, frozen=True):
-    """Body of ``GET /v1/models``: the models this server scores with (one per server)."""
+    """Body of ``GET /v1/models``: the models this server scores with (one, or one per
+    ``--model NAME=PATH`` of a server serving several)."""
 
     models: tuple[ModelInfo, ...]
 

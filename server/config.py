@@ -282,6 +282,116 @@ class EngineConfig:
         return resolve_dtype(self.dtype)
 
 
+MODEL_SPEC_KEYS: tuple[str, ...] = ("gpu_memory_utilization", "kv_cache_memory_bytes")
+"""Engine options a ``--model NAME=PATH,key=value`` spec may set for its model alone."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model of a server serving several: ``--model NAME=PATH[,gpu_memory_utilization=F][,kv_cache_memory_bytes=N]``.
+
+    Attributes:
+        name: the name requests use (``ScoreRequest.model``) and ``/v1/models`` reports.
+        path: checkpoint folder or hub id.
+        gpu_memory_utilization: this model's fraction of accelerator memory; None = its even
+            share of the server's ``--gpu-memory-utilization`` (see :func:`node_engine_configs`).
+        kv_cache_memory_bytes: this model's KV-cache bytes; None = its even share of the
+            server's ``--kv-cache-memory-bytes`` when that is given, else vLLM's choice.
+    """
+
+    name: str
+    path: str
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ModelSpec:
+        """Parse ``NAME=PATH[,key=value…]`` (keys: :data:`MODEL_SPEC_KEYS`).
+
+        Raises:
+            ValueError: no ``=``, an empty name or path, a name with ``,`` / ``=`` / spaces, an
+                unknown key, or a value that is not a number (the message quotes the spec).
+        """
+        name, sep, rest = text.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"--model {text!r}: expected NAME=PATH (e.g. rm-a=/ckpts/a), optionally "
+                             f"followed by ,{'=…,'.join(MODEL_SPEC_KEYS)}=…")
+        if any(c in name for c in ", \t"):
+            raise ValueError(f"--model {text!r}: the name {name!r} may not contain commas or spaces")
+        path, *options = rest.split(",")
+        if not path.strip():
+            raise ValueError(f"--model {text!r}: the path after {name}= is empty")
+        values: dict[str, object] = {}
+        for option in options:
+            key, eq, value = option.partition("=")
+            key = key.strip()
+            if key not in MODEL_SPEC_KEYS or not eq:
+                raise ValueError(f"--model {text!r}: {option!r} is not key=value with a key among {', '.join(MODEL_SPEC_KEYS)}")
+            try:
+                values[key] = float(value) if key == "gpu_memory_utilization" else int(value)
+            except ValueError:
+                raise ValueError(f"--model {text!r}: {key}={value!r} is not a number") from None
+        return cls(name=name, path=path.strip(), **values)  # type: ignore[arg-type]
+
+
+def node_engine_configs(base: EngineConfig, specs: tuple[ModelSpec, ...] | list[ModelSpec]) -> list[EngineConfig]:
+    """One :class:`EngineConfig` per model of a server serving several: ``base`` (the shared
+    engine options) with the spec's path, name and memory share.
+
+    Memory: a model without its own ``gpu_memory_utilization`` gets an even share of what
+    the explicit ones leave of ``base.gpu_memory_utilization`` (the node's total, e.g. 0.9 over
+    two models: 0.45 each); likewise ``kv_cache_memory_bytes`` when ``base`` sets it.
+
+    Raises:
+        ValueError: no spec; two specs with the same name; per-model fractions summing past
+            ``base.gpu_memory_utilization`` (naming the field and the sum); a judge served
+            through ``judge_url`` (an endpoint is not a model of this node); and any
+            :class:`EngineConfig` check of a model's values.
+    """
+    import dataclasses
+
+    if not specs:
+        raise ValueError("--model: give at least one NAME=PATH")
+    names = [spec.name for spec in specs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"--model: the names {duplicates} are given more than once; each model needs its own name")
+    if base.judge_url is not None:
+        raise ValueError("--model NAME=PATH: not with --judge-url (an endpoint is not a model of this server)")
+    fractions = {}
+    given = [s.gpu_memory_utilization for s in specs if s.gpu_memory_utilization is not None]
+    left = base.gpu_memory_utilization - sum(given)
+    rest = len(specs) - len(given)
+    if sum(given) > base.gpu_memory_utilization + 1e-9 or (rest and left <= 0):
+        raise ValueError(
+            f"gpu_memory_utilization: the models' own fractions sum to {sum(given):.3g}, which leaves "
+            f"{max(left, 0):.3g} of the server's {base.gpu_memory_utilization:.3g} for {rest} model(s) without one; "
+            "lower them or raise --gpu-memory-utilization"
+        )
+    kv_given = [s.kv_cache_memory_bytes for s in specs if s.kv_cache_memory_bytes is not None]
+    kv_left = base.kv_cache_memory_bytes - sum(kv_given) if base.kv_cache_memory_bytes is not None else None
+    if kv_left is not None and len(kv_given) < len(specs) and kv_left < len(specs) - len(kv_given):
+        raise ValueError(
+            f"kv_cache_memory_bytes: the models' own KV caches take {sum(kv_given)} of the server's "
+            f"{base.kv_cache_memory_bytes} bytes, leaving nothing for the others; lower them or raise --kv-cache-memory-bytes"
+        )
+    configs = []
+    for spec in specs:
+        fractions[spec.name] = spec.gpu_memory_utilization if spec.gpu_memory_utilization is not None else round(left / rest, 6)
+        kv = spec.kv_cache_memory_bytes
+        if kv is None and kv_left is not None:
+            kv = kv_left // (len(specs) - len(kv_given))
+        try:
+            configs.append(dataclasses.replace(
+                base, model=spec.path, served_model_name=spec.name,
+                gpu_memory_utilization=fractions[spec.name], kv_cache_memory_bytes=kv,
+            ))
+        except ValueError as exc:
+            raise ValueError(f"--model {spec.name}: {exc}") from None
+    return configs
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

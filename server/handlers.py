@@ -25,7 +25,7 @@ from rmserve.server.state import CONFIG_KEY, ENGINE_KEY, EXECUTOR_KEY, JUDGE_KEY
 from rmserve.server.users import ANONYMOUS, USER_KEY
 
 from rmserve.errors import BodyTooLarge, InvalidCheckpoint, ModelNotFound
-from rmserve.schema import ScoreRequest
+from rmserve.schema import LoadModelRequest, ReleaseModelRequest, ScoreRequest
 
 
 async def health(request: web.Request) -> web.Response:
@@ -65,16 +65,20 @@ async def score(request: web.Request) -> web.Response:
     ``fingerprint`` is not the served model's), ``SequenceTooLong`` /
     ``BodyTooLarge`` (413), ``Overloaded`` (429), ``EngineError`` (500).
     """
-    state = request.app[STATE_KEY]
+    return await score_on(request, request.app)
+
+
+async def score_on(request: web.Request, app: web.Application) -> web.Response:
+    """:func:`score` with the model app ``app`` (the request's own app, or on a server
+    serving several models the one :mod:`rmserve.server.model_router` chose)."""
+    state = app[STATE_KEY]
     state.require_ready()
-    async with swap.scoring_slot(state, request.app[CONFIG_KEY].swap_wait_s):
-        return await _score(request)
+    async with swap.scoring_slot(state, app[CONFIG_KEY].swap_wait_s):
+        return await _score(request, app)
 
 
-async def _score(request: web.Request) -> web.Response:
-    app = request.app
-    config = app[CONFIG_KEY]
-    info, renderer = app[STATE_KEY].require_ready()
+def check_body_size(request: web.Request, config) -> None:
+    """Raise ``BodyTooLarge`` (413) when the declared body exceeds ``config.max_body_bytes``."""
     if request.content_length is not None and request.content_length > config.max_body_bytes:
         raise BodyTooLarge(
             f"request body is {request.content_length} bytes; the server's limit is "
@@ -82,6 +86,12 @@ async def _score(request: web.Request) -> web.Response:
             value=request.content_length,
             limit=config.max_body_bytes,
         )
+
+
+async def _score(request: web.Request, app: web.Application) -> web.Response:
+    config = app[CONFIG_KEY]
+    info, renderer = app[STATE_KEY].require_ready()
+    check_body_size(request, config)
     body = await request.read()
     loop = asyncio.get_running_loop()
     score_request: ScoreRequest = await loop.run_in_executor(
@@ -132,22 +142,44 @@ async def load_model(request: web.Request) -> web.Response:
     A generative judge is not swapped: 422 ``invalid_checkpoint`` (after the admin token and
     readiness checks) saying to restart the server on the other model.
     """
+    check_load_access(request)
+    info, _ = request.app[STATE_KEY].require_ready()
+    _refuse_judge_swap(request.app)
+    load = wire.decode_load_request(await request.read())
+    if load.model is not None and load.model != info.name:
+        raise ModelNotFound(f"model {load.model!r} is not served here; this server scores {info.name!r}",
+                            field="model", value=load.model)
+    return await load_model_on(request, request.app, load)
+
+
+def check_load_access(request: web.Request) -> None:
+    """The admin-token check of ``POST /v1/models/load`` on a server without a users file
+    (with one, the auth middleware has checked the admin role): ``Unauthorized`` (401) /
+    ``Forbidden`` (403)."""
     config = request.app[CONFIG_KEY]
-    if config.users_file is None:  # with a users file, the auth middleware has checked the admin role
+    if config.users_file is None:
         swap.check_admin_token(request.headers.get("Authorization"), config.admin_token)
-    request.app[STATE_KEY].require_ready()
-    if request.app[JUDGE_KEY] is not None:
+
+
+def _refuse_judge_swap(app: web.Application) -> None:
+    if app[JUDGE_KEY] is not None:
         raise InvalidCheckpoint(
             "checkpoint swap is not supported for a generative judge (kind judge): its verdicts are bound to "
             "the model and the judge settings it started with; restart the server on the other model",
             field="path",
         )
-    load = wire.decode_load_request(await request.read())
+
+
+async def load_model_on(request: web.Request, app: web.Application, load: LoadModelRequest) -> web.Response:
+    """:func:`load_model` past the access check and body decoding, on the model app ``app``."""
+    config = app[CONFIG_KEY]
+    app[STATE_KEY].require_ready()
+    _refuse_judge_swap(app)
     folder = swap.resolve_checkpoint(load.path, config.checkpoint_roots)
-    await swap.check_files(folder, request.app[ENGINE_KEY])
+    await swap.check_files(folder, app[ENGINE_KEY])
     user = request.get(USER_KEY, ANONYMOUS)
-    info, kind = await swap.start_swap(request.app, load, folder, user)
-    return json_response(wire.encode_load_response([leases_of(request.app).annotate(info)], kind), 200)
+    info, kind = await swap.start_swap(app, load, folder, user)
+    return json_response(wire.encode_load_response([leases_of(app).annotate(info)], kind), 200)
 
 
 async def release_model(request: web.Request) -> web.Response:
@@ -167,7 +199,14 @@ async def release_model(request: web.Request) -> web.Response:
     if release.name != info.name:
         raise ModelNotFound(f"model {release.name!r} is not served here; this server scores {info.name!r}",
                             field="name", value=release.name)
-    book = leases_of(request.app)
+    return release_on(request, request.app, release)
+
+
+def release_on(request: web.Request, app: web.Application, release: ReleaseModelRequest) -> web.Response:
+    """:func:`release_model` past the token check and body decoding, on the model app ``app``
+    (whose served model is ``release.name``)."""
+    info, _ = app[STATE_KEY].require_ready()
+    book = leases_of(app)
     ended = book.release(request.get(USER_KEY, ANONYMOUS), release.name)
     swap.logger.info("lease on %s released (held by %s)", ended.model, ended.holder)
     return json_response(wire.encode_models([book.annotate(info)]), 200)

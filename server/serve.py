@@ -9,6 +9,7 @@ ready, and SIGINT/SIGTERM stop the listener, cancel in-flight requests after
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import time
@@ -20,7 +21,7 @@ from rmserve.server.config import EngineConfig, ServerConfig
 from rmserve.server.judge_scoring import JudgeSettings
 from rmserve.server.protocol import JudgeEngine, LoadedModel, RewardEngine
 from rmserve.server.render import Renderer
-from rmserve.server.state import STATE_KEY, RendererFactory
+from rmserve.server.state import STATE_KEY, EngineState, RendererFactory
 from rmserve.server.users import RequestUserLogFilter
 
 from rmserve.errors import ServerFault
@@ -112,6 +113,20 @@ async def serve_app(
         taken).
     """
     app = create_app(server_config, engine, renderer, renderer_factory=renderer_factory, judge=judge)
+    return await run_app(app, server_config, [app[STATE_KEY]], announce=announce, stop=stop)
+
+
+async def run_app(
+    app: web.Application,
+    server_config: ServerConfig,
+    states: list[EngineState],
+    *,
+    announce: Callable[[str], None] = print,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Serve ``app`` (one model's app, or a node app of several) until ``stop`` is set or
+    SIGINT/SIGTERM arrives; ``states`` are the engines' states it waits on before announcing
+    ready (every one settled, or the first failure). Returns as :func:`serve_app`."""
     runner = web.AppRunner(
         app, handler_cancellation=True, shutdown_timeout=server_config.shutdown_timeout_s, access_log=None
     )
@@ -124,9 +139,18 @@ async def serve_app(
             installed.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / platform
             pass
-    state = app[STATE_KEY]
     started = time.monotonic()
     clean = False  # set once a stop was asked for after a successful start
+
+    def failed() -> EngineState | None:
+        return next((s for s in states if s.status == "failed"), None)
+
+    async def settled() -> None:  # every engine loaded, or one failed
+        for state in states:
+            await state.settled.wait()
+            if state.status == "failed":
+                return
+
     await runner.setup()
     try:
         site = web.TCPSite(
@@ -138,17 +162,19 @@ async def serve_app(
             announce(f"cannot listen on {server_config.url}: {exc.strerror or exc}")
             return 2
         url = _bound_url(runner, server_config)
-        announce(f"listening on {url} (loading the model; /health answers 503 until ready)")
-        settled = asyncio.create_task(state.settled.wait())
+        what = "the model" if len(states) == 1 else f"{len(states)} models, one after another"
+        announce(f"listening on {url} (loading {what}; /health answers 503 until ready)")
+        settling = asyncio.create_task(settled())
         stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait({settled, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        settled.cancel()
-        if state.status == "failed":
+        await asyncio.wait({settling, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        settling.cancel()
+        if (bad := failed()) is not None:
             stopped.cancel()
-            announce(f"engine failed to start: {state.error}")
+            announce(f"engine failed to start: {bad.error}")
             return 1
-        if state.status == "ready" and state.info is not None:
-            announce(f"ready: {url} serving {state.info.name}")
+        if all(s.status == "ready" and s.info is not None for s in states):
+            names = ", ".join(s.info.name for s in states if s.info is not None)
+            announce(f"ready: {url} serving {names}")
         await stopped
         announce("stopping")
         clean = True
@@ -157,7 +183,7 @@ async def serve_app(
             loop.remove_signal_handler(sig)
         stopping = time.monotonic()
         await runner.cleanup()
-        if clean and state.status != "failed":
+        if clean and failed() is None:
             logger.info(
                 "server stopped cleanly after %.1f s (shutdown took %.1f s)",
                 time.monotonic() - started, time.monotonic() - stopping,
@@ -165,7 +191,40 @@ async def serve_app(
         elif clean:
             logger.error("server stopped after %.1f s; the engine did not shut down cleanly (see above)",
                          time.monotonic() - started)
-    return 0 if state.status != "failed" else 1
+    return 0 if failed() is None else 1
+
+
+def _model_app(engine_config: EngineConfig, server_config: ServerConfig) -> web.Application:
+    """One model's scoring app, its engine built from ``engine_config`` (not started)."""
+    from rmserve.server.backends import build_engine
+
+    engine = build_engine(engine_config)
+    if engine_config.kind == "judge":  # the judge engine renders its own prompts
+        return create_app(server_config, engine, judge=JudgeSettings.from_engine_config(engine_config))
+    return create_app(server_config, engine, renderer_factory=engine_renderer)
+
+
+def serve_node(
+    engine_configs: list[EngineConfig], server_config: ServerConfig, *, announce: Callable[[str], None] = print
+) -> int:
+    """Serve several models from one server (``--model NAME=PATH`` repeated): one engine and
+    model app per config (:func:`rmserve.server.config.node_engine_configs`), behind one node
+    app (:mod:`rmserve.server.model_router`). Returns as :func:`serve`.
+
+    Raises:
+        ValueError: ``engine_configs`` empty, or two with the same served name.
+    """
+    from rmserve.server.model_router import create_node_app, model_states
+
+    async def main() -> int:
+        apps = [
+            (config.name, _model_app(config, dataclasses.replace(server_config, served_model_name=config.name)))
+            for config in engine_configs
+        ]
+        node = create_node_app(server_config, apps)
+        return await run_app(node, server_config, model_states(node), announce=announce)
+
+    return asyncio.run(main())
 
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig, *, announce: Callable[[str], None] = print) -> int:
@@ -178,10 +237,8 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig, *, announce:
     Raises:
         ValueError: ``engine_config.engine`` names no registered engine.
     """
-    from rmserve.server.backends import build_engine
+    async def main() -> int:
+        app = _model_app(engine_config, server_config)
+        return await run_app(app, server_config, [app[STATE_KEY]], announce=announce)
 
-    engine = build_engine(engine_config)
-    if engine_config.kind == "judge":  # the judge engine renders its own prompts
-        settings = JudgeSettings.from_engine_config(engine_config)
-        return asyncio.run(serve_app(server_config, engine, judge=settings, announce=announce))
-    return asyncio.run(serve_app(server_config, engine, renderer_factory=engine_renderer, announce=announce))
+    return asyncio.run(main())

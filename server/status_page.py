@@ -85,15 +85,20 @@ def _cache(queries: float | None, hits: float | None) -> PrefixCache | None:
 async def status(request: web.Request) -> web.Response:
     """``GET /v1/status``: :class:`StatusReply`."""
     app = request.app
+    return json_response(_encoder.encode(status_reply(app, app[STARTED_KEY])), 200)
+
+
+def status_reply(app: web.Application, started_s: float) -> StatusReply:
+    """The :class:`StatusReply` of one scoring app (``started_s``: ``time.monotonic()`` at start)."""
     registry = app[METRICS_KEY].registry
     state = app[STATE_KEY]
     value = registry.get_sample_value
     engine_status = "restarting" if state.status == "ready" and state.restarting else state.status
     served = _cache(value("rmserve_prefix_cache_queries_total") or 0.0, value("rmserve_prefix_cache_hits_total") or 0.0)
     assert served is not None
-    reply = StatusReply(
+    return StatusReply(
         status=engine_status,
-        uptime_s=time.monotonic() - app[STARTED_KEY],
+        uptime_s=time.monotonic() - started_s,
         fair_share=queue_of(app) is not None,
         groups_scored=int(value("rmserve_groups_total") or 0),
         engine_prefix_cache=_cache(
@@ -102,7 +107,37 @@ async def status(request: web.Request) -> web.Response:
         served_prefix_cache=served,
         leases=(leases_of(app).state(state.info),) if state.status == "ready" and state.info is not None else (),
     )
-    return json_response(_encoder.encode(reply), 200)
+
+
+def _sum_cache(caches: list[PrefixCache | None]) -> PrefixCache | None:
+    present = [c for c in caches if c is not None]
+    if not present:
+        return None
+    return _cache(sum(c.query_tokens for c in present), sum(c.hit_tokens for c in present))
+
+
+def merge_status(replies: list[StatusReply]) -> StatusReply:
+    """Several models' :class:`StatusReply` as one: the first status that is not ``ready``
+    (else ``ready``), the longest uptime, ``fair_share`` if any, groups and prefix-cache
+    tokens summed (the hit rate recomputed from the sums), every model's lease row.
+
+    Raises:
+        ValueError: no reply given.
+    """
+    if not replies:
+        raise ValueError("merge_status: no reply to merge")
+    not_ready = [r.status for r in replies if r.status != "ready"]
+    served = _sum_cache([r.served_prefix_cache for r in replies])
+    assert served is not None
+    return StatusReply(
+        status=not_ready[0] if not_ready else "ready",
+        uptime_s=max(r.uptime_s for r in replies),
+        fair_share=any(r.fair_share for r in replies),
+        groups_scored=sum(r.groups_scored for r in replies),
+        engine_prefix_cache=_sum_cache([r.engine_prefix_cache for r in replies]),
+        served_prefix_cache=served,
+        leases=tuple(lease for r in replies for lease in r.leases),
+    )
 
 
 def _read_static() -> dict[str, bytes]:
@@ -130,9 +165,10 @@ async def static(request: web.Request) -> web.Response:
                         headers={"Cache-Control": "no-store"})
 
 
-def setup(app: web.Application) -> None:
-    """Add ``GET /``, ``GET /static/{name}`` and ``GET /v1/status`` to ``app``."""
+def setup(app: web.Application, status_handler=status) -> None:
+    """Add ``GET /``, ``GET /static/{name}`` and ``GET /v1/status`` (``status_handler``; a
+    server of several models passes its own) to ``app``."""
     app[STARTED_KEY] = time.monotonic()
     app.router.add_get("/", page)
     app.router.add_get("/static/{name}", static)
-    app.router.add_get("/v1/status", status)
+    app.router.add_get("/v1/status", status_handler)
