@@ -22,7 +22,8 @@ to those settings).
 
 The module layout of the server, each importing only those above it:
 ``config``, ``protocol``, ``render``, ``result_cache`` → ``state`` → ``middleware``,
-``scoring``, ``swap`` → ``judge_scoring`` → ``handlers`` → ``app`` → ``serve``.
+``scoring``, ``swap`` → ``judge_scoring`` → ``handlers`` → ``app``, ``model_router`` (several models
+  behind one node app) → ``serve``.
 """
 
 from __future__ import annotations

@@ -73,13 +73,20 @@ def node(demo_model_dir: Path, second_model_dir: Path, tmp_path_factory: pytest.
         yield server.url, tokens, folder
 
 
+def _fingerprint(folder: Path) -> str:
+    """The fingerprint of ``folder`` scored with its tokenizer's own template in float32."""
+    from transformers import AutoTokenizer
+
+    return model_fingerprint(folder, AutoTokenizer.from_pretrained(folder).chat_template, "float32")
+
+
 def test_models_lists_both_with_their_own_fingerprints(node, demo_model_dir, second_model_dir):
     url, tokens, _ = node
     status, body = _request(f"{url}/v1/models", tokens["bob"])
     assert status == 200, body
     assert [(m["name"], m["fingerprint"]) for m in body["models"]] == [
-        ("a", model_fingerprint(demo_model_dir)), ("b", model_fingerprint(second_model_dir))]
-    assert model_fingerprint(demo_model_dir) != model_fingerprint(second_model_dir)
+        ("a", _fingerprint(demo_model_dir)), ("b", _fingerprint(second_model_dir))]
+    assert _fingerprint(demo_model_dir) != _fingerprint(second_model_dir)
 
 
 def test_each_model_scores_as_a_transformers_forward_pass_of_its_folder(node, demo_model_dir, second_model_dir):
