@@ -203,6 +203,9 @@ def create_app(
     app[RESULT_CACHE_KEY] = ResultCache(config.result_cache_groups)
     if config.users_file is not None:  # who is asking (server/auth.py) and per-user limits (server/limits.py)
         app[auth.USERS_KEY] = auth.UserRegistry(config.users)
+        if config.admin_token is not None:
+            logger.warning("the admin token (--admin-token-file / RMSERVE_ADMIN_TOKEN) is not used with a users "
+                           "file: checkpoint swaps need a user with the role admin (rmserve users add NAME --role admin)")
     limits.install(app)
     app.cleanup_ctx.append(_render_executor_ctx)
     app.cleanup_ctx.append(_engine_ctx)

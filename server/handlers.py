@@ -153,9 +153,9 @@ async def load_model(request: web.Request) -> web.Response:
 
 
 def check_load_access(request: web.Request) -> None:
-    """The admin-token check of ``POST /v1/models/load`` on a server without a users file
-    (with one, the auth middleware has checked the admin role): ``Unauthorized`` (401) /
-    ``Forbidden`` (403)."""
+    """The admin-token check of ``POST /v1/models/load`` and ``/v1/models/release`` on a
+    server without a users file (with one, the auth middleware has checked the user and its
+    role, and the leases decide who may release): ``Unauthorized`` (401) / ``Forbidden`` (403)."""
     config = request.app[CONFIG_KEY]
     if config.users_file is None:
         swap.check_admin_token(request.headers.get("Authorization"), config.admin_token)
@@ -185,15 +185,15 @@ async def load_model_on(request: web.Request, app: web.Application, load: LoadMo
 async def release_model(request: web.Request) -> web.Response:
     """``POST /v1/models/release`` ``{"name"}``: end the lease on the model ``name``.
 
-    Same token as ``POST /v1/models/load`` (403/401). Replies ``{"models": [ModelInfo]}``
+    Without a users file, the admin token of ``POST /v1/models/load`` (403/401); with one, any
+    user's token, and the lease's holder or an admin may end it. Replies ``{"models": [ModelInfo]}``
     (no lease fields any more).
 
     Raises (answered by the error middleware): ``Forbidden`` / ``Unauthorized``, ``EngineNotReady``
     (503), ``InvalidRequest`` (400, bad body), ``ModelNotFound`` (404, not the served model),
     ``Conflict`` (409, no lease held), ``Forbidden`` (403, neither the holder nor an admin).
     """
-    config = request.app[CONFIG_KEY]
-    swap.check_admin_token(request.headers.get("Authorization"), config.admin_token)
+    check_load_access(request)
     info, _ = request.app[STATE_KEY].require_ready()
     release = wire.decode_release_request(await request.read())
     if release.name != info.name:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import msgspec
 from aiohttp import web
-from rmserve.server import auth, handlers, limits, status_page, swap, wire
+from rmserve.server import auth, handlers, limits, status_page, wire
 from rmserve.server.config import ServerConfig
 from rmserve.server.fair_queue import queue_of
 from rmserve.server.leases import leases_of
@@ -147,8 +147,7 @@ async def load_model(request: web.Request) -> web.Response:
 
 async def release_model(request: web.Request) -> web.Response:
     """``POST /v1/models/release`` on a node: end the lease on the served model ``name``."""
-    config = request.app[CONFIG_KEY]
-    swap.check_admin_token(request.headers.get("Authorization"), config.admin_token)
+    handlers.check_load_access(request)
     release = wire.decode_release_request(await request.read())
     app = served_models(request.app).resolve(release.name, field="name")
     return handlers.release_on(request, app, release)

@@ -345,3 +345,36 @@ def test_the_benchmark_bad_tokens_are_refused_for_the_reason_it_counts_them(user
             registry.authenticate(headers["Authorization"], now_s=1.9e9)
         assert refused.value.reason == expected[kind]
     assert kinds == ["wrong", "expired", "malformed"] * 4
+
+
+
+@pytest.fixture
+def swap_config(users, tmp_path):
+    """Built outside the event loop (file writes and the users file): two fake checkpoints
+    under a checkpoint root and a config with the users file and no admin token."""
+    from testkit.fakes import write_fake_checkpoint
+
+    root = tmp_path / "ckpts"
+    original, step = write_fake_checkpoint(root / "step-0", 0.0), write_fake_checkpoint(root / "step-1", 10.0)
+    return ServerConfig(port=0, users_file=str(users[0]), checkpoint_roots=(str(root),)), original, step
+
+
+async def test_with_a_users_file_the_lease_holder_releases_with_its_own_token(aiohttp_client, users, swap_config):
+    """No admin token is configured: the users file decides who may swap and release."""
+    from testkit.fakes import ReloadableFakeEngine
+
+    tokens = users[1]
+    config, original, step = swap_config
+    app = create_app(config, ReloadableFakeEngine(checkpoint_dir=str(original)), FakeRenderer())
+    client = await aiohttp_client(app)
+    await app[STATE_KEY].settled.wait()
+    async with client.post("/v1/models/load", json={"name": "step-1", "path": str(step)},
+                           headers=bearer(tokens["root"])) as resp:
+        assert resp.status == 200, await resp.text()
+        assert orjson.loads(await resp.read())["models"][0]["lease_holder"] == "root"
+    async with client.post("/v1/models/release", json={"name": "step-1"}, headers=bearer(tokens["alice"])) as resp:
+        assert resp.status == 403  # neither the holder nor an admin
+        assert "root" in orjson.loads(await resp.read())["error"]["message"]
+    async with client.post("/v1/models/release", json={"name": "step-1"}, headers=bearer(tokens["root"])) as resp:
+        assert resp.status == 200, await resp.text()
+        assert "lease_holder" not in orjson.loads(await resp.read())["models"][0]
