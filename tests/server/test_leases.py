@@ -15,12 +15,12 @@ import asyncio
 
 import orjson
 import pytest
-from aiohttp import web
+from testkit.test_users import user_header_middleware
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, ReloadableFakeEngine, write_fake_checkpoint
 from testkit.judge_fakes import FakeJudgeEngine, rb2_group
 from rmserve.server.app import STATE_KEY, ServerConfig, create_app
 from rmserve.server.leases import LEASES_KEY
-from rmserve.server.users import USER_KEY, User
+from rmserve.server.users import User
 from rmserve.fingerprint import judge_fingerprint, model_fingerprint
 
 TOKEN = "s3cret-token"
@@ -29,13 +29,7 @@ VALID = {"groups": [{"id": "g1", "prompt": "hi", "responses": ["yo", "ya"]}]}
 WALL = 1_800_000_000.0  # the fake Unix time of every lease: 2027-01-15 08:00:00 UTC
 
 
-@web.middleware
-async def user_from_test_header(request: web.Request, handler):
-    """Test stand-in for the authentication middleware: the user named in ``X-Test-User``."""
-    name = request.headers.get("X-Test-User")
-    if name is not None:
-        request[USER_KEY] = USERS[name]
-    return await handler(request)
+user_from_test_header = user_header_middleware(USERS)
 
 
 class Clock:

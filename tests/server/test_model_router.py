@@ -14,7 +14,7 @@ import asyncio
 import msgspec
 import orjson
 import pytest
-from aiohttp import web
+from testkit.test_users import user_header_middleware
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, ReloadableFakeEngine, write_fake_checkpoint
 from rmserve.server.app import create_app
 from rmserve.server.config import EngineConfig, ModelSpec, ServerConfig, node_engine_configs
@@ -22,7 +22,7 @@ from rmserve.server.limits import LIMITS_KEY
 from rmserve.server.model_router import MODELS_KEY, create_node_app, merge_queue_replies, model_states
 from rmserve.server.queue_routes import QueueReply, UserQueue
 from rmserve.server.state import STATE_KEY
-from rmserve.server.users import USER_KEY, User
+from rmserve.server.users import User
 
 TOKEN = "s3cret-token"
 USERS = {"alice": User("alice"), "bob": User("bob"), "root": User("root", role="admin")}
@@ -35,12 +35,7 @@ def group_body(model: str | None, **extra) -> dict:
     return body
 
 
-@web.middleware
-async def user_from_test_header(request: web.Request, handler):
-    name = request.headers.get("X-Test-User")
-    if name is not None:
-        request[USER_KEY] = USERS[name]
-    return await handler(request)
+user_from_test_header = user_header_middleware(USERS)
 
 
 @pytest.fixture

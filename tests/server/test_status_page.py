@@ -20,10 +20,11 @@ from pathlib import Path
 import orjson
 import pytest
 from aiohttp import web
+from testkit.test_users import user_header_middleware
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer
 from testkit.servers import ThreadedServer
 from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.users import USER_KEY, User
+from rmserve.server.users import User
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -99,13 +100,7 @@ async def test_status_before_any_scoring_has_no_hit_rate(make_client):
 USERS = {"alice": User("alice"), "bob": User("bob", weight=2.0)}
 
 
-@web.middleware
-async def user_from_test_header(request: web.Request, handler):
-    """Test stand-in for the authentication middleware: the user named in ``X-Test-User``."""
-    name = request.headers.get("X-Test-User")
-    if name is not None:
-        request[USER_KEY] = USERS[name]
-    return await handler(request)
+user_from_test_header = user_header_middleware(USERS)
 
 
 def _post(url: str, user: str, n_groups: int, first: int, out: list[int]) -> None:
