@@ -15,7 +15,7 @@ import asyncio
 
 import orjson
 import pytest
-from testkit.test_users import user_header_middleware
+from testkit.auth_stub import user_header_middleware
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, ReloadableFakeEngine, write_fake_checkpoint
 from testkit.judge_fakes import FakeJudgeEngine, rb2_group
 from rmserve.server.app import STATE_KEY, ServerConfig, create_app

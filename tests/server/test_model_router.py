@@ -14,7 +14,7 @@ import asyncio
 import msgspec
 import orjson
 import pytest
-from testkit.test_users import user_header_middleware
+from testkit.auth_stub import user_header_middleware
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, ReloadableFakeEngine, write_fake_checkpoint
 from rmserve.server.app import create_app
 from rmserve.server.config import EngineConfig, ModelSpec, ServerConfig, node_engine_configs

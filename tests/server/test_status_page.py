@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 from aiohttp import web
-from testkit.test_users import user_header_middleware
+from testkit.auth_stub import user_header_middleware
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer
 from testkit.servers import ThreadedServer
 from rmserve.server.app import STATE_KEY, ServerConfig, create_app
