@@ -100,7 +100,7 @@ def add_command(
         raise _fail(exc) from None
     typer.echo(
         f"added user {line.name!r} ({line.role}) to {users_file}; its token follows, shown this once "
-        "(the file keeps only its hash):",
+        "(the file keeps only its hash; a running server takes it on SIGHUP):",
         err=True,
     )
     typer.echo(token)
@@ -129,14 +129,14 @@ def remove_command(
     name: Annotated[str, typer.Argument(metavar="NAME", help="The user to remove.", show_default=False)],
     users_file: UsersFileOpt,
 ) -> None:
-    """Remove a user (its token stops working when the server is restarted)."""
+    """Remove a user (its token stops working once the server reads the file again: SIGHUP or a restart)."""
     from rmserve.server.auth import UsersFileError, remove_user
 
     try:
         removed = remove_user(users_file, name)
     except UsersFileError as exc:
         raise _fail(exc) from None
-    typer.echo(f"removed user {removed.name!r} from {users_file}; restart the server to apply it", err=True)
+    typer.echo(f"removed user {removed.name!r} from {users_file}; send the server SIGHUP (or restart it) to apply it", err=True)
 
 
 # --- the client's token (eval, sweep) --------------------------------------------------------

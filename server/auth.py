@@ -220,7 +220,13 @@ class UserRegistry:
     """
 
     def __init__(self, lines: Sequence[UserLine]) -> None:
-        self._credentials = tuple(
+        self.replace(lines)
+
+    def replace(self, lines: Sequence[UserLine]) -> tuple[list[str], list[str]]:
+        """Know exactly the users of ``lines`` from now on (a reloaded users file); requests
+        already past authentication keep the user they had. Returns (added, removed) names."""
+        before = set(getattr(self, "users", {}))
+        credentials = tuple(
             _Credential(
                 user=line.user(),
                 salt=bytes.fromhex(line.salt),
@@ -229,8 +235,25 @@ class UserRegistry:
             )
             for line in lines
         )
-        self.users: dict[str, User] = {c.user.name: c.user for c in self._credentials}
-        """Name → user, in file order."""
+        users = {c.user.name: c.user for c in credentials}
+        self._credentials, self.users = credentials, users  # one step: no request sees half of each
+        return sorted(users.keys() - before), sorted(before - users.keys())
+
+    users: dict[str, User]
+    """Name → user, in file order."""
+
+    async def reload(self, path: str | os.PathLike[str]) -> tuple[list[str], list[str]]:
+        """Read the users file ``path`` again (in a thread) and :meth:`replace` the users with
+        its records; returns (added, removed) names. A user whose line changed (role, weight,
+        limits, token, expiry) has the new values for every later request.
+
+        Raises:
+            UsersFileError: the file cannot be read or is invalid; the users stay as they were.
+        """
+        import asyncio
+
+        lines = await asyncio.to_thread(read_users_file, path)
+        return self.replace(lines)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> UserRegistry:

@@ -2,8 +2,8 @@
 
 Order: the HTTP listener starts first (``/health`` answers 503 ``loading``), the app's
 ``cleanup_ctx`` loads the engine in the background, the URL is announced once the engine is
-ready, and SIGINT/SIGTERM stop the listener, cancel in-flight requests after
-``shutdown_timeout_s`` and shut the engine down.
+ready, SIGHUP reads the users file again (:func:`reload_users_file`), and SIGINT/SIGTERM stop
+the listener, cancel in-flight requests after ``shutdown_timeout_s`` and shut the engine down.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 from rmserve.server.app import create_app
+from rmserve.server.auth import USERS_KEY, UserRegistry, UsersFileError
 from rmserve.server.config import EngineConfig, ServerConfig
 from rmserve.server.judge_scoring import JudgeSettings
 from rmserve.server.protocol import JudgeEngine, LoadedModel, RewardEngine
@@ -133,9 +134,20 @@ async def run_app(
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    reloads: set[asyncio.Task] = set()
+    registry = app.get(USERS_KEY)
+
+    def reload_users() -> None:
+        task = asyncio.create_task(reload_users_file(registry, server_config.users_file))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    handlers: list[tuple[signal.Signals, Callable[[], None]]] = [(signal.SIGINT, stop.set), (signal.SIGTERM, stop.set)]
+    if registry is not None and server_config.users_file is not None:
+        handlers.append((signal.SIGHUP, reload_users))
+    for sig, handler in handlers:
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, handler)
             installed.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / platform
             pass
@@ -192,6 +204,19 @@ async def run_app(
             logger.error("server stopped after %.1f s; the engine did not shut down cleanly (see above)",
                          time.monotonic() - started)
     return 0 if failed() is None else 1
+
+
+async def reload_users_file(registry: UserRegistry, path: str) -> bool:
+    """Read the users file again (SIGHUP): log who was added and removed, or why the file was
+    refused (the users then stay as they were). Returns whether the new file is in use."""
+    try:
+        added, removed = await registry.reload(path)
+    except UsersFileError as exc:
+        logger.error("users file not reloaded, the previous users stay: %s", exc)
+        return False
+    logger.info("users file reloaded: %d users (added: %s; removed: %s)", len(registry.users),
+                ", ".join(added) or "none", ", ".join(removed) or "none")
+    return True
 
 
 def _model_app(engine_config: EngineConfig, server_config: ServerConfig) -> web.Application:

@@ -1,7 +1,7 @@
 """One real server shared by several users (vLLM CPU build, ``rmserve serve --users-file``):
 two users' evals at once, 409 on a stale fingerprint, 429 with ``Retry-After`` on a user's
 token budget, a lease refusal and an admin-forced swap, each checked over HTTP as a client sees
-it. The same rules are covered in detail over fake engines (``tests/server/test_auth.py``,
+it, and SIGHUP taking a new user without a restart. The same rules are covered in detail over fake engines (``tests/server/test_auth.py``,
 ``test_leases.py``, ``test_limits.py``, ``test_fair_queue_app.py``); this module proves them on
 a real engine and a real process.
 
@@ -79,11 +79,11 @@ def node(tmp_path_factory: pytest.TempPathFactory, rmbench_dir: Path):
     with ServerProcess(argv, url=f"http://127.0.0.1:{port}", log_path=folder / "server.log",
                        startup_timeout_s=900, stop_grace_s=30) as server:
         server.wait_ready()
-        yield server.url, tokens, folder, root
+        yield server.url, tokens, folder, root, server
 
 
 def test_two_users_evaluate_at_once_and_each_is_counted(node, tmp_path):
-    url, tokens, folder, _ = node
+    url, tokens, folder, _, _ = node
     procs = {
         name: subprocess.Popen(
             [*RMSERVE, "eval", "--server", url, "--bench", "rm-bench", "--data", str(RMBENCH), "--only", "chat",
@@ -117,7 +117,7 @@ def test_two_users_evaluate_at_once_and_each_is_counted(node, tmp_path):
 
 
 def test_a_stale_fingerprint_is_refused_before_any_engine_work(node):
-    url, tokens, _, _ = node
+    url, tokens, _, _, _ = node
     before = _metric(url, tokens["root"], "rmserve_groups_total")
     status, body, _ = _call(f"{url}/v1/score", tokens["alice"], {**TINY, "fingerprint": "0123456789abcdef"})
     assert status == 409 and body["error"]["field"] == "fingerprint"
@@ -126,7 +126,7 @@ def test_a_stale_fingerprint_is_refused_before_any_engine_work(node):
 
 
 def test_a_user_over_its_token_budget_gets_429_with_retry_after(node):
-    url, tokens, _, _ = node
+    url, tokens, _, _, _ = node
     status, body, _ = _call(f"{url}/v1/score", tokens["dave"], TINY)
     assert status == 200, body
     assert 15 < sum(body["results"][0]["num_tokens"]) <= 30
@@ -139,7 +139,7 @@ def test_a_user_over_its_token_budget_gets_429_with_retry_after(node):
 
 
 def test_a_lease_refuses_another_admins_swap_until_it_is_forced(node):
-    url, tokens, _, root = node
+    url, tokens, _, root, _ = node
     status, body, _ = _call(f"{url}/v1/models/load", tokens["root"], {"name": "step-1", "path": str(root / "step-1")})
     assert status == 200, body
     step1 = body["models"][0]
@@ -158,3 +158,21 @@ def test_a_lease_refuses_another_admins_swap_until_it_is_forced(node):
     assert step1["fingerprint"] in body["error"]["message"] and "ops" in body["error"]["message"]
     status, body, _ = _call(f"{url}/v1/models/release", tokens["ops"], {"name": "step-0"})
     assert status == 200 and "lease_holder" not in body["models"][0]
+
+
+def test_sighup_reads_the_users_file_again(node):
+    import signal
+    import time
+
+    url, tokens, folder, _, server = node
+    res = subprocess.run([*RMSERVE, "users", "add", "erin", "--users-file", str(folder / "users.jsonl")],
+                         capture_output=True, text=True, check=True)
+    erin = res.stdout.strip()
+    assert _call(f"{url}/v1/models", erin)[0] == 401  # the running server does not know erin yet
+    server.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30  # a guard against a hang, not a timing assertion
+    while _call(f"{url}/v1/models", erin)[0] != 200:
+        assert time.monotonic() < deadline, "erin's token never worked after SIGHUP"
+        time.sleep(0.2)
+    assert _call(f"{url}/v1/models", tokens["alice"])[0] == 200  # the others keep working
+    assert "users file reloaded: 6 users (added: erin; removed: none)" in (folder / "server.log").read_text()

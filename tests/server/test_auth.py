@@ -7,6 +7,7 @@ fakes' rules (see ``tests/server/test_app.py``): the group ``VALID`` (prompt "hi
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hashlib
 import json
@@ -378,3 +379,29 @@ async def test_with_a_users_file_the_lease_holder_releases_with_its_own_token(ai
     async with client.post("/v1/models/release", json={"name": "step-1"}, headers=bearer(tokens["root"])) as resp:
         assert resp.status == 200, await resp.text()
         assert "lease_holder" not in orjson.loads(await resp.read())["models"][0]
+
+
+@pytest.fixture
+def users_edit(users):
+    """The users file after the fixture's: bob removed, carol added (built outside the loop)."""
+    path, tokens = users
+    remove_user(path, "bob")
+    carol, _ = add_user(path, "carol", role="admin")
+    return path, {**tokens, "carol": carol}
+
+
+async def test_a_reloaded_users_file_adds_and_removes_users_without_a_restart(users_edit):
+    from rmserve.server.auth import UserRegistry
+    from rmserve.server.serve import reload_users_file
+
+    path, tokens = users_edit
+    registry = UserRegistry([])  # as the server had it: nobody
+    assert await reload_users_file(registry, str(path)) is True
+    assert list(registry.users) == ["alice", "root", "old", "carol"]
+    assert registry.authenticate(f"Bearer {tokens['carol']}", now_s=0).role == "admin"
+    with pytest.raises(AuthRejected) as removed:
+        registry.authenticate(f"Bearer {tokens['bob']}", now_s=0)
+    assert removed.value.reason == "unknown"
+    await asyncio.to_thread(lambda: path.write_text(path.read_text() + "{not json\n"))
+    assert await reload_users_file(registry, str(path)) is False  # refused: the users stay as they were
+    assert list(registry.users) == ["alice", "root", "old", "carol"]
