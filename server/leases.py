@@ -116,6 +116,33 @@ class LeaseState(msgspec.Struct, frozen=True):
     pinned: tuple[PinnedWork, ...]
 
 
+class SwapEntry(msgspec.Struct, frozen=True):
+    """One recent checkpoint swap in ``GET /v1/status`` (a :class:`SwapRecord` on the wire).
+
+    Attributes:
+        time: Unix time (seconds) it finished.
+        user: who loaded the checkpoint.
+        model: the name it serves under.
+        old_fingerprint / new_fingerprint: before and after.
+        forced: an admin's ``force`` overrode a lease or others' pinned work.
+        overridden: the pinned work of others in flight when it was forced, by user.
+    """
+
+    time: float
+    user: str
+    model: str
+    old_fingerprint: str
+    new_fingerprint: str
+    forced: bool
+    overridden: tuple[PinnedWork, ...]
+
+    @classmethod
+    def of(cls, record: SwapRecord) -> SwapEntry:
+        """The wire form of ``record``."""
+        return cls(record.time, record.user, record.model, record.old_fingerprint, record.new_fingerprint,
+                   record.forced, tuple(PinnedWork(u, n) for u, n in record.overridden))
+
+
 def _utc(unix: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix))
 

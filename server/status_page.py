@@ -20,7 +20,7 @@ from importlib import resources
 import msgspec
 from aiohttp import web
 from rmserve.server.fair_queue import queue_of
-from rmserve.server.leases import LeaseState, leases_of
+from rmserve.server.leases import LeaseState, SwapEntry, leases_of
 from rmserve.server.middleware import json_response
 from rmserve.server.state import METRICS_KEY, STATE_KEY
 
@@ -62,6 +62,7 @@ class StatusReply(msgspec.Struct, frozen=True):
             (:class:`~rmserve.server.leases.LeaseState`: holder, since when, seconds until
             it ends if its holder stays idle, every user's pinned groups); empty while no
             model is served.
+        swaps: the recent checkpoint swaps (up to 20 per model), newest first.
     """
 
     status: str
@@ -71,6 +72,7 @@ class StatusReply(msgspec.Struct, frozen=True):
     engine_prefix_cache: PrefixCache | None
     served_prefix_cache: PrefixCache
     leases: tuple[LeaseState, ...] = ()
+    swaps: tuple[SwapEntry, ...] = ()
 
 
 _encoder = msgspec.json.Encoder()
@@ -106,6 +108,7 @@ def status_reply(app: web.Application, started_s: float) -> StatusReply:
         ),
         served_prefix_cache=served,
         leases=(leases_of(app).state(state.info),) if state.status == "ready" and state.info is not None else (),
+        swaps=tuple(SwapEntry.of(record) for record in reversed(leases_of(app).swaps)),
     )
 
 
@@ -119,7 +122,7 @@ def _sum_cache(caches: list[PrefixCache | None]) -> PrefixCache | None:
 def merge_status(replies: list[StatusReply]) -> StatusReply:
     """Several models' :class:`StatusReply` as one: the first status that is not ``ready``
     (else ``ready``), the longest uptime, ``fair_share`` if any, groups and prefix-cache
-    tokens summed (the hit rate recomputed from the sums), every model's lease row.
+    tokens summed (the hit rate recomputed from the sums), every model's lease row, every model's recent swaps, newest first.
 
     Raises:
         ValueError: no reply given.
@@ -137,6 +140,7 @@ def merge_status(replies: list[StatusReply]) -> StatusReply:
         engine_prefix_cache=_sum_cache([r.engine_prefix_cache for r in replies]),
         served_prefix_cache=served,
         leases=tuple(lease for r in replies for lease in r.leases),
+        swaps=tuple(sorted((swap for r in replies for swap in r.swaps), key=lambda swap: -swap.time)),
     )
 
 

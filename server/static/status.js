@@ -110,15 +110,38 @@ function showLeases(leases) {
     cell(row, l.holder === null ? "nobody" : l.holder, "holder");
     cell(row, l.since === null ? "" : fmtTime(l.since), "since");
     cell(row, l.holder === null ? "" : l.expires_in_s === null ? "holder busy" : fmtSeconds(l.expires_in_s), "expires");
-    cell(row, l.pinned.length === 0 ? "none"
-      : l.pinned.map((p) => p.user + ": " + fmtInt(p.groups) + (p.groups === 1 ? " group" : " groups")).join(", "),
-    "pinned");
+    cell(row, l.pinned.length === 0 ? "none" : pinnedText(l.pinned), "pinned");
+    tbody.appendChild(row);
+  }
+}
+
+function pinnedText(pinned) {
+  return pinned.map((p) => p.user + ": " + fmtInt(p.groups) + (p.groups === 1 ? " group" : " groups")).join(", ");
+}
+
+function showSwaps(swaps) {
+  document.getElementById("swaps-summary").textContent = swaps.length === 0
+    ? "No checkpoint swap since the server started."
+    : swaps.length + (swaps.length === 1 ? " swap" : " swaps") + ", newest first.";
+  const tbody = document.querySelector("#swaps tbody");
+  tbody.replaceChildren();
+  for (const s of swaps) {
+    const row = document.createElement("tr");
+    row.dataset.user = s.user;
+    cell(row, fmtTime(s.time), "time");
+    cell(row, s.user, "user");
+    cell(row, s.model, "model");
+    cell(row, s.old_fingerprint, "old-fingerprint");
+    cell(row, s.new_fingerprint, "new-fingerprint");
+    cell(row, s.forced ? "yes" : "no", "forced");
+    cell(row, s.overridden.length === 0 ? "none" : pinnedText(s.overridden), "overridden");
     tbody.appendChild(row);
   }
 }
 
 function showStatus(body) {
   showLeases(body.leases || []);
+  showSwaps(body.swaps || []);
   document.getElementById("engine-status").textContent = body.status;
   document.getElementById("uptime").textContent = fmtSeconds(body.uptime_s);
   const engine = body.engine_prefix_cache;

@@ -104,6 +104,8 @@ async def test_models_lists_every_model_with_its_fingerprint_and_lease(make_node
     assert [m["name"] for m in models] == ["a-5", "b"]
     assert models[0]["lease_holder"] == "alice" and models[0]["swap_count"] == 1
     assert "lease_holder" not in models[1] and models[1]["fingerprint"] == "fp-b"
+    swaps = (await (await client.get("/v1/status")).json())["swaps"]
+    assert [(s["user"], s["model"], s["old_fingerprint"], s["forced"]) for s in swaps] == [("alice", "a-5", "fp-a", False)]
     # the swapped model answers under its new name; the other is untouched
     body = await (await client.post("/v1/score", data=orjson.dumps(group_body("a-5")))).json()
     assert body["model"] == "a-5" and body["results"][0]["rewards"] == [9.55, 9.41]

@@ -21,7 +21,7 @@ import orjson
 import pytest
 from aiohttp import web
 from testkit.auth_stub import user_header_middleware
-from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer
+from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, ReloadableFakeEngine, write_fake_checkpoint
 from testkit.servers import ThreadedServer
 from rmserve.server.app import STATE_KEY, ServerConfig, create_app
 from rmserve.server.users import User
@@ -216,3 +216,78 @@ def test_status_page_in_chromium_shows_two_users_work_in_flight(tmp_path):
                 if post.is_alive() or post.ident is not None:
                     post.join(60)
     assert statuses == [200, 200]
+
+
+SWAP_USERS = {"alice": User("alice"), "root": User("root", role="admin")}
+ADMIN_TOKEN = "status-page-admin-token"
+
+
+def _load(url: str, user: str, body: dict) -> int:
+    request = urllib.request.Request(
+        f"{url}/v1/models/load", data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json", "X-Test-User": user, "Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        return resp.status
+
+
+@pytest.mark.browser
+def test_status_page_in_chromium_shows_recent_swaps_newest_first(tmp_path):
+    missing = _browser_missing()
+    if missing:
+        if os.environ.get("RMSERVE_REQUIRE_BROWSER") == "1":
+            pytest.fail(missing)
+        pytest.skip(missing)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from rmserve.fingerprint import model_fingerprint
+
+    root = tmp_path / "ckpts"
+    step0, step1 = write_fake_checkpoint(root / "step-0", 0.0), write_fake_checkpoint(root / "step-1", 10.0)
+    fp0, fp1 = model_fingerprint(step0, None), model_fingerprint(step1, None)
+    stub = user_header_middleware(SWAP_USERS)
+
+    def make_app() -> web.Application:
+        config = ServerConfig(port=0, admin_token=ADMIN_TOKEN, checkpoint_roots=(str(root),))
+        app = create_app(config, ReloadableFakeEngine(checkpoint_dir=str(step0)), FakeRenderer())
+        app.middlewares.append(stub)
+        return app
+
+    with ThreadedServer(make_app) as server:
+        url = server.url
+        assert _load(url, "alice", {"name": "step-1", "path": str(step1)}) == 200
+        # alice holds the lease: root's load goes through only because it is forced
+        assert _load(url, "root", {"name": "step-0", "path": str(step0), "force": True}) == 200
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+            options.add_argument(arg)
+        driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+        try:
+            driver.get(url + "/")
+            WebDriverWait(driver, 30).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#swaps tbody tr")) == 2)
+            rows = driver.find_elements(By.CSS_SELECTOR, "#swaps tbody tr")
+
+            def cells(row) -> list[str]:
+                return [row.find_element(By.CSS_SELECTOR, f"td.{name}").text
+                        for name in ("user", "model", "old-fingerprint", "new-fingerprint", "forced", "overridden")]
+
+            assert cells(rows[0]) == ["root", "step-0", fp1, fp0, "yes", "none"]
+            assert cells(rows[1]) == ["alice", "step-1", FAKE_MODEL.fingerprint, fp1, "no", "none"]  # as it started
+            assert driver.find_element(By.ID, "swaps-summary").text == "2 swaps, newest first."
+            model_row = driver.find_element(By.CSS_SELECTOR, '#models tr[data-model="step-0"]')
+            assert model_row.find_element(By.CSS_SELECTOR, "td.swaps").text == "2"
+            lease_row = driver.find_element(By.CSS_SELECTOR, '#leases tr[data-model="step-0"]')
+            assert lease_row.find_element(By.CSS_SELECTOR, "td.holder").text == "root"
+            shot = _artifacts(tmp_path) / "status_page_swaps.png"
+            assert driver.save_screenshot(str(shot))
+        except BaseException:
+            folder = _artifacts(tmp_path)
+            driver.save_screenshot(str(folder / "status_page_swaps_failure.png"))
+            (folder / "status_page_swaps_failure.html").write_text(driver.page_source)
+            raise
+        finally:
+            driver.quit()
