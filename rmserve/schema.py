@@ -268,12 +268,15 @@ class LoadModelRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, 
     """Body of ``POST /v1/models/load``: serve the checkpoint folder ``path`` as ``name``.
 
     ``force`` (admins only): swap even though another user holds the model's lease or has
-    pinned work in flight on it; left out of the JSON when false.
+    pinned work in flight on it; left out of the JSON when false. ``model`` names the served
+    model the checkpoint replaces on a server with several; None (left out of the JSON): the
+    server's only model.
     """
 
     name: str
     path: str
     force: bool = False
+    model: str | None = None
 
 
 class ReleaseModelRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
