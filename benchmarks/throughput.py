@@ -591,21 +591,43 @@ async def _run_engine(spec: dict[str, Any], *, grouped: bool) -> PathResult:
     return PathResult(rewards, cached, wall_s, _latencies(first_start, last_done), startup_s)
 
 
-def run_server_path(spec: dict[str, Any]) -> PathResult:
-    """Path d: ``rmserve serve`` in a child process, scored through RewardClient.score_stream.
+@dataclass
+class ServedRun:
+    """What :func:`score_through_server` measured: ``records[i]`` is the
+    :class:`~rmserve.schema.ScoreRecord` of the spec's group ``i``; times in seconds."""
 
-    A group's latency runs from the moment the client takes it from the input iterator
-    (its request is sent right after) to the moment its record is yielded.
+    records: list[Any]
+    wall_s: float
+    latencies_s: list[float]
+    startup_s: float
+    log_path: Path
+
+
+def score_through_server(spec: dict[str, Any], log_name: str, *, judge: bool = False) -> ServedRun:
+    """Path d's set-up and timing, shared by every kind: ``rmserve serve`` with the spec's
+    engine options in a child process (its log ``work_dir/log_name``), one warm-up group, then
+    the spec's groups through RewardClient.score_stream, one group per request,
+    ``max_groups_in_flight`` in flight.
+
+    ``startup_s`` runs from the child's start to its first ready ``/health``; ``wall_s`` from
+    the end of the warm-up to the last record. A group's latency runs from the moment the
+    client takes it from the input iterator (its request is sent right after) to the moment
+    its record is yielded. With ``judge`` the server must serve a generative judge (checked
+    on ``/v1/models`` before the warm-up), and groups are sent as judge groups.
+
+    Raises:
+        SystemExit: ``judge`` and the server scores as another kind.
     """
     from rmserve.client.client import Concurrency, RewardClient
     from rmserve.pipelines.launch import ServeOptions, ServerProcess, free_loopback_port
+    from rmserve.schema import ScoreKind
 
     groups = msgspec.json.decode(spec["groups_json"], type=list[Group])
     warm = msgspec.json.decode(spec["warmup_group_json"], type=Group)
     options = ServeOptions(model=spec["model"], engine_options=engine_options(spec))
     port = free_loopback_port()
     url = f"http://127.0.0.1:{port}"
-    log_path = Path(spec["work_dir"]) / "server.log"
+    log_path = Path(spec["work_dir"]) / log_name
     server = ServerProcess(
         options.argv("127.0.0.1", port), url=url, log_path=log_path, startup_timeout_s=1800.0, stop_grace_s=30.0
     )
@@ -626,17 +648,34 @@ def run_server_path(spec: dict[str, Any]) -> PathResult:
         async def drive() -> float:
             concurrency = Concurrency(max_groups_in_flight=spec["max_groups_in_flight"], groups_per_request=1)
             async with RewardClient(url, concurrency=concurrency) as client:
-                await client.score([warm])
+                kind = None
+                if judge:
+                    (info,) = (await client.models())[:1]
+                    kind = ScoreKind.of(info)
+                    if kind.kind != "judge":
+                        raise SystemExit(f"path d: the server scores as {kind.describe()}, not as a judge")
+                await client.score([warm], judge=judge)
                 t0 = time.perf_counter()
-                async for record in client.score_stream(taken(groups)):
+                async for record in client.score_stream(taken(groups), kind=kind):
                     i = index[str(record.key)]
                     last_done[i] = time.perf_counter()
                     records[i] = record
                 return time.perf_counter() - t0
 
         wall_s = asyncio.run(drive())
+    return ServedRun(records, wall_s, _latencies(first_start, last_done), startup_s, log_path)
+
+
+def run_server_path(spec: dict[str, Any]) -> PathResult:
+    """Path d: ``rmserve serve`` in a child process, scored through RewardClient.score_stream
+    (:func:`score_through_server`); the server's token counts must match the benchmark's.
+
+    Raises:
+        SystemExit: the server scored a group with other token counts than rendered here.
+    """
+    run = score_through_server(spec, "server.log")
     token_ids = spec["token_ids"]
-    for i, record in enumerate(records):
+    for i, record in enumerate(run.records):
         lengths = [len(ids) for ids in token_ids[i]]
         if list(record.num_tokens) != lengths:
             raise SystemExit(
@@ -644,12 +683,12 @@ def run_server_path(spec: dict[str, Any]) -> PathResult:
                 f"the benchmark rendered {lengths}: the token ids differ"
             )
     return PathResult(
-        rewards=[[float(r) for r in rec.rewards] for rec in records],
-        num_cached_tokens=[list(rec.num_cached_tokens) for rec in records],
-        wall_s=wall_s,
-        latencies_s=_latencies(first_start, last_done),
-        startup_s=startup_s,
-        notes=f"server log: {log_path}",
+        rewards=[[float(r) for r in rec.rewards] for rec in run.records],
+        num_cached_tokens=[list(rec.num_cached_tokens) for rec in run.records],
+        wall_s=run.wall_s,
+        latencies_s=run.latencies_s,
+        startup_s=run.startup_s,
+        notes=f"server log: {run.log_path}",
     )
 
 
@@ -832,67 +871,23 @@ def server_judge_outputs(groups: Sequence[Group], plans: Sequence[Any], judges: 
 def run_judge_server_path(spec: dict[str, Any]) -> JudgePathResult:
     """Path d of ``--kind judge``: ``rmserve serve --kind judge`` in a child process (the
     engine options of the spec: protocol, ``judge_max_tokens``, seed, compat …), the groups
-    scored through RewardClient.score_stream, one group per request, ``max_groups_in_flight``
-    in flight. A group's latency runs from the moment the client takes it from the input
-    iterator to the moment its record is yielded.
+    scored as judge groups by :func:`score_through_server`.
 
     Raises:
-        SystemExit: the server answered a group without a judge result (its errors named) or
-            with other calls than planned.
+        SystemExit: the server is not a judge, or answered a group without a judge result
+            (its errors named) or with other calls than planned.
     """
-    from rmserve.client.client import Concurrency, RewardClient
-    from rmserve.pipelines.launch import ServeOptions, ServerProcess, free_loopback_port
-    from rmserve.schema import ScoreKind
-
     groups = msgspec.json.decode(spec["groups_json"], type=list[Group])
-    warm = msgspec.json.decode(spec["warmup_group_json"], type=Group)
     plans = judge_plans(groups, spec["judge_seed"], spec["compat"], spec.get("protocol", "auto"))
-    options = ServeOptions(model=spec["model"], engine_options=engine_options(spec))
-    port = free_loopback_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = Path(spec["work_dir"]) / "server-judge.log"
-    server = ServerProcess(
-        options.argv("127.0.0.1", port), url=url, log_path=log_path, startup_timeout_s=1800.0, stop_grace_s=30.0
-    )
-    started = time.perf_counter()
-    with server:
-        server.wait_ready()
-        startup_s = time.perf_counter() - started
-        index = {str(g.key): i for i, g in enumerate(groups)}
-        n = len(groups)
-        first_start, last_done = [0.0] * n, [0.0] * n
-        records: list[Any] = [None] * n
-
-        def taken(source: Sequence[Group]):
-            for i, group in enumerate(source):
-                first_start[i] = time.perf_counter()
-                yield group
-
-        async def drive() -> float:
-            concurrency = Concurrency(max_groups_in_flight=spec["max_groups_in_flight"], groups_per_request=1)
-            async with RewardClient(url, concurrency=concurrency) as client:
-                (info,) = (await client.models())[:1]
-                kind = ScoreKind.of(info)
-                if kind.kind != "judge":
-                    raise SystemExit(f"path d: the server scores as {kind.describe()}, not as a judge")
-                await client.score([warm], judge=True)
-                t0 = time.perf_counter()
-                async for record in client.score_stream(taken(groups), kind=kind):
-                    i = index[str(record.key)]
-                    last_done[i] = time.perf_counter()
-                    records[i] = record
-                return time.perf_counter() - t0
-
-        wall_s = asyncio.run(drive())
-    for record in records:
+    run = score_through_server(spec, "server-judge.log", judge=True)
+    for record in run.records:
         if record.judge is None:
             raise SystemExit(f"path d: the server judged nothing for group {record.key}: {record.errors}")
     try:
-        outputs = server_judge_outputs(groups, plans, [r.judge for r in records])
+        outputs = server_judge_outputs(groups, plans, [r.judge for r in run.records])
     except ValueError as exc:
         raise SystemExit(f"path d: {exc}") from None
-    return JudgePathResult(outputs, wall_s, _latencies(first_start, last_done), startup_s,
-                           notes=f"server log: {log_path}")
+    return JudgePathResult(outputs, run.wall_s, run.latencies_s, run.startup_s, notes=f"server log: {run.log_path}")
 
 
 JUDGE_RUNNERS: dict[str, Any] = {

@@ -37,6 +37,7 @@ from rmserve.schema import (
     GroupResult,
     HealthReply,
     LoadModelRequest,
+    LoadModelResponse,
     ReleaseModelRequest,
     ModelInfo,
     ModelList,
@@ -691,7 +692,8 @@ class RewardClient:
 
         The server swaps the weights in place (same architecture and tokenizer) or restarts
         its engine; ``path`` is resolved on the server's file system and must lie under one
-        of its ``--checkpoint-root`` folders.
+        of its ``--checkpoint-root`` folders. :meth:`load_checkpoint_reply` (same arguments)
+        also returns how the checkpoint was loaded.
 
         Args:
             name: the model name the server reports afterwards.
@@ -713,19 +715,48 @@ class RewardClient:
                 another user's lease or pinned work (the message names them).
             rmserve.errors.RMServeError: any other failure (after retries for 429/503).
         """
+        reply = await self.load_checkpoint_reply(name, path, admin_token=admin_token, timeout_s=timeout_s, force=force)
+        return reply.models[0]
+
+    async def load_checkpoint_reply(
+        self,
+        name: str,
+        path: str,
+        *,
+        admin_token: str,
+        timeout_s: float = 1800.0,
+        force: bool = False,
+        model: str | None = None,
+    ) -> LoadModelResponse:
+        """:meth:`load_checkpoint`, returning the whole reply: the model now served and
+        ``swap_kind`` (``reload``: weights into the running engine; ``restart``: the engine
+        restarted on the checkpoint).
+
+        Args:
+            model: which served model the checkpoint replaces, sent as the body's ``model``
+                field only when given; None (default) sends no such field (the server's only
+                model). Other arguments as for :meth:`load_checkpoint`.
+
+        Returns:
+            The :class:`~rmserve.schema.LoadModelResponse` (exactly one model).
+
+        Raises:
+            As :meth:`load_checkpoint`; rmserve.errors.ServerFault: the reply is not a load
+            reply with exactly one model.
+        """
         _check_positive("load_checkpoint", "timeout_s", timeout_s)
-        body = encode(LoadModelRequest(name=name, path=path, force=force))
+        body = encode(LoadModelRequest(name=name, path=path, force=force, model=model))
         timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(10.0, timeout_s))
         reply_body = await self._send(
             "POST", "/v1/models/load", data=body, timeout=timeout, headers={"Authorization": f"Bearer {admin_token}"}
         )
         try:
-            reply = msgspec.json.decode(reply_body, type=ModelList)
+            reply = msgspec.json.decode(reply_body, type=LoadModelResponse)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise errors.ServerFault(f"POST /v1/models/load: invalid reply ({exc})", field="models") from None
         if len(reply.models) != 1:
             raise errors.ServerFault(f"POST /v1/models/load: expected one model, got {len(reply.models)}", field="models")
-        return reply.models[0]
+        return reply
 
     async def release_checkpoint(self, name: str, *, admin_token: str) -> ModelInfo:
         """``POST /v1/models/release``: end the caller's lease on the served model ``name``.

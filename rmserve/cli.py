@@ -16,6 +16,7 @@ import typer
 
 from rmserve.cli_eval import register as _register_eval
 from rmserve.cli_metrics import metrics_app
+from rmserve.cli_models import models_app
 from rmserve.cli_server import register as _register_server
 from rmserve.cli_sweep import register as _register_sweep
 from rmserve.cli_users import users_app
@@ -30,6 +31,7 @@ app = typer.Typer(
 )
 app.add_typer(metrics_app, name="metrics")
 app.add_typer(users_app, name="users")
+app.add_typer(models_app, name="models")
 _register_server(app)
 _register_eval(app)
 _register_sweep(app)

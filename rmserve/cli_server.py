@@ -190,6 +190,9 @@ def serve_command(
             "--fair-share-interactive-boost", help=_server_help("fair_share_interactive_boost"), show_default=False
         ),
     ] = None,
+    lease_idle_s: Annotated[
+        Optional[float], typer.Option("--lease-idle-s", help=_server_help("lease_idle_s"), show_default=False)
+    ] = None,
     log_level: Annotated[
         str,
         typer.Option(
@@ -247,6 +250,7 @@ def serve_command(
                 engine_concurrency_groups=engine_concurrency_groups,
                 fair_share_quantum_tokens=fair_share_quantum_tokens,
                 fair_share_interactive_boost=fair_share_interactive_boost,
+                lease_idle_s=lease_idle_s,
             )
         )
         if parent_pid is not None:
