@@ -25,6 +25,9 @@ eval costs (the sequences of a group still share their prompt). Order: a warm-up
 ``--warmup-groups`` groups (compilation), then per scenario: B alone ``--idle-repeats`` times
 (median), then A, and B once A has all its groups in flight (after ``--b-delay-s``). Reported per scenario: B's idle
 and contended wall time and their ratio, A's wall time, and all tokens / A's wall time.
+Both clients share the benchmark's event loop unless ``--client-processes`` runs A's client in a
+process of its own (as two users on two machines would: A's client work then does not slow
+B's client).
 
 Results: ``<out>/<date>-<machine>-fair-share[-<tag>].json`` and ``.md``. Run from the
 repository root::
@@ -165,6 +168,11 @@ async def run_user(url: str, user: str, groups, in_flight: int, priority: str = 
         return time.perf_counter() - started, tokens
 
 
+def run_user_in_process(url: str, user: str, groups, in_flight: int, priority: str = "batch") -> tuple[float, int]:
+    """:func:`run_user` on a new event loop (run in a worker process by ``--client-processes``)."""
+    return asyncio.run(run_user(url, user, groups, in_flight, priority))
+
+
 async def set_cap(url: str, cap: int, quantum: int | None, boost: float = 1.0, render_fair: bool = True) -> None:
     import aiohttp
 
@@ -203,7 +211,12 @@ async def scenario(url: str, index: int, spec: tuple[int, float, bool], args: ar
     await set_cap(url, cap, args.quantum_tokens, boost, render_fair)
     idle = [(await run_user(url, "B", fresh(b_groups, f"{tag}-b{i}"), args.b_in_flight, "interactive"))[0]
             for i in range(args.idle_repeats)]
-    a_task = asyncio.create_task(run_user(url, "A", fresh(a_groups, f"{tag}-aa"), args.a_in_flight))
+    a_fresh = fresh(a_groups, f"{tag}-aa")
+    if args.client_processes is not None:  # A's client in its own process: it does not share B's event loop
+        a_task = asyncio.get_running_loop().run_in_executor(
+            args.client_processes, run_user_in_process, url, "A", a_fresh, args.a_in_flight)
+    else:
+        a_task = asyncio.create_task(run_user(url, "A", a_fresh, args.a_in_flight))
     await asyncio.sleep(args.b_delay_s)
     b_wall, b_tokens = await run_user(url, "B", fresh(b_groups, f"{tag}-bc"), args.b_in_flight, "interactive")
     a_wall, a_tokens = await a_task
@@ -248,6 +261,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     cmd += ["--fake", "--fake-tokens-per-s", str(args.fake_tokens_per_s)] if args.fake else ["--model", args.model]
     log = open(Path(args.out) / "fair_share_server.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if args.client_processes:
+        import concurrent.futures
+        import multiprocessing
+
+        args.client_processes = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        args.client_processes.submit(int).result()  # started before any timing
+    else:
+        args.client_processes = None
     try:
         ready_s = await wait_ready(url, proc)
         print(f"server ready after {ready_s:.0f} s", flush=True)
@@ -258,6 +279,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         for index, spec in enumerate(args.caps):
             rows.append(await scenario(url, index, spec, args, a_groups, b_groups))
     finally:
+        if args.client_processes is not None:
+            args.client_processes.shutdown()
+        args.client_processes = args.client_processes is not None  # as recorded with the results
         proc.terminate()
         proc.wait(120)
         log.close()
@@ -274,6 +298,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"Warm-up: {result['args']['warmup_groups']} groups, {result['warmup_s']} s. Every run's groups carry a "
         "run tag before the prompt (nothing is served from an earlier run's prefix cache).",
         f"Command: `{result['command']}`",
+        "Clients: " + ("A's in a process of its own, B's in the benchmark's process."
+                       if result["args"].get("client_processes") else "A's and B's share the benchmark's event loop."),
         "",
         "| scenario | B idle (s) | B while A runs (s) | ratio (target ≤ 2) | A wall (s) | tokens/s during A | load before → after |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -326,6 +352,8 @@ def main() -> None:
     parser.add_argument("--quantum-tokens", type=int, default=None)
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--client-processes", action="store_true",
+                        help="run A's client in a process of its own (default: A's and B's clients share one event loop)")
     args = parser.parse_args()
     if args.serve:
         serve(args)
