@@ -13,7 +13,11 @@ request's user is taken from an ``X-Bench-User`` header (a stand-in for the auth
 middleware; never in the product). Its result cache is off (every group reaches the engine).
 Between scenarios the benchmark changes the fair queue's engine cap through a route of the
 bench server only (``POST /bench/queue``); "no fair share" is a cap far above anything in
-flight, so every group goes to the engine on arrival, as without the queue.
+flight, so every group goes to the engine on arrival, as without the queue, and the render
+threads take decode and render jobs in arrival order, as without the render pool
+(:mod:`rmserve.server.render_pool`: there too the cap is set far above the threads). A cap
+written ``64-rfifo`` keeps the engine's fair queue but runs the render threads in arrival
+order, to show what the render pool's per-user order adds.
 
 Every run of a user scores its groups with a run tag put before the prompt (:func:`fresh`), so
 nothing of it is in the engine's prefix cache from an earlier run: each run costs what a first
@@ -21,6 +25,9 @@ eval costs (the sequences of a group still share their prompt). Order: a warm-up
 ``--warmup-groups`` groups (compilation), then per scenario: B alone ``--idle-repeats`` times
 (median), then A, and B once A has all its groups in flight (after ``--b-delay-s``). Reported per scenario: B's idle
 and contended wall time and their ratio, A's wall time, and all tokens / A's wall time.
+Both clients share the benchmark's event loop unless ``--client-processes`` runs A's client in a
+process of its own (as two users on two machines would: A's client work then does not slow
+B's client).
 
 Results: ``<out>/<date>-<machine>-fair-share[-<tag>].json`` and ``.md``. Run from the
 repository root::
@@ -85,6 +92,7 @@ def serve(args: argparse.Namespace) -> None:
 
     from rmserve.server.app import ServerConfig, create_app
     from rmserve.server.fair_queue import QUEUE_KEY
+    from rmserve.server.render_pool import pool_of
     from rmserve.server.users import USER_KEY, User
 
     users = {name: User(name) for name in ("A", "B", "warmup")}
@@ -115,8 +123,12 @@ def serve(args: argparse.Namespace) -> None:
         queue.concurrency = int(body["concurrency"])
         queue.quantum_tokens = int(body.get("quantum_tokens", queue.quantum_tokens))
         queue.interactive_boost = float(body.get("interactive_boost", queue.interactive_boost))
+        renders = pool_of(request.app).queue  # the render threads' per-user order
+        renders.concurrency = config.render_threads if body.get("render_fair", True) else FIFO_CAP
+        renders.interactive_boost = queue.interactive_boost
         return web.json_response({"concurrency": queue.concurrency, "quantum_tokens": queue.quantum_tokens,
-                                  "interactive_boost": queue.interactive_boost})
+                                  "interactive_boost": queue.interactive_boost,
+                                  "render_slots": renders.concurrency})
 
     app.router.add_post("/bench/queue", set_queue)
     web.run_app(app, host="127.0.0.1", port=args.port, handler_cancellation=True, access_log=None, print=None)
@@ -156,10 +168,16 @@ async def run_user(url: str, user: str, groups, in_flight: int, priority: str = 
         return time.perf_counter() - started, tokens
 
 
-async def set_cap(url: str, cap: int, quantum: int | None, boost: float = 1.0) -> None:
+def run_user_in_process(url: str, user: str, groups, in_flight: int, priority: str = "batch") -> tuple[float, int]:
+    """:func:`run_user` on a new event loop (run in a worker process by ``--client-processes``)."""
+    return asyncio.run(run_user(url, user, groups, in_flight, priority))
+
+
+async def set_cap(url: str, cap: int, quantum: int | None, boost: float = 1.0, render_fair: bool = True) -> None:
     import aiohttp
 
-    body: dict[str, float] = {"concurrency": cap, "interactive_boost": boost}
+    body: dict[str, float] = {"concurrency": cap, "interactive_boost": boost,
+                              "render_fair": render_fair and cap != FIFO_CAP}
     if quantum is not None:
         body["quantum_tokens"] = quantum
     async with aiohttp.ClientSession() as session, session.post(f"{url}/bench/queue", json=body) as resp:
@@ -184,25 +202,32 @@ async def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 900.0)
     raise SystemExit(f"the bench server was not ready after {timeout_s:.0f} s")
 
 
-async def scenario(url: str, index: int, spec: tuple[int, float], args: argparse.Namespace, a_groups, b_groups
+async def scenario(url: str, index: int, spec: tuple[int, float, bool], args: argparse.Namespace, a_groups, b_groups
                    ) -> dict[str, Any]:
     """Scenario ``index`` (its run tags, all of one length, are ``s<index>-…``): B alone, then A and B."""
-    cap, boost = spec
+    cap, boost, render_fair = spec
     tag = f"s{index:02d}"
     load_before = os.getloadavg()[0]
-    await set_cap(url, cap, args.quantum_tokens, boost)
+    await set_cap(url, cap, args.quantum_tokens, boost, render_fair)
     idle = [(await run_user(url, "B", fresh(b_groups, f"{tag}-b{i}"), args.b_in_flight, "interactive"))[0]
             for i in range(args.idle_repeats)]
-    a_task = asyncio.create_task(run_user(url, "A", fresh(a_groups, f"{tag}-aa"), args.a_in_flight))
+    a_fresh = fresh(a_groups, f"{tag}-aa")
+    if args.client_processes is not None:  # A's client in its own process: it does not share B's event loop
+        a_task = asyncio.get_running_loop().run_in_executor(
+            args.client_processes, run_user_in_process, url, "A", a_fresh, args.a_in_flight)
+    else:
+        a_task = asyncio.create_task(run_user(url, "A", a_fresh, args.a_in_flight))
     await asyncio.sleep(args.b_delay_s)
     b_wall, b_tokens = await run_user(url, "B", fresh(b_groups, f"{tag}-bc"), args.b_in_flight, "interactive")
     a_wall, a_tokens = await a_task
     b_idle = statistics.median(idle)
     row = {
         "scenario": "no fair share" if cap == FIFO_CAP
-        else f"fair share, cap {cap}" + (f", interactive boost {boost:g}" if boost != 1 else ""),
+        else f"fair share, cap {cap}" + (f", interactive boost {boost:g}" if boost != 1 else "")
+        + ("" if render_fair else ", render threads in arrival order"),
         "engine_concurrency_groups": None if cap == FIFO_CAP else cap,
         "interactive_boost": None if cap == FIFO_CAP else boost,
+        "render_fair": cap != FIFO_CAP and render_fair,
         "b_idle_s": round(b_idle, 2),
         "b_idle_runs_s": [round(x, 2) for x in idle],
         "b_contended_s": round(b_wall, 2),
@@ -236,6 +261,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     cmd += ["--fake", "--fake-tokens-per-s", str(args.fake_tokens_per_s)] if args.fake else ["--model", args.model]
     log = open(Path(args.out) / "fair_share_server.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if args.client_processes:
+        import concurrent.futures
+        import multiprocessing
+
+        args.client_processes = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        args.client_processes.submit(int).result()  # started before any timing
+    else:
+        args.client_processes = None
     try:
         ready_s = await wait_ready(url, proc)
         print(f"server ready after {ready_s:.0f} s", flush=True)
@@ -246,6 +279,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         for index, spec in enumerate(args.caps):
             rows.append(await scenario(url, index, spec, args, a_groups, b_groups))
     finally:
+        if args.client_processes is not None:
+            args.client_processes.shutdown()
+        args.client_processes = args.client_processes is not None  # as recorded with the results
         proc.terminate()
         proc.wait(120)
         log.close()
@@ -262,6 +298,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"Warm-up: {result['args']['warmup_groups']} groups, {result['warmup_s']} s. Every run's groups carry a "
         "run tag before the prompt (nothing is served from an earlier run's prefix cache).",
         f"Command: `{result['command']}`",
+        "Clients: " + ("A's in a process of its own, B's in the benchmark's process."
+                       if result["args"].get("client_processes") else "A's and B's share the benchmark's event loop."),
         "",
         "| scenario | B idle (s) | B while A runs (s) | ratio (target ≤ 2) | A wall (s) | tokens/s during A | load before → after |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -273,6 +311,25 @@ def markdown(result: dict[str, Any]) -> str:
             + (" → ".join(map(str, row["load_average_1min"])) if "load_average_1min" in row else "n/a") + " |"
         )
     return "\n".join(lines) + "\n"
+
+
+def parse_cap(text: str) -> tuple[int, float, bool]:
+    """One ``--caps`` entry → (engine cap, interactive boost, render threads in per-user order).
+
+    ``fifo`` → no fair share at all; ``64`` → cap 64; ``64b2`` → with interactive boost 2;
+    ``64-rfifo`` / ``64b2-rfifo`` → the same with the render threads in arrival order.
+
+    Raises:
+        ValueError: any other form (naming it).
+    """
+    text = text.strip()
+    if text == "fifo":
+        return FIFO_CAP, 1.0, False
+    spec, dash, render = text.partition("-")
+    cap, _, boost = spec.partition("b")
+    if (dash and render != "rfifo") or not cap.isdigit() or int(cap) < 1:
+        raise ValueError(f"{text!r} is not 'fifo', CAP, CAPbBOOST or either with '-rfifo' (e.g. 64, 64b2, 64-rfifo)")
+    return int(cap), float(boost or 1), not dash
 
 
 def main() -> None:
@@ -290,18 +347,23 @@ def main() -> None:
     parser.add_argument("--warmup-groups", type=int, default=64)
     parser.add_argument("--idle-repeats", type=int, default=3)
     parser.add_argument("--caps", default="fifo,64",
-                        help="comma list of engine caps, each optionally with an interactive boost (64b2); 'fifo' = no fair share")
+                        help="comma list of engine caps, each optionally with an interactive boost (64b2) and "
+                             "'-rfifo' for render threads in arrival order (64-rfifo); 'fifo' = no fair share at all")
     parser.add_argument("--quantum-tokens", type=int, default=None)
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--client-processes", action="store_true",
+                        help="run A's client in a process of its own (default: A's and B's clients share one event loop)")
     args = parser.parse_args()
     if args.serve:
         serve(args)
         return
     if not args.fake and not args.model:
         parser.error("--model DIR or --fake is needed")
-    args.caps = [(FIFO_CAP, 1.0) if c.strip() == "fifo" else
-                 (int(c.partition("b")[0]), float(c.partition("b")[2] or 1)) for c in args.caps.split(",")]
+    try:
+        args.caps = [parse_cap(c) for c in args.caps.split(",")]
+    except ValueError as exc:
+        parser.error(f"--caps: {exc}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     result = asyncio.run(bench(args))
     from throughput import machine_info  # noqa: PLC0415 (sibling benchmark module)

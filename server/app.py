@@ -39,7 +39,7 @@ import msgspec
 from aiohttp import web
 from rmserve.server import handlers, leases, queue_routes
 from rmserve.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
-from rmserve.server import auth, limits
+from rmserve.server import auth, limits, render_pool
 from rmserve.server.judge_scoring import JudgeSettings
 from rmserve.server.middleware import auth_middleware, error_middleware
 from rmserve.server.protocol import JudgeEngine, PrefixCacheStats, RewardEngine, SupportsPrefixCacheStats
@@ -97,6 +97,7 @@ async def _render_executor_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG_KEY]
     executor = ThreadPoolExecutor(max_workers=config.render_threads, thread_name_prefix="rmserve-render")
     app[EXECUTOR_KEY] = executor
+    render_pool.install(app, executor)  # per-user fair order of its jobs (with fair_share)
     try:
         yield
     finally:

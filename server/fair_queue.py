@@ -31,7 +31,10 @@ server was started with ``--scheduling-policy priority``, so interactive request
 among the groups already at the engine.
 
 A waiting group whose caller goes away (client disconnect: the task is cancelled) leaves the
-queue at once; a group cancelled at the engine frees its slot. :meth:`FairQueue.snapshot`
+queue at once; a group cancelled at the engine frees its slot. :meth:`FairQueue.wait_turn` and
+:meth:`FairQueue.end_turn` are the two halves of :meth:`FairQueue.turn`, for a slot that must
+be held past the waiting task (the render threads' per-user order,
+:mod:`rmserve.server.render_pool`, is a second queue of this class, costed in characters). :meth:`FairQueue.snapshot`
 reports, per user, queued and in-flight groups and tokens, tokens served, recent throughput
 and an estimated wait (``GET /v1/queue`` and the status page read it).
 """
@@ -41,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -124,8 +128,8 @@ def caller_of(request: web.Request) -> Caller:
 
 
 @dataclass(eq=False, slots=True)
-class _Ticket:
-    """One group waiting for, or holding, a turn."""
+class Ticket:
+    """One group (or job) waiting for, or holding, a turn (opaque outside this module)."""
 
     user: str
     cost: int
@@ -143,7 +147,7 @@ class _UserQueue:
     """A user's waiting groups (per priority) and counters."""
 
     user: User
-    waiting: dict[str, deque[_Ticket]] = field(default_factory=lambda: {p: deque() for p in PRIORITIES})
+    waiting: dict[str, deque[Ticket]] = field(default_factory=lambda: {p: deque() for p in PRIORITIES})
     deficit: float = 0.0
     inflight_groups: int = 0
     inflight_tokens: int = 0
@@ -152,7 +156,7 @@ class _UserQueue:
     recent: deque[tuple[float, int]] = field(default_factory=deque)
     """(finish time, tokens) of groups finished in the last :data:`THROUGHPUT_WINDOW_S`."""
 
-    def head(self) -> _Ticket | None:
+    def head(self) -> Ticket | None:
         for priority in PRIORITIES:
             if self.waiting[priority]:
                 return self.waiting[priority][0]
@@ -271,6 +275,27 @@ class FairQueue:
             asyncio.CancelledError: the waiting task was cancelled (the group has left the
                 queue; no slot is held).
         """
+        ticket = await self.wait_turn(user, cost_tokens, priority)
+        try:
+            yield
+        finally:
+            self.end_turn(ticket)
+
+    async def wait_turn(self, user: User, cost_tokens: int, priority: Priority = DEFAULT_PRIORITY) -> Ticket:
+        """Wait for a turn and hold its slot until :meth:`end_turn` (the two halves of
+        :meth:`turn`, for a slot that must outlive the waiting task: e.g. a job running in a
+        thread after its caller has gone, :mod:`rmserve.server.render_pool`).
+
+        Args: as :meth:`turn` (``cost_tokens`` is in whatever unit the queue's quantum is).
+
+        Returns:
+            The granted :class:`Ticket`; pass it to :meth:`end_turn` exactly once.
+
+        Raises:
+            ValueError: ``cost_tokens`` negative or ``priority`` unknown.
+            asyncio.CancelledError: the waiting task was cancelled (the job has left the
+                queue; no slot is held).
+        """
         if not isinstance(cost_tokens, int) or cost_tokens < 0:
             raise ValueError(f"cost_tokens: {cost_tokens!r} must be an integer ≥ 0")
         if priority not in PRIORITIES:
@@ -284,10 +309,12 @@ class FairQueue:
             elif not ticket.dropped:
                 self._withdraw(ticket)
             raise
-        try:
-            yield
-        finally:
-            self._finish(ticket)
+        return ticket
+
+    def end_turn(self, ticket: Ticket) -> None:
+        """Free the slot of a ticket :meth:`wait_turn` granted, count it served, start the next
+        waiting job."""
+        self._finish(ticket)
 
     def snapshot(self) -> QueueState:
         """The queue's state now (see :class:`QueueState`)."""
@@ -324,13 +351,13 @@ class FairQueue:
 
     # --- internals -----------------------------------------------------------------------
 
-    def _enqueue(self, user: User, cost: int, priority: Priority) -> _Ticket:
+    def _enqueue(self, user: User, cost: int, priority: Priority) -> Ticket:
         state = self._users.get(user.name)
         if state is None:
             state = self._users[user.name] = _UserQueue(user=user)
         else:
             state.user = user  # the latest record (a weight change applies from now on)
-        ticket = _Ticket(
+        ticket = Ticket(
             user=user.name,
             cost=cost,
             priority=priority,
@@ -344,7 +371,7 @@ class FairQueue:
         self._dispatch()
         return ticket
 
-    def _withdraw(self, ticket: _Ticket) -> None:
+    def _withdraw(self, ticket: Ticket) -> None:
         """Take a waiting ticket out of its user's queue (its caller went away)."""
         state = self._users[ticket.user]
         state.waiting[ticket.priority].remove(ticket)
@@ -357,7 +384,7 @@ class FairQueue:
         self._ring.remove(name)
         self._users[name].deficit = 0.0
 
-    def _finish(self, ticket: _Ticket, *, served: bool = True) -> None:
+    def _finish(self, ticket: Ticket, *, served: bool = True) -> None:
         """The ticket's turn is over: free its slot, count it served (when it reached the
         engine), start the next group."""
         state = self._users[ticket.user]
@@ -391,16 +418,26 @@ class FairQueue:
             ticket.started_s = self._clock()
             ticket.granted.set_result(None)
 
-    def _next(self) -> _Ticket:
-        """Pop the next group by deficit round robin (the ring is not empty)."""
+    def _credit(self, state: _UserQueue, head: Ticket) -> float:
+        """What one visit credits a user whose next group is ``head``."""
+        boost = self.interactive_boost if head.priority == "interactive" else 1.0
+        return self.quantum_tokens * state.user.weight * boost
+
+    def _next(self) -> Ticket:
+        """Pop the next group by deficit round robin (the ring is not empty).
+
+        After a whole pass of the ring serves nobody, the rounds that would serve nobody
+        either are credited at once (:meth:`_skip_idle_rounds`), so a cost far above the
+        quantum costs no more loop turns than a small one; the order is the same.
+        """
+        misses = 0
         while True:
             name = self._ring[0]
             state = self._users[name]
             head = state.head()
             assert head is not None
             if not self._visited:
-                boost = self.interactive_boost if head.priority == "interactive" else 1.0
-                state.deficit += self.quantum_tokens * state.user.weight * boost
+                state.deficit += self._credit(state, head)
                 self._visited = True
             if head.cost <= state.deficit:
                 state.deficit -= head.cost
@@ -410,6 +447,36 @@ class FairQueue:
                 return head
             self._visited = False
             self._ring.rotate(-1)
+            misses += 1
+            if misses >= len(self._ring):
+                self._skip_idle_rounds()
+                misses = 0
+
+    def _skip_idle_rounds(self) -> None:
+        """Credit at once the whole rounds of the ring in which no user could be served.
+
+        Called at the start of a pass after a pass that served nobody: every user in the
+        ring has had its credit and its deficit is below its head's cost. User ``u`` needs
+        ``k_u = ⌈(cost_u − deficit_u) / credit_u⌉`` more visits; the first ``min k_u − 1``
+        rounds serve nobody. One round fewer than that (``min k_u − 2``) is credited at once,
+        a margin against rounding in the division, and the passes that follow serve the
+        group plain deficit round robin would (exactly so when quantum × weight × boost are
+        whole numbers, as with whole weights).
+        """
+        rounds = None
+        for name in self._ring:
+            state = self._users[name]
+            head = state.head()
+            assert head is not None
+            need = math.ceil((head.cost - state.deficit) / self._credit(state, head))
+            rounds = need if rounds is None else min(rounds, need)
+        if rounds is None or rounds <= 2:
+            return
+        for name in self._ring:
+            state = self._users[name]
+            head = state.head()
+            assert head is not None
+            state.deficit += (rounds - 2) * self._credit(state, head)
 
     def _estimate_wait(self, state: _UserQueue, total_rate: float) -> float | None:
         """See :attr:`UserQueueState.estimated_wait_s`."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
-from rmserve.server import fair_queue, judge_scoring, scoring, swap, wire
+from rmserve.server import fair_queue, judge_scoring, render_pool, scoring, swap, wire
 from rmserve.server.leases import leases_of
 from rmserve.server.middleware import json_response
 from rmserve.server.state import CONFIG_KEY, ENGINE_KEY, EXECUTOR_KEY, JUDGE_KEY, METRICS_KEY, STATE_KEY
@@ -93,9 +93,8 @@ async def _score(request: web.Request, app: web.Application) -> web.Response:
     info, renderer = app[STATE_KEY].require_ready()
     check_body_size(request, config)
     body = await request.read()
-    loop = asyncio.get_running_loop()
-    score_request: ScoreRequest = await loop.run_in_executor(
-        app[EXECUTOR_KEY], lambda: wire.decode_score_request(body, max_model_len=info.max_model_len)
+    score_request: ScoreRequest = await render_pool.run(
+        app, fair_queue.caller_of(request), len(body), lambda: wire.decode_score_request(body, max_model_len=info.max_model_len)
     )
     if score_request.model is not None and score_request.model != info.name:
         raise ModelNotFound(

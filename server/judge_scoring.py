@@ -9,7 +9,8 @@ The judge counterpart of :mod:`rmserve.server.scoring`, used when the app's engi
    group (a judge needs ``num_chosen``: its prompts depend on which answer is correct);
 2. **check** the protocol choice against the benchmark (:meth:`JudgeSettings.check_group`:
    ``ranking``/``ratings`` are RewardBench 2 protocols, ``pairwise`` RM-Bench's);
-3. **plan** the calls (:func:`rmserve.server.judge_protocols.plan_group`);
+3. **plan** the calls (:func:`rmserve.server.judge_protocols.plan_group`), on the render
+   threads in the caller's fair turn (:mod:`rmserve.server.render_pool`);
 4. **judge**: one :meth:`JudgeEngine.judge_group` call per group with all its calls (so the
    shared instruction and question hit the prefix cache), all groups concurrently; a client
    disconnect cancels the pending calls (the engine aborts them), the first engine failure
@@ -54,7 +55,7 @@ from dataclasses import dataclass
 
 import msgspec
 from aiohttp import web
-from rmserve.server import limits
+from rmserve.server import limits, render_pool
 from rmserve.server.fair_queue import ENGINE_PRIORITY, Caller, FairQueue, queue_of
 from rmserve.server.leases import leases_of
 from rmserve.server.judge_protocols import (
@@ -380,6 +381,15 @@ def _plan(group: Group, config: JudgeProtocolConfig) -> tuple[JudgePlan | None, 
         return None, ResponseError(UNSUPPORTED_GROUP, exc.message)
 
 
+def _plan_all(groups: Sequence[Group], config: JudgeProtocolConfig, fingerprint: str) -> list[_Planned]:
+    """Every group planned (:func:`_plan`) with its result-cache key (:func:`calls_key`)."""
+    items = []
+    for group in groups:
+        plan, error = _plan(group, config)
+        items.append(_Planned(group, plan, error, calls_key(fingerprint, plan) if plan is not None else b""))
+    return items
+
+
 CHARS_PER_TOKEN = 4
 """Characters per token assumed when a judge group's fair-queue cost is estimated before the
 engine tokenizes it (the judge engine renders its own prompts)."""
@@ -486,10 +496,11 @@ async def score_request(
     state.admit_groups(num_groups)
     metrics.inflight_groups.inc(num_groups)
     try:
-        items = []
-        for group in groups:
-            plan, error = _plan(group, config)
-            items.append(_Planned(group, plan, error, calls_key(info.fingerprint, plan) if plan is not None else b""))
+        # Templating the judge prompts and hashing them is the judge's render work: it runs on
+        # the render threads, in the caller's fair turn (rmserve.server.render_pool).
+        items = await render_pool.run(
+            app, caller, render_pool.request_chars(request), lambda: _plan_all(groups, config, info.fingerprint)
+        )
         # The user's tokens-per-minute budget is charged the same estimate the fair queue uses.
         engine = app[ENGINE_KEY]
         await admission.charge_tokens(

@@ -2,7 +2,8 @@
 
 :func:`score_request` is the whole path after the HTTP layer has decoded and checked a
 ``POST /v1/score`` body: admit its groups against ``max_inflight_groups``, render and
-tokenize every group in one render-thread call, score all groups concurrently (each group's
+tokenize every group in one render-thread call (in the caller's fair turn of the render
+threads, :mod:`rmserve.server.render_pool`), score all groups concurrently (each group's
 sequences in one ``engine.score_group`` call so they share the prompt's prefix-cache blocks;
 groups seen before come from the :class:`~rmserve.server.result_cache.ResultCache`), check
 the engine's answers and build one :class:`~rmserve.schema.GroupResult` per group. Cancelling
@@ -20,7 +21,7 @@ import uuid
 from collections.abc import Sequence
 
 from aiohttp import web
-from rmserve.server import limits
+from rmserve.server import limits, render_pool
 from rmserve.server.fair_queue import ENGINE_PRIORITY, Caller, FairQueue, queue_of
 from rmserve.server.leases import leases_of
 from rmserve.server.protocol import ExtraValue, RewardEngine, SequenceScore
@@ -30,7 +31,6 @@ from rmserve.server.users import ANONYMOUS, User
 from rmserve.server.state import (
     CONFIG_KEY,
     ENGINE_KEY,
-    EXECUTOR_KEY,
     METRICS_KEY,
     RESULT_CACHE_KEY,
     STATE_KEY,
@@ -223,7 +223,8 @@ async def score_request(
     """Score every group of a decoded, checked request with the model ``info`` describes.
 
     ``caller`` (user and priority hint) takes each group's turn of the app's fair queue, when
-    the app has one (:mod:`rmserve.server.fair_queue`).
+    the app has one (:mod:`rmserve.server.fair_queue`), and the request's turn of the render
+    threads (:func:`rmserve.server.render_pool.run`, cost :func:`~rmserve.server.render_pool.request_chars`).
 
     The request's ``fingerprint``, when set, is checked first
     (:meth:`~rmserve.server.leases.LeaseBook.check_fingerprint`); its groups count as the
@@ -241,7 +242,6 @@ async def score_request(
     """
     state = app[STATE_KEY]
     metrics = app[METRICS_KEY]
-    executor = app[EXECUTOR_KEY]
     num_groups = len(request.groups)
     book = leases_of(app)
     book.check_fingerprint(request.fingerprint, info)
@@ -251,9 +251,9 @@ async def score_request(
     metrics.inflight_groups.inc(num_groups)
     try:
         with book.pinned(caller.user.name, request.fingerprint, num_groups):
-            loop = asyncio.get_running_loop()
-            rendered: list[RenderedGroup] = await loop.run_in_executor(
-                executor, functools.partial(renderer.render_request, request, too_long="mark")
+            rendered: list[RenderedGroup] = await render_pool.run(
+                app, caller, render_pool.request_chars(request),
+                functools.partial(renderer.render_request, request, too_long="mark"),
             )
             await admission.charge_tokens(limits.rendered_tokens(rendered))
             scores, from_cache = await score_groups(

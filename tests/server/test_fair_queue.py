@@ -78,6 +78,32 @@ async def test_drr_charges_tokens_not_groups():
     assert await h.run() == ["b1", "b2", "a1", "a2", "b3"]
 
 
+async def test_costs_far_above_the_quantum_keep_the_round_robin_order():
+    # quantum 1, equal weights. A: a1 costs 1,000,000; B: b1 999,999 and b2 1.
+    # After k rounds both have k. Round 999,999: A (999,999) < a1, B → b1 (B 0).
+    # Next: B 0 < 1 → A +1 → a1 (A empty). B +1 → b2. (The queue credits the rounds that
+    # serve nobody at once; the order is plain deficit round robin's.)
+    h = Harness(FairQueue(concurrency=1, quantum_tokens=1))
+    await h.start()
+    await h.add(A, "a1", 1_000_000)
+    await h.add(B1, "b1", 999_999)
+    await h.add(B1, "b2", 1)
+    assert await h.run() == ["b1", "a1", "b2"]
+
+
+async def test_rounds_skipped_at_once_respect_the_weights():
+    # quantum 7; A weight 1 (+7 a round), B weight 2 (+14). A: a1 costs 600; B: b1 1000, b2 500.
+    # B reaches 1000 in round ⌈1000/14⌉ = 72 → b1 (B keeps 8; A has 504 then).
+    # A reaches 600 in round ⌈600/7⌉ = 86 → a1; B has 8 + 14×13 = 190 < 500 then.
+    # B reaches 500 in round 72 + ⌈492/14⌉ = 108 → b2.
+    h = Harness(FairQueue(concurrency=1, quantum_tokens=7))
+    await h.start()
+    await h.add(A, "a1", 600)
+    await h.add(B, "b1", 1000)
+    await h.add(B, "b2", 500)
+    assert await h.run() == ["b1", "a1", "b2"]
+
+
 async def test_one_user_with_big_groups_gets_no_more_tokens_than_one_with_small_groups():
     # quantum 300, equal weights. A sends groups of 300, B groups of 100.
     # Each visit: A +300 → one group; B +300 → three groups. Equal tokens per round.
