@@ -15,13 +15,11 @@ Errors are raised as :class:`~rmserve.errors.RMServeError` and answered by
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 from rmserve.server import fair_queue, judge_scoring, render_pool, scoring, swap, wire
 from rmserve.server.leases import leases_of
 from rmserve.server.middleware import json_response
-from rmserve.server.state import CONFIG_KEY, ENGINE_KEY, EXECUTOR_KEY, JUDGE_KEY, METRICS_KEY, STATE_KEY
+from rmserve.server.state import CONFIG_KEY, ENGINE_KEY, JUDGE_KEY, METRICS_KEY, STATE_KEY
 from rmserve.server.users import ANONYMOUS, USER_KEY
 
 from rmserve.errors import BodyTooLarge, InvalidCheckpoint, ModelNotFound
@@ -93,8 +91,9 @@ async def _score(request: web.Request, app: web.Application) -> web.Response:
     info, renderer = app[STATE_KEY].require_ready()
     check_body_size(request, config)
     body = await request.read()
+    caller = fair_queue.caller_of(request)
     score_request: ScoreRequest = await render_pool.run(
-        app, fair_queue.caller_of(request), len(body), lambda: wire.decode_score_request(body, max_model_len=info.max_model_len)
+        app, caller, len(body), lambda: wire.decode_score_request(body, max_model_len=info.max_model_len)
     )
     if score_request.model is not None and score_request.model != info.name:
         raise ModelNotFound(
@@ -103,7 +102,6 @@ async def _score(request: web.Request, app: web.Application) -> web.Response:
             value=score_request.model,
         )
     judge = app[JUDGE_KEY]
-    caller = fair_queue.caller_of(request)
     if judge is not None:
         reply = await judge_scoring.score_request(app, score_request, info, judge, caller)
     else:
