@@ -178,6 +178,10 @@ def serve_command(
             "--engine-concurrency-groups", help=_server_help("engine_concurrency_groups"), show_default=False
         ),
     ] = None,
+    engine_window_tokens: Annotated[
+        Optional[int],
+        typer.Option("--engine-window-tokens", help=_server_help("engine_window_tokens"), show_default=False),
+    ] = None,
     fair_share_quantum_tokens: Annotated[
         Optional[int],
         typer.Option(
@@ -248,6 +252,7 @@ def serve_command(
                 insecure_no_auth=insecure_no_auth or None,
                 fair_share=fair_share,
                 engine_concurrency_groups=engine_concurrency_groups,
+                engine_window_tokens=engine_window_tokens,
                 fair_share_quantum_tokens=fair_share_quantum_tokens,
                 fair_share_interactive_boost=fair_share_interactive_boost,
                 lease_idle_s=lease_idle_s,

@@ -38,7 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 import msgspec
 from aiohttp import web
 from rmserve.server import handlers, leases, queue_routes
-from rmserve.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from rmserve.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig, engine_window
+from rmserve.server.fair_queue import queue_of
 from rmserve.server import auth, limits, render_pool
 from rmserve.server.judge_scoring import JudgeSettings
 from rmserve.server.middleware import auth_middleware, error_middleware
@@ -124,6 +125,11 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
                 renderer = await renderer_for(app, loaded)
             state.publish(info, renderer, loaded.checkpoint_dir)
             logger.info("engine ready: model %s (%s, %s)", info.name, info.engine, info.dtype)
+            queue = queue_of(app)
+            if queue is not None:
+                queue.set_window_tokens(engine_window(config, loaded.step_tokens))
+                logger.info("fair queue: at most %d groups%s at the engine", queue.concurrency,
+                            f" and {queue.window_tokens:,} prompt tokens" if queue.window_tokens else "")
         except asyncio.CancelledError:
             raise
         except Exception as exc:

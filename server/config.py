@@ -392,6 +392,19 @@ def node_engine_configs(base: EngineConfig, specs: tuple[ModelSpec, ...] | list[
     return configs
 
 
+ENGINE_WINDOW_STEPS = 8
+"""Default ``ServerConfig.engine_window_tokens``: this many steps of the engine's token budget."""
+
+
+def engine_window(config: ServerConfig, step_tokens: int | None) -> int | None:
+    """The fair queue's token window (:class:`rmserve.server.fair_queue.FairQueue`
+    ``window_tokens``): ``config.engine_window_tokens`` when set (0: None, no bound), else
+    :data:`ENGINE_WINDOW_STEPS` × the engine's ``step_tokens``, else None."""
+    if config.engine_window_tokens is not None:
+        return config.engine_window_tokens or None
+    return ENGINE_WINDOW_STEPS * step_tokens if step_tokens else None
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -565,6 +578,9 @@ class ServerConfig:
     engine_concurrency_groups: int = 64
     """With fair_share: most groups at the engine at once (≥ 1); the rest wait in their user's queue. Default: 64."""
 
+    engine_window_tokens: int | None = None
+    """With fair_share: no further group goes to the engine while those there hold this many prompt tokens (≥ 1; 0 = no such bound). It keeps the engine's own first-come-first-served queue short, so a user's group admitted now does not wait behind a long queue of others'. Default: 8 steps of the engine's scheduler budget (vLLM's max_num_batched_tokens); none for engines without one."""
+
     fair_share_quantum_tokens: int = 2048
     """With fair_share: prompt tokens a weight-1 user is credited per round of the queue (≥ 1). Default: 2048."""
 
@@ -620,6 +636,13 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ServerConfig.{name} is {value!r}; it must be an integer ≥ 1")
+        if self.engine_window_tokens is not None and (
+            not isinstance(self.engine_window_tokens, int) or isinstance(self.engine_window_tokens, bool)
+            or self.engine_window_tokens < 0
+        ):
+            raise ValueError(
+                f"ServerConfig.engine_window_tokens is {self.engine_window_tokens!r}; it must be an integer ≥ 0 (0 = no bound)"
+            )
         if not isinstance(self.fair_share_interactive_boost, (int, float)) or not self.fair_share_interactive_boost >= 1:
             raise ValueError(
                 f"ServerConfig.fair_share_interactive_boost is {self.fair_share_interactive_boost!r}; it must be ≥ 1"

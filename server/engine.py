@@ -118,6 +118,14 @@ CAN_READ_PREFIX_CACHE_WITH_PROMPT_LOGPROBS = "skip_reading_prefix_cache" in geta
 
 
 @dataclass(frozen=True, slots=True)
+def _step_tokens(engine: Any) -> int | None:
+    """The engine scheduler's token budget per step (``max_num_batched_tokens``), or None
+    when this vLLM does not expose it."""
+    value = getattr(getattr(getattr(engine, "vllm_config", None), "scheduler_config", None),
+                    "max_num_batched_tokens", None)
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
 class _Loaded:
     engine: Any
     record: LoadedModel
@@ -412,7 +420,8 @@ class _VLLMAdapter(EngineLifecycle[_Loaded]):
             template = loaded.judge.chat_template if loaded.judge is not None else loaded.renderer
             info = self._model_info(loaded.info.name, str(folder), template, loaded.info.max_model_len, loaded.info.dtype)
             self._loaded = _Loaded(engine=loaded.engine,
-                                   record=LoadedModel(info, loaded.record.renderer, local_checkpoint(folder)),
+                                   record=LoadedModel(info, loaded.record.renderer, local_checkpoint(folder),
+                                                      loaded.record.step_tokens),
                                    judge=loaded.judge)
             return self._loaded.record
         finally:
@@ -505,7 +514,7 @@ class VLLMEngine(_VLLMAdapter):
                 cfg.model, max_model_len=max_model_len, chat_template_path=cfg.chat_template
             )
             info = self._model_info(cfg.name, cfg.model, renderer, max_model_len, args.dtype)
-            return _Loaded(engine=engine, record=LoadedModel(info, renderer, local_checkpoint(cfg.model)))
+            return _Loaded(engine=engine, record=LoadedModel(info, renderer, local_checkpoint(cfg.model), _step_tokens(engine)))
 
         return self._describe(engine, describe)
 
@@ -826,7 +835,7 @@ class VLLMLogprobEngine(_VLLMAdapter):
             max_model_len = int(engine.model_config.max_model_len) - 1
             renderer = Renderer.from_pretrained(model, max_model_len=max_model_len, chat_template_path=cfg.chat_template)
             info = self._model_info(_served_name(cfg, model), model, renderer, max_model_len, args.dtype)
-            return _Loaded(engine=engine, record=LoadedModel(info, renderer, local_checkpoint(model)))
+            return _Loaded(engine=engine, record=LoadedModel(info, renderer, local_checkpoint(model), _step_tokens(engine)))
 
         return self._describe(engine, describe)
 
@@ -1038,7 +1047,8 @@ class VLLMJudgeEngine(_VLLMAdapter):
             max_prompt = int(engine.model_config.max_model_len) - 1
             judge = JudgeRenderer(tokenizer, chat_template=template, max_prompt_tokens=max_prompt)
             info = self._model_info(cfg.name, cfg.model, template, max_prompt, args.dtype)
-            return _Loaded(engine=engine, record=LoadedModel(info, None, local_checkpoint(cfg.model)), judge=judge)
+            return _Loaded(engine=engine, record=LoadedModel(info, None, local_checkpoint(cfg.model), _step_tokens(engine)),
+                           judge=judge)
 
         return self._describe(engine, describe)
 

@@ -232,6 +232,12 @@ class FairQueue:
             finer-grained, one far above it lets a user send many groups in a row.
         interactive_boost: factor (≥ 1) on the quantum credited to a user whose next group
             is ``interactive``.
+        window_tokens: with a value, no further group is admitted while the groups at the
+            engine hold that many prompt tokens or more (at least one group always is). It
+            bounds the engine's own queue, which runs first come first served: a group admitted
+            behind a long queue waits for all of it however fair the admission order was.
+            None: only ``concurrency`` bounds it. Settable after construction (the app sets it
+            once the engine reports its step budget).
         clock: monotonic seconds (tests pass their own).
 
     Raises:
@@ -240,13 +246,17 @@ class FairQueue:
     """
 
     def __init__(self, concurrency: int, quantum_tokens: int, *, interactive_boost: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 window_tokens: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency: {concurrency!r} must be an integer ≥ 1")
         if not isinstance(quantum_tokens, int) or quantum_tokens < 1:
             raise ValueError(f"quantum_tokens: {quantum_tokens!r} must be an integer ≥ 1")
         if not isinstance(interactive_boost, (int, float)) or not interactive_boost >= 1:
             raise ValueError(f"interactive_boost: {interactive_boost!r} must be a number ≥ 1")
+        if window_tokens is not None and (not isinstance(window_tokens, int) or window_tokens < 1):
+            raise ValueError(f"window_tokens: {window_tokens!r} must be None or an integer ≥ 1")
+        self.window_tokens = window_tokens
+        self._inflight_tokens = 0
         self.concurrency = concurrency
         self.quantum_tokens = quantum_tokens
         self.interactive_boost = float(interactive_boost)
@@ -260,6 +270,17 @@ class FairQueue:
         self._seq = itertools.count()
 
     # --- public API ----------------------------------------------------------------------
+
+    def set_window_tokens(self, window_tokens: int | None) -> None:
+        """Change ``window_tokens`` (see the class docstring) and admit what now fits.
+
+        Raises:
+            ValueError: not None and not an integer ≥ 1.
+        """
+        if window_tokens is not None and (not isinstance(window_tokens, int) or window_tokens < 1):
+            raise ValueError(f"window_tokens: {window_tokens!r} must be None or an integer ≥ 1")
+        self.window_tokens = window_tokens
+        self._dispatch()
 
     @contextlib.asynccontextmanager
     async def turn(self, user: User, cost_tokens: int, priority: Priority = DEFAULT_PRIORITY) -> AsyncIterator[None]:
@@ -390,6 +411,7 @@ class FairQueue:
         state = self._users[ticket.user]
         now = self._clock()
         self._inflight -= 1
+        self._inflight_tokens -= ticket.cost
         state.inflight_groups -= 1
         state.inflight_tokens -= ticket.cost
         if served:
@@ -405,7 +427,9 @@ class FairQueue:
 
     def _dispatch(self) -> None:
         """Grant turns while a slot is free and a group waits."""
-        while self._inflight < self.concurrency and self._ring:
+        while self._inflight < self.concurrency and self._ring and (
+            self.window_tokens is None or self._inflight_tokens < self.window_tokens
+        ):
             ticket = self._next()
             state = self._users[ticket.user]
             if ticket.granted.cancelled():  # its caller left after the last dispatch
@@ -413,6 +437,7 @@ class FairQueue:
                 state.deficit += ticket.cost if state.head() is not None else 0.0
                 continue
             self._inflight += 1
+            self._inflight_tokens += ticket.cost
             state.inflight_groups += 1
             state.inflight_tokens += ticket.cost
             ticket.started_s = self._clock()

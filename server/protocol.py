@@ -78,11 +78,15 @@ class LoadedModel:
         checkpoint_dir: the loaded checkpoint's folder, resolved; None when the model is not a
             local folder (a hub id). The app compares checkpoints for a swap from it and
             restores it when a restart on another checkpoint fails.
+        step_tokens: most tokens the engine's scheduler packs into one step (vLLM's
+            ``max_num_batched_tokens``), when it has such a budget; None otherwise. The fair
+            queue keeps a few steps' worth at the engine (``ServerConfig.engine_window_tokens``).
     """
 
     info: ModelInfo
     renderer: Renderer | None = None
     checkpoint_dir: Path | None = None
+    step_tokens: int | None = None
 
 
 def local_checkpoint(model: str | Path | None) -> Path | None:

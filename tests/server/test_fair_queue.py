@@ -355,3 +355,52 @@ async def test_a_waiter_cancelled_just_before_its_turn_is_skipped():
     snap = queue.snapshot()
     assert (snap.inflight_groups, snap.queued_groups) == (0, 0)
     assert [(u.user, u.served_groups) for u in snap.users] == [("A", 1), ("B", 1)]
+
+
+async def test_a_token_window_bounds_what_is_at_the_engine_but_always_admits_one():
+    """Window 100 tokens, cap 10 groups, quantum 1000 (alice's visit covers all her groups):
+    a's groups of 60 tokens go two at a time (the second is admitted while 60 < 100 are at the
+    engine, then 120 ≥ 100 holds the rest); bob's 500-token group, over the window on its own,
+    goes as soon as less than the window is at the engine."""
+    queue = FairQueue(10, 1000, window_tokens=100)
+    alice, bob = User("alice"), User("bob")
+    order: list[str] = []
+    release = {name: asyncio.Event() for name in ("a1", "a2", "a3", "b1")}
+
+    async def group(user, name, cost):
+        async with queue.turn(user, cost):
+            order.append(name)
+            await release[name].wait()
+
+    async def settle():
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    tasks = [asyncio.create_task(group(alice, n, 60)) for n in ("a1", "a2", "a3")]
+    tasks.append(asyncio.create_task(group(bob, "b1", 500)))
+    await settle()
+    assert order == ["a1", "a2"]  # 120 tokens at the engine: nothing more until one ends
+    release["a1"].set()
+    await settle()
+    assert order == ["a1", "a2", "a3"]  # 60 < 100 again: alice's turn goes on (120 again)
+    release["a2"].set()
+    await settle()
+    assert order == ["a1", "a2", "a3", "b1"]  # 60 < 100: bob's 500 tokens go, 560 at the engine
+    release["a3"].set()
+    release["b1"].set()
+    await asyncio.gather(*tasks)
+    queue.set_window_tokens(None)
+    assert queue.window_tokens is None
+    with pytest.raises(ValueError, match="window_tokens"):
+        FairQueue(1, 1, window_tokens=0)
+
+
+def test_the_default_window_is_eight_engine_steps():
+    from rmserve.server.config import ServerConfig, engine_window
+
+    assert engine_window(ServerConfig(), 2048) == 16384
+    assert engine_window(ServerConfig(), None) is None
+    assert engine_window(ServerConfig(engine_window_tokens=5000), 2048) == 5000
+    assert engine_window(ServerConfig(engine_window_tokens=0), 2048) is None
+    with pytest.raises(ValueError, match="engine_window_tokens is -1"):
+        ServerConfig(engine_window_tokens=-1)

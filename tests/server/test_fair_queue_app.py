@@ -12,21 +12,15 @@ import asyncio
 
 import orjson
 import pytest
-from aiohttp import web
+from testkit.auth_stub import user_header_middleware
 from testkit.fakes import FakeEngine, FakeRenderer
 from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.users import USER_KEY, User
+from rmserve.server.users import User
 
 USERS = {"alice": User("alice"), "bob": User("bob", weight=2.0), "root": User("root", role="admin")}
 
 
-@web.middleware
-async def user_from_test_header(request: web.Request, handler):
-    """Test stand-in for the authentication middleware: the user named in ``X-Test-User``."""
-    name = request.headers.get("X-Test-User")
-    if name is not None:
-        request[USER_KEY] = USERS[name]
-    return await handler(request)
+user_from_test_header = user_header_middleware(USERS)
 
 
 def group(gi: int) -> dict:

@@ -10,6 +10,7 @@ test's tmp folder.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -131,15 +132,42 @@ def _artifacts(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.mark.browser
-def test_status_page_in_chromium_shows_two_users_work_in_flight(tmp_path):
+def _require_browser() -> None:
+    """Skip when Chromium, its driver or selenium is missing; fail instead under
+    ``RMSERVE_REQUIRE_BROWSER=1`` (CI installs them: a skip there would hide the test)."""
     missing = _browser_missing()
     if missing:
-        if os.environ.get("RMSERVE_REQUIRE_BROWSER") == "1":  # CI installs Chromium: a skip there is a failure
+        if os.environ.get("RMSERVE_REQUIRE_BROWSER") == "1":
             pytest.fail(missing)
         pytest.skip(missing)
+
+
+@contextlib.contextmanager
+def _chromium(tmp_path: Path, name: str):
+    """A headless Chromium driver (1400×1000); on a failure inside, the screenshot and page
+    source go to the artifacts folder as ``NAME_failure.png`` / ``.html``; always quit."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    except BaseException:
+        folder = _artifacts(tmp_path)
+        driver.save_screenshot(str(folder / f"{name}_failure.png"))
+        (folder / f"{name}_failure.html").write_text(driver.page_source)
+        raise
+    finally:
+        driver.quit()
+
+
+@pytest.mark.browser
+def test_status_page_in_chromium_shows_two_users_work_in_flight(tmp_path):
+    _require_browser()
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -158,59 +186,49 @@ def test_status_page_in_chromium_shows_two_users_work_in_flight(tmp_path):
         posts = [threading.Thread(target=_post, args=(url, "alice", 3, 0, statuses))]
         posts.append(threading.Thread(target=_post, args=(url, "bob", 2, 0, statuses)))
         posts[0].start()
-        options = webdriver.ChromeOptions()
-        options.binary_location = CHROMIUM
-        for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-            options.add_argument(arg)
-        driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
         try:
-            WebDriverWait(driver, 30).until(lambda d: engine.calls)  # alice's first group is at the engine
-            posts[1].start()
-            driver.get(url + "/")
-            first = WebDriverWait(driver, 30).until(
-                lambda d: int(d.find_element(By.TAG_NAME, "body").get_attribute("data-refreshes") or 0)
-            )
+            with _chromium(tmp_path, "status_page") as driver:
+                WebDriverWait(driver, 30).until(lambda d: engine.calls)  # alice's first group is at the engine
+                posts[1].start()
+                driver.get(url + "/")
+                first = WebDriverWait(driver, 30).until(
+                    lambda d: int(d.find_element(By.TAG_NAME, "body").get_attribute("data-refreshes") or 0)
+                )
 
-            def queued(user: str) -> str:
-                return driver.find_element(By.CSS_SELECTOR, f'#queue tr[data-user="{user}"] td.queued-groups').text
+                def queued(user: str) -> str:
+                    return driver.find_element(By.CSS_SELECTOR, f'#queue tr[data-user="{user}"] td.queued-groups').text
 
-            def both_shown(d) -> bool:  # after a later refresh, with bob's groups queued
-                refreshes = int(d.find_element(By.TAG_NAME, "body").get_attribute("data-refreshes") or 0)
-                rows = d.find_elements(By.CSS_SELECTOR, "#queue tbody tr")
-                return refreshes > first and len(rows) == 3 and queued("bob") == "2"
+                def both_shown(d) -> bool:  # after a later refresh, with bob's groups queued
+                    refreshes = int(d.find_element(By.TAG_NAME, "body").get_attribute("data-refreshes") or 0)
+                    rows = d.find_elements(By.CSS_SELECTOR, "#queue tbody tr")
+                    return refreshes > first and len(rows) == 3 and queued("bob") == "2"
 
-            WebDriverWait(driver, 30).until(both_shown)
-            assert queued("alice") == "2"
-            # the viewer (the anonymous admin of a server without users) is listed with zeros
-            users = [row.get_attribute("data-user") for row in driver.find_elements(By.CSS_SELECTOR, "#queue tbody tr")]
-            assert users == ["alice", "anonymous", "bob"]
-            assert queued("anonymous") == "0"
-            assert driver.find_element(By.CSS_SELECTOR, '#queue tr[data-user="bob"] td.queued-tokens').text == "36"
-            assert driver.find_element(
-                By.CSS_SELECTOR, '#queue tr[data-user="alice"] td.inflight-groups').text == "1"
-            assert driver.find_element(By.CSS_SELECTOR, '#queue tr[data-user="bob"] td.weight').text == "2"
-            model_row = driver.find_element(By.CSS_SELECTOR, f'#models tr[data-model="{FAKE_MODEL.name}"]')
-            assert model_row.find_element(By.CSS_SELECTOR, "td.name").text == "fake-rm"
-            assert model_row.find_element(By.CSS_SELECTOR, "td.fingerprint").text.startswith("fp-fake")
-            assert model_row.find_element(By.CSS_SELECTOR, "td.swaps").text == "0"
-            assert driver.find_element(By.ID, "engine-status").text == "ready"
-            assert "1 of 1 engine slots busy, 4 groups queued" in driver.find_element(By.ID, "queue-summary").text
-            lease_row = driver.find_element(By.CSS_SELECTOR, f'#leases tr[data-model="{FAKE_MODEL.name}"]')
-            assert lease_row.find_element(By.CSS_SELECTOR, "td.holder").text == "nobody"
-            assert lease_row.find_element(By.CSS_SELECTOR, "td.pinned").text == "alice: 3 groups, bob: 2 groups"
-            assert lease_row.find_element(By.CSS_SELECTOR, "td.fingerprint").text == FAKE_MODEL.fingerprint
-            assert driver.find_element(By.ID, "leases-summary").text.startswith("Nobody holds a lease")
-            assert driver.find_element(By.ID, "error").get_attribute("hidden") is not None
-            shot = _artifacts(tmp_path) / "status_page.png"
-            assert driver.save_screenshot(str(shot))
-            assert shot.stat().st_size > 1000
-        except BaseException:
-            folder = _artifacts(tmp_path)
-            driver.save_screenshot(str(folder / "status_page_failure.png"))
-            (folder / "status_page_failure.html").write_text(driver.page_source)
-            raise
+                WebDriverWait(driver, 30).until(both_shown)
+                assert queued("alice") == "2"
+                # the viewer (the anonymous admin of a server without users) is listed with zeros
+                users = [row.get_attribute("data-user") for row in driver.find_elements(By.CSS_SELECTOR, "#queue tbody tr")]
+                assert users == ["alice", "anonymous", "bob"]
+                assert queued("anonymous") == "0"
+                assert driver.find_element(By.CSS_SELECTOR, '#queue tr[data-user="bob"] td.queued-tokens').text == "36"
+                assert driver.find_element(
+                    By.CSS_SELECTOR, '#queue tr[data-user="alice"] td.inflight-groups').text == "1"
+                assert driver.find_element(By.CSS_SELECTOR, '#queue tr[data-user="bob"] td.weight').text == "2"
+                model_row = driver.find_element(By.CSS_SELECTOR, f'#models tr[data-model="{FAKE_MODEL.name}"]')
+                assert model_row.find_element(By.CSS_SELECTOR, "td.name").text == "fake-rm"
+                assert model_row.find_element(By.CSS_SELECTOR, "td.fingerprint").text.startswith("fp-fake")
+                assert model_row.find_element(By.CSS_SELECTOR, "td.swaps").text == "0"
+                assert driver.find_element(By.ID, "engine-status").text == "ready"
+                assert "1 of 1 engine slots busy, 4 groups queued" in driver.find_element(By.ID, "queue-summary").text
+                lease_row = driver.find_element(By.CSS_SELECTOR, f'#leases tr[data-model="{FAKE_MODEL.name}"]')
+                assert lease_row.find_element(By.CSS_SELECTOR, "td.holder").text == "nobody"
+                assert lease_row.find_element(By.CSS_SELECTOR, "td.pinned").text == "alice: 3 groups, bob: 2 groups"
+                assert lease_row.find_element(By.CSS_SELECTOR, "td.fingerprint").text == FAKE_MODEL.fingerprint
+                assert driver.find_element(By.ID, "leases-summary").text.startswith("Nobody holds a lease")
+                assert driver.find_element(By.ID, "error").get_attribute("hidden") is not None
+                shot = _artifacts(tmp_path) / "status_page.png"
+                assert driver.save_screenshot(str(shot))
+                assert shot.stat().st_size > 1000
         finally:
-            driver.quit()
             server._loop.call_soon_threadsafe(engine.score_gate.set)
             for post in posts:
                 if post.is_alive() or post.ident is not None:
@@ -233,13 +251,7 @@ def _load(url: str, user: str, body: dict) -> int:
 
 @pytest.mark.browser
 def test_status_page_in_chromium_shows_recent_swaps_newest_first(tmp_path):
-    missing = _browser_missing()
-    if missing:
-        if os.environ.get("RMSERVE_REQUIRE_BROWSER") == "1":
-            pytest.fail(missing)
-        pytest.skip(missing)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    _require_browser()
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -261,12 +273,7 @@ def test_status_page_in_chromium_shows_recent_swaps_newest_first(tmp_path):
         assert _load(url, "alice", {"name": "step-1", "path": str(step1)}) == 200
         # alice holds the lease: root's load goes through only because it is forced
         assert _load(url, "root", {"name": "step-0", "path": str(step0), "force": True}) == 200
-        options = webdriver.ChromeOptions()
-        options.binary_location = CHROMIUM
-        for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-            options.add_argument(arg)
-        driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-        try:
+        with _chromium(tmp_path, "status_page_swaps") as driver:
             driver.get(url + "/")
             WebDriverWait(driver, 30).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#swaps tbody tr")) == 2)
             rows = driver.find_elements(By.CSS_SELECTOR, "#swaps tbody tr")
@@ -284,10 +291,3 @@ def test_status_page_in_chromium_shows_recent_swaps_newest_first(tmp_path):
             assert lease_row.find_element(By.CSS_SELECTOR, "td.holder").text == "root"
             shot = _artifacts(tmp_path) / "status_page_swaps.png"
             assert driver.save_screenshot(str(shot))
-        except BaseException:
-            folder = _artifacts(tmp_path)
-            driver.save_screenshot(str(folder / "status_page_swaps_failure.png"))
-            (folder / "status_page_swaps_failure.html").write_text(driver.page_source)
-            raise
-        finally:
-            driver.quit()
