@@ -117,9 +117,16 @@ def serve(args: argparse.Namespace) -> None:
         app = create_app(config, engine, renderer_factory=engine_renderer)
     app.middlewares.append(bench_user)
 
+    defaults: dict[str, int | None] = {}
+
     async def set_queue(request: web.Request) -> web.Response:
         body = await request.json()
         queue = request.app[QUEUE_KEY]
+        if "window" not in defaults:  # the window the server chose from the engine's step budget
+            defaults["window"] = queue.window_tokens
+        window = body.get("window_tokens")  # None: the server's default; 0: none
+        queue.set_window_tokens(None if body["concurrency"] == FIFO_CAP or window == 0
+                                else defaults["window"] if window is None else int(window))
         queue.concurrency = int(body["concurrency"])
         queue.quantum_tokens = int(body.get("quantum_tokens", queue.quantum_tokens))
         queue.interactive_boost = float(body.get("interactive_boost", queue.interactive_boost))
@@ -127,6 +134,7 @@ def serve(args: argparse.Namespace) -> None:
         renders.concurrency = config.render_threads if body.get("render_fair", True) else FIFO_CAP
         renders.interactive_boost = queue.interactive_boost
         return web.json_response({"concurrency": queue.concurrency, "quantum_tokens": queue.quantum_tokens,
+                                  "window_tokens": queue.window_tokens,
                                   "interactive_boost": queue.interactive_boost,
                                   "render_slots": renders.concurrency})
 
@@ -173,15 +181,20 @@ def run_user_in_process(url: str, user: str, groups, in_flight: int, priority: s
     return asyncio.run(run_user(url, user, groups, in_flight, priority))
 
 
-async def set_cap(url: str, cap: int, quantum: int | None, boost: float = 1.0, render_fair: bool = True) -> None:
+async def set_cap(url: str, cap: int, quantum: int | None, boost: float = 1.0, render_fair: bool = True,
+                  window_tokens: int | None = None) -> int | None:
+    """Set the server's queue for a scenario; returns the engine token window in force (None: none)."""
     import aiohttp
 
     body: dict[str, float] = {"concurrency": cap, "interactive_boost": boost,
                               "render_fair": render_fair and cap != FIFO_CAP}
     if quantum is not None:
         body["quantum_tokens"] = quantum
+    if window_tokens is not None:
+        body["window_tokens"] = window_tokens
     async with aiohttp.ClientSession() as session, session.post(f"{url}/bench/queue", json=body) as resp:
         resp.raise_for_status()
+        return (await resp.json())["window_tokens"]
 
 
 async def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 900.0) -> float:
@@ -208,7 +221,7 @@ async def scenario(url: str, index: int, spec: tuple[int, float, bool], args: ar
     cap, boost, render_fair = spec
     tag = f"s{index:02d}"
     load_before = os.getloadavg()[0]
-    await set_cap(url, cap, args.quantum_tokens, boost, render_fair)
+    window = await set_cap(url, cap, args.quantum_tokens, boost, render_fair, args.window_tokens)
     idle = [(await run_user(url, "B", fresh(b_groups, f"{tag}-b{i}"), args.b_in_flight, "interactive"))[0]
             for i in range(args.idle_repeats)]
     a_fresh = fresh(a_groups, f"{tag}-aa")
@@ -224,10 +237,12 @@ async def scenario(url: str, index: int, spec: tuple[int, float, bool], args: ar
     row = {
         "scenario": "no fair share" if cap == FIFO_CAP
         else f"fair share, cap {cap}" + (f", interactive boost {boost:g}" if boost != 1 else "")
-        + ("" if render_fair else ", render threads in arrival order"),
+        + ("" if render_fair else ", render threads in arrival order")
+        + (f", window {window:,} tokens" if cap != FIFO_CAP and window else ", no token window" if cap != FIFO_CAP else ""),
         "engine_concurrency_groups": None if cap == FIFO_CAP else cap,
         "interactive_boost": None if cap == FIFO_CAP else boost,
         "render_fair": cap != FIFO_CAP and render_fair,
+        "engine_window_tokens": window,
         "b_idle_s": round(b_idle, 2),
         "b_idle_runs_s": [round(x, 2) for x in idle],
         "b_contended_s": round(b_wall, 2),
@@ -350,6 +365,9 @@ def main() -> None:
                         help="comma list of engine caps, each optionally with an interactive boost (64b2) and "
                              "'-rfifo' for render threads in arrival order (64-rfifo); 'fifo' = no fair share at all")
     parser.add_argument("--quantum-tokens", type=int, default=None)
+    parser.add_argument("--window-tokens", type=int, default=None,
+                        help="engine token window of the fair-share scenarios (0: none; default: the server's, "
+                        "8 steps of the engine's max_num_batched_tokens)")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="")
     parser.add_argument("--client-processes", action="store_true",

@@ -117,7 +117,6 @@ CAN_READ_PREFIX_CACHE_WITH_PROMPT_LOGPROBS = "skip_reading_prefix_cache" in geta
 ``skip_reading_prefix_cache`` field, vLLM ≥ 0.12)."""
 
 
-@dataclass(frozen=True, slots=True)
 def _step_tokens(engine: Any) -> int | None:
     """The engine scheduler's token budget per step (``max_num_batched_tokens``), or None
     when this vLLM does not expose it."""
@@ -126,6 +125,7 @@ def _step_tokens(engine: Any) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
+@dataclass(frozen=True, slots=True)
 class _Loaded:
     engine: Any
     record: LoadedModel
