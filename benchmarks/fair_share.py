@@ -238,7 +238,7 @@ async def scenario(url: str, index: int, spec: tuple[int, float, bool], args: ar
         "scenario": "no fair share" if cap == FIFO_CAP
         else f"fair share, cap {cap}" + (f", interactive boost {boost:g}" if boost != 1 else "")
         + ("" if render_fair else ", render threads in arrival order")
-        + (f", window {window:,} tokens" if cap != FIFO_CAP and window else ", no token window" if cap != FIFO_CAP else ""),
+        + (f", window {window:,} tokens" if cap != FIFO_CAP and window else ""),
         "engine_concurrency_groups": None if cap == FIFO_CAP else cap,
         "interactive_boost": None if cap == FIFO_CAP else boost,
         "render_fair": cap != FIFO_CAP and render_fair,

@@ -584,8 +584,8 @@ class ServerConfig:
     fair_share_quantum_tokens: int = 2048
     """With fair_share: prompt tokens a weight-1 user is credited per round of the queue (≥ 1). Default: 2048."""
 
-    fair_share_interactive_boost: float = 1.0
-    """With fair_share: factor (≥ 1) on the share of a user whose next group is marked interactive (header X-RMServe-Priority); 1 = the hint only orders that user's own groups. Default: 1."""
+    fair_share_interactive_boost: float = 2.0
+    """With fair_share: factor (≥ 1) on the share of a user whose next group is marked interactive (header X-RMServe-Priority; rmserve eval sends interactive, rmserve sweep batch); 1 = the hint only orders that user's own groups. Default: 2 (an eval gets twice the share of a sweep)."""
 
     users_file: str | None = None
     """Users file (JSON Lines, one user per line with a hash of the user's token, role and limits; rmserve users add writes it). With it every route but /health, / and /static/ needs Authorization: Bearer <token>. Without it the server has no users and listens on loopback only. Default: none."""
