@@ -14,19 +14,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from rmserve.errors import ServerFault
+from rmserve.schema import CLASSIFIER_KIND, DPO_KIND, JUDGE_KIND, LENGTH_KIND, MODEL_KINDS, ModelKind
 
 if TYPE_CHECKING:
-    from rmserve.server.auth import UserLine
+    from rmserve.server.sharing.auth import UserLine
 
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 """Accepted ``dtype`` values. ``auto`` = bfloat16 on a CUDA device, float32 otherwise."""
 
 EngineKind = Literal["vllm", "hf"]
 
-ModelKind = Literal["classifier", "dpo", "judge"]
-"""What kind of reward model is served: a sequence classifier, a DPO policy scored by its
-implicit reward (log-probabilities of the answer under the policy, minus a reference's), or a
-generative judge (a chat model that ranks, rates or compares the answers in text)."""
+
+LengthSign = Literal["longest", "shortest"]
+"""Length baseline: ``longest`` rewards a response by its token count, ``shortest`` by minus it."""
 
 JudgeProtocolChoice = Literal["auto", "ranking", "ratings", "pairwise"]
 """Judge protocol: ``auto`` = by benchmark (RewardBench 2: 4-way ranking, Ties rated; RM-Bench:
@@ -40,6 +40,9 @@ RefFreeMode = Literal["avg", "sum", "norm"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 """vLLM's scheduling policy: ``fcfs`` (arrival order) or ``priority`` (lower request priority
 first, then arrival; rmserve sends 0 for interactive and 1 for batch work)."""
+
+JudgeThinking = Literal["on", "off"]
+"""A judge's thinking switch: passed to the chat template as ``enable_thinking`` (Qwen3-style templates)."""
 
 CompatMode = Literal["none", "official"]
 """``official`` reproduces the official script's defects for comparison; ``none`` computes correctly."""
@@ -75,10 +78,10 @@ class EngineConfig:
     """
 
     model: str
-    """Local checkpoint folder or hub id: a ``*ForSequenceClassification`` model with one label (kind ``classifier``), a causal LM policy (kind ``dpo``) or a chat model (kind ``judge``)."""
+    """Local checkpoint folder or hub id: a ``*ForSequenceClassification`` model with one label (kind ``classifier``), a causal LM policy (kind ``dpo``), a chat model (kind ``judge``) or any model whose tokenizer counts the tokens (kind ``length``: only the tokenizer is loaded)."""
 
-    kind: ModelKind = "classifier"
-    """What the model is: ``classifier`` (a one-label reward head), ``dpo`` (a policy scored by its implicit reward; needs --ref-model or --ref-free) or ``judge`` (a chat model that ranks, rates or compares the answers)."""
+    kind: ModelKind = CLASSIFIER_KIND
+    """What the model is: ``classifier`` (a one-label reward head), ``dpo`` (a policy scored by its implicit reward; needs --ref-model or --ref-free), ``judge`` (a chat model that ranks, rates or compares the answers) or ``length`` (the length baseline: reward = the response's token count, see --length-sign)."""
 
     ref_model: str | None = None
     """DPO only: folder or hub id of the reference model (same tokenizer as the policy). Reward = sum of the answer's log-probs under the policy minus under the reference."""
@@ -87,7 +90,7 @@ class EngineConfig:
     """DPO only, without a reference model: reward = ``avg`` (mean answer-token log-prob, the official default), ``sum``, or ``norm`` (minus the L2 norm of the per-token log-probs)."""
 
     compat: CompatMode = "none"
-    """``official`` reproduces the official DPO script: a BOS prepended even when the template writes one, and its truncation (2048 tokens, keeping the prompt's last 128). ``none``: one BOS, no silent truncation."""
+    """``official`` reproduces the official scripts: for DPO a BOS prepended even when the template writes one (the EOS in its place for a tokenizer without BOS), and its truncation (2048 tokens, keeping the prompt's last 128); for a judge the official ranking reader (the first of [[A]], [[B]], [[C]], [[D]] in letter order found anywhere in the text) and rating reader. ``none``: what the template writes, the tokenizer's BOS added only where it has one and the template wrote none; no silent truncation; a judge's verdict is the one its answer concludes with."""
 
     protocol: JudgeProtocolChoice = "auto"
     """Judge only: ``auto`` (RewardBench 2: 4-way ranking, Ties rated; RM-Bench: pairwise), ``ranking`` or ``ratings`` (RewardBench 2; Ties is always rated), ``pairwise`` (RM-Bench)."""
@@ -108,7 +111,13 @@ class EngineConfig:
     """Judge only, with ``judge_url``: environment variable holding the endpoint's API key (sent as a bearer token; unset = no key)."""
 
     judge_system_prompt: bool = True
-    """Judge only: send the ranking instructions as a system message; false merges them into the user turn (official ``--no_system_prompt``, for chat templates without a system role)."""
+    """Judge only: send the ranking instructions as a system message; with ``--no-judge-system-prompt`` they are merged into the user turn (official ``--no_system_prompt``, for chat templates without a system role)."""
+
+    judge_thinking: JudgeThinking | None = None
+    """Judge only: the chat template's thinking switch for judges whose template has one (Qwen3-style ``enable_thinking``): ``on`` or ``off``, passed to a local template as ``enable_thinking`` and to an endpoint as ``chat_template_kwargs``. None = not passed (the template's default). Verdicts are read after the reasoning either way."""
+
+    length_sign: LengthSign = "longest"
+    """Length only: ``longest`` (reward = the response's token count, so longer answers win) or ``shortest`` (minus the count)."""
 
     engine: EngineKind = "vllm"
     """Backend name: ``vllm`` (embedded AsyncLLM, prefix cache) or ``hf`` (transformers)."""
@@ -162,7 +171,7 @@ class EngineConfig:
     """CPU build only: the CPU ids the engine's compute threads run on, as ``0-3`` or ``0,2`` (``nobind`` = no pinning), one list per rank joined by ``|`` with several ranks (``0|1``); None = ``VLLM_CPU_OMP_THREADS_BIND`` when set, else every CPU this process may use. vLLM's own default keeps one CPU idle for its scheduler, which halves a 2-core machine."""
 
     def __post_init__(self) -> None:
-        from rmserve.server.backends import ENGINES  # light module: only strings
+        from rmserve.server.engines.registry import ENGINES  # light module: only strings
 
         if not isinstance(self.model, str) or not self.model:
             raise ValueError("model: must be a non-empty path or hub id")
@@ -220,14 +229,18 @@ class EngineConfig:
         self._check_kind()
 
     def _check_kind(self) -> None:
-        if self.kind not in ("classifier", "dpo", "judge"):
-            raise ValueError(f"kind: {self.kind!r} is not one of classifier, dpo, judge")
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"kind: {self.kind!r} is not one of {', '.join(MODEL_KINDS)}")
+        if self.length_sign not in ("longest", "shortest"):
+            raise ValueError(f"length_sign: {self.length_sign!r} is not one of longest, shortest")
+        if self.kind != LENGTH_KIND and self.length_sign != "longest":
+            raise ValueError("length_sign: only for kind length; add --kind length or drop --length-sign")
         self._check_judge()
         if self.ref_free is not None and self.ref_free not in ("avg", "sum", "norm"):
             raise ValueError(f"ref_free: {self.ref_free!r} is not one of avg, sum, norm")
         if self.compat not in ("none", "official"):
             raise ValueError(f"compat: {self.compat!r} is not one of none, official")
-        if self.kind in ("classifier", "judge"):
+        if self.kind != DPO_KIND:
             for name in ("ref_model", "ref_free"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name}: only for kind dpo; add --kind dpo or drop --{name.replace('_', '-')}")
@@ -249,10 +262,16 @@ class EngineConfig:
             raise ValueError(f"judge_seed: {self.judge_seed!r} must be an integer ≥ 0")
         if not isinstance(self.judge_system_prompt, bool):
             raise ValueError(f"judge_system_prompt: {self.judge_system_prompt!r} must be true or false")
-        if self.kind != "judge":
-            if self.protocol != "auto" or self.judge_url is not None or self.judge_model is not None:
+        if self.judge_thinking is not None and self.judge_thinking not in ("on", "off"):
+            raise ValueError(f"judge_thinking: {self.judge_thinking!r} is not one of on, off")
+        if self.kind != JUDGE_KIND:
+            if (
+                self.protocol != "auto" or self.judge_url is not None or self.judge_model is not None
+                or self.judge_thinking is not None
+            ):
                 raise ValueError(
-                    "protocol / judge_url / judge_model: only for kind judge; add --kind judge or drop them"
+                    "protocol / judge_url / judge_model / judge_thinking: only for kind judge; add --kind judge or "
+                    "drop them"
                 )
             return
         if self.judge_url is not None and not self.judge_url.startswith(("http://", "https://")):
@@ -265,7 +284,7 @@ class EngineConfig:
     @property
     def dpo_mode(self) -> str | None:
         """DPO reward mode: ``reference`` or the reference-free mode; None for a classifier."""
-        if self.kind != "dpo":
+        if self.kind != DPO_KIND:
             return None
         return "reference" if self.ref_model is not None else self.ref_free
 
@@ -306,7 +325,7 @@ class ModelSpec:
 
     @classmethod
     def parse(cls, text: str) -> ModelSpec:
-        """Parse ``NAME=PATH[,key=value…]`` (keys: :data:`MODEL_SPEC_KEYS`).
+        """Parse ``NAME=PATH[,key=value…]`` (keys: :data:`MODEL_SPEC_KEYS`, with ``_`` or ``-``).
 
         Raises:
             ValueError: no ``=``, an empty name or path, a name with ``,`` / ``=`` / spaces, an
@@ -325,7 +344,7 @@ class ModelSpec:
         values: dict[str, object] = {}
         for option in options:
             key, eq, value = option.partition("=")
-            key = key.strip()
+            key = key.strip().replace("-", "_")  # the flag's spelling (gpu-memory-utilization) or the field's
             if key not in MODEL_SPEC_KEYS or not eq:
                 raise ValueError(f"--model {text!r}: {option!r} is not key=value with a key among {', '.join(MODEL_SPEC_KEYS)}")
             try:
@@ -397,7 +416,7 @@ ENGINE_WINDOW_STEPS = 8
 
 
 def engine_window(config: ServerConfig, step_tokens: int | None) -> int | None:
-    """The fair queue's token window (:class:`rmserve.server.fair_queue.FairQueue`
+    """The fair queue's token window (:class:`rmserve.server.sharing.fair_queue.FairQueue`
     ``window_tokens``): ``config.engine_window_tokens`` when set (0: None, no bound), else
     :data:`ENGINE_WINDOW_STEPS` × the engine's ``step_tokens``, else None."""
     if config.engine_window_tokens is not None:
@@ -426,42 +445,35 @@ def _valid_cpu_list(text: object) -> bool:
 def check_reward_head(model: str) -> None:
     """Fail fast, before any weight is loaded, unless ``model`` is a one-label classifier.
 
-    Reads only the model config (transformers ``AutoConfig``; imported here).
+    Reads only the model config (transformers ``AutoConfig``; imported here); the rule is
+    :func:`rmserve.server.swaps.checkpoints.architecture_problem` for kind ``classifier``, the
+    labels counted on ``AutoConfig.to_dict()``.
 
     Raises:
         ServerFault: unreadable config, no ``*ForSequenceClassification`` architecture, or
-            ``num_labels != 1`` (per-token reward heads such as ``*ForRewardModel`` are not
-            served: the sequence reward must come from the ``classify`` pooling path).
+            not exactly one label (per-token reward heads such as ``*ForRewardModel`` are not
+            served: the sequence reward must come from the ``classify`` pooling path); the
+            message starts with the quoted ``model``.
     """
     from transformers import AutoConfig
 
-    from rmserve.server.checkpoint_check import is_causal_lm_architecture
+    from rmserve.server.swaps.checkpoints import architecture_problem
 
     try:
-        hf_config = AutoConfig.from_pretrained(model)
+        config = AutoConfig.from_pretrained(model).to_dict()
     except Exception as exc:  # noqa: BLE001
         raise ServerFault(f"cannot read the model config of {model!r}: {type(exc).__name__}: {exc}") from exc
-    architectures = list(getattr(hf_config, "architectures", None) or [])
-    if not any(a.endswith("ForSequenceClassification") for a in architectures):
-        hint = (
-            "; it is a causal LM: to score a DPO policy by its implicit reward use --kind dpo "
-            "with --ref-model REF or --ref-free avg|sum|norm"
-            if any(is_causal_lm_architecture(a) for a in architectures)
-            else ""
-        )
-        raise ServerFault(
-            f"{model!r} has architectures {architectures}; a reward model must be a *ForSequenceClassification{hint}"
-        )
-    num_labels = getattr(hf_config, "num_labels", None)
-    if num_labels != 1:
-        raise ServerFault(f"{model!r} has num_labels={num_labels}; a reward model must have exactly 1")
+    problem = architecture_problem(CLASSIFIER_KIND, config)
+    if problem is not None:
+        raise ServerFault(f"{model!r} {problem}")
 
 
-def check_lm_head(model: str, field: str, kind: str = "dpo") -> None:
+def check_lm_head(model: str, field: str, kind: ModelKind = DPO_KIND) -> None:
     """Fail fast, before any weight is loaded, unless ``model`` is a causal LM (kinds ``dpo`` and ``judge``).
 
     A local folder's ``config.json`` is read as JSON; a hub id's config through transformers
-    ``AutoConfig`` (imported only then).
+    ``AutoConfig`` (imported only then). The rule is
+    :func:`rmserve.server.swaps.checkpoints.architecture_problem` for ``kind``.
 
     Args:
         model: the policy or reference (folder or hub id).
@@ -470,35 +482,26 @@ def check_lm_head(model: str, field: str, kind: str = "dpo") -> None:
 
     Raises:
         ServerFault: unreadable config, or no ``*ForCausalLM`` / ``*LMHeadModel`` architecture
-            (a ``*ForSequenceClassification`` reward model is told to use ``--kind classifier``).
+            (a ``*ForSequenceClassification`` reward model is told to use ``--kind classifier``);
+            the message starts with ``field:`` and the quoted ``model``.
     """
     import json
 
-    from rmserve.server.checkpoint_check import is_causal_lm_architecture
+    from rmserve.server.swaps.checkpoints import architecture_problem
 
     try:
         folder = Path(model)
         if folder.is_dir():
             config = json.loads((folder / "config.json").read_text(encoding="utf-8-sig"))
-            architectures = list(config.get("architectures") or []) if isinstance(config, dict) else []
         else:
             from transformers import AutoConfig
 
-            architectures = list(getattr(AutoConfig.from_pretrained(model), "architectures", None) or [])
+            config = AutoConfig.from_pretrained(model).to_dict()
     except Exception as exc:  # noqa: BLE001
         raise ServerFault(f"{field}: cannot read the model config of {model!r}: {type(exc).__name__}: {exc}") from exc
-    if any(is_causal_lm_architecture(a) for a in architectures):
-        return
-    if any(isinstance(a, str) and a.endswith("ForSequenceClassification") for a in architectures):
-        fix = "it is a reward classifier: serve it with --kind classifier, or give a DPO-trained causal LM"
-    elif kind == "judge":
-        fix = "give a chat model (a causal LM with a chat template)"
-    else:
-        fix = "give a causal LM checkpoint (the DPO policy, or the model it was trained from)"
-    raise ServerFault(
-        f"{field}: {model!r} has architectures {architectures}; kind {kind} needs a causal LM with an LM head "
-        f"(*ForCausalLM or *LMHeadModel); {fix}"
-    )
+    problem = architecture_problem(kind, config if isinstance(config, dict) else {})
+    if problem is not None:
+        raise ServerFault(f"{field}: {model!r} {problem}")
 
 
 # --- the HTTP layer: ServerConfig (the engine has EngineConfig above) -------------------
@@ -567,13 +570,13 @@ class ServerConfig:
     """Seconds a scoring request waits for a checkpoint swap to finish before 503 (≥ 0). Default: 30."""
 
     result_cache_groups: int = 100_000
-    """Recent group results kept so a group sent again (a resumed or retrying client) is answered without engine work; ≥ 0, 0 = off. Keyed by fingerprint and token ids (:mod:`rmserve.server.result_cache`)."""
+    """Recent group results kept so a group sent again (a resumed or retrying client) is answered without engine work; ≥ 0, 0 = off. Keyed by fingerprint and token ids (:mod:`rmserve.server.kinds.result_cache`)."""
 
     swap_drain_timeout_s: float = 600.0
     """Seconds a checkpoint swap waits for in-flight scoring to finish (≥ 0); past it the load fails with 503, nothing is loaded and scoring resumes. Default: 600."""
 
     fair_share: bool = True
-    """Put a per-user fair queue (deficit round robin over prompt tokens, scaled by each user's weight) in front of the engine; false = groups go to the engine in arrival order, uncapped."""
+    """Put a per-user fair queue (deficit round robin over prompt tokens, scaled by each user's weight) in front of the engine; with ``--no-fair-share`` groups go to the engine in arrival order, uncapped."""
 
     engine_concurrency_groups: int = 64
     """With fair_share: most groups at the engine at once (≥ 1); the rest wait in their user's queue. Default: 64."""
@@ -599,6 +602,15 @@ class ServerConfig:
 
     lease_idle_s: float = 600.0
     """Seconds a checkpoint lease outlives its holder's last pinned work in flight (> 0); then another user may swap. Default: 600."""
+
+    policy_template: str | None = None
+    """POST /get_reward (OpenRLHF): the chat template the policy wrote its queries with, so each is re-templated with the reward model's: a family (chatml: Qwen2/2.5/3; llama3; gemma), a Jinja template FILE of one of those families, or rm (the reward model's own template: queries are tokenized as sent). Without it, queries must already be in the reward model's format (checked when its template is one of those families)."""
+
+    policy_template_text: str | None = field(default=None, repr=False, compare=False)
+    """The text of a ``policy_template`` file, read when the config is built (not an option)."""
+
+    policy_family: str | None = field(default=None, repr=False, compare=False)
+    """The family of ``policy_template`` (named, or found from the file; not an option)."""
 
     def __post_init__(self) -> None:
         if not self.host:
@@ -649,7 +661,38 @@ class ServerConfig:
             )
         if not isinstance(self.lease_idle_s, (int, float)) or not self.lease_idle_s > 0:
             raise ValueError(f"ServerConfig.lease_idle_s is {self.lease_idle_s!r}; it must be > 0 seconds")
+        self._read_policy_template()
         self._check_access()
+
+    def _read_policy_template(self) -> None:
+        """``policy_template`` a family, ``rm`` or a template file of a family (read here)."""
+        from rmserve.server.render.policy_template import FAMILIES, SAME_AS_RM, family_of_template_file
+
+        name = self.policy_template
+        if name is None or name == SAME_AS_RM:
+            return
+        if name in FAMILIES:
+            object.__setattr__(self, "policy_family", name)
+            return
+        path = Path(name)
+        if not path.is_file():
+            raise ValueError(
+                f"ServerConfig.policy_template: {name!r} is neither a family ({', '.join(FAMILIES)}), "
+                f"{SAME_AS_RM!r} (the reward model's own template) nor a template file"
+            )
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"ServerConfig.policy_template: cannot read {name!r}: {exc}") from None
+        family = family_of_template_file(text)
+        if family is None:
+            raise ValueError(
+                f"ServerConfig.policy_template: the template {name!r} writes turns in none of the known forms "
+                f"({', '.join(FAMILIES)}), so queries written with it cannot be read back; name the family, "
+                f"or give {SAME_AS_RM!r} when it is the reward model's own template"
+            )
+        object.__setattr__(self, "policy_template_text", text)
+        object.__setattr__(self, "policy_family", family.name)
 
     def _check_access(self) -> None:
         """Users file readable and valid; without one, a non-loopback host only when asked for."""
@@ -659,7 +702,7 @@ class ServerConfig:
                     "ServerConfig.insecure_no_auth is set together with users_file; give one of "
                     "--users-file (tokens required) or --insecure-no-auth (no tokens)"
                 )
-            from rmserve.server.auth import UsersFileError, read_users_file
+            from rmserve.server.sharing.auth import UsersFileError, read_users_file
 
             try:
                 users = read_users_file(self.users_file)

@@ -1,4 +1,5 @@
-// rmserve status page: reads /v1/models, /v1/queue and /v1/status (engine, prefix cache, leases) every few seconds.
+// rmserve status page: reads /v1/models, /v1/queue and /v1/status (engine, prefix cache, leases,
+// the last 15 minutes' history, drawn as inline SVG charts) every few seconds.
 "use strict";
 
 const REFRESH_MS = 1000 * Number(document.body.dataset.refreshS || 3);
@@ -96,10 +97,12 @@ function showQueue(body) {
 
 function showLeases(leases) {
   const held = leases.filter((l) => l.holder !== null).length;
+  const pinned = leases.filter((l) => l.pinned.length > 0).length;
   document.getElementById("leases-summary").textContent = leases.length === 0
     ? "No model is served."
-    : held === 0 ? "Nobody holds a lease: any user may load a checkpoint."
-      : "A checkpoint load by another user is refused while a lease is held or others' pinned work is in flight (an admin may force it).";
+    : held === 0 && pinned === 0
+      ? "Nobody holds a lease and no pinned work is in flight: an admin may load a checkpoint (scorers never may)."
+      : "Only admins load checkpoints. A load is refused while another admin holds the lease or other users' pinned work is in flight; an admin may force it, and the pinned runs then stop, keep what they scored and resume once their checkpoint is served again.";
   const tbody = document.querySelector("#leases tbody");
   tbody.replaceChildren();
   for (const l of leases) {
@@ -141,6 +144,7 @@ function showSwaps(swaps) {
 
 function showStatus(body) {
   showLeases(body.leases || []);
+  showHistory(body.history, body.fair_share);
   showSwaps(body.swaps || []);
   document.getElementById("engine-status").textContent = body.status;
   document.getElementById("uptime").textContent = fmtSeconds(body.uptime_s);
@@ -153,6 +157,133 @@ function showStatus(body) {
   document.getElementById("prefix-cache").textContent = text + "; from the replies sent: " +
     fmtRate(served.hit_rate) + " of " + fmtInt(served.query_tokens) + " tokens; " +
     fmtInt(body.groups_scored) + " groups scored";
+}
+
+// --- the last 15 minutes: inline SVG charts built with DOM calls (no library, no inline style) ---
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
+const PLOT = { width: 560, height: 230, left: 62, right: 16, top: 14, bottom: 44 };
+
+function svg(name, attrs, text) {
+  const el = document.createElementNS(SVG_NS, name);
+  for (const [key, value] of Object.entries(attrs || {})) el.setAttribute(key, String(value));
+  if (text !== undefined) el.textContent = text;
+  return el;
+}
+
+// The smallest of 1, 2, 2.5, 5 × a power of ten at or above v (1 for v ≤ 0).
+function niceCeiling(v) {
+  if (!(v > 0)) return 1;
+  const power = Math.pow(10, Math.floor(Math.log10(v)));
+  for (const m of [1, 2, 2.5, 5, 10]) if (m * power >= v * (1 - 1e-12)) return m * power;
+  return 10 * power;
+}
+
+function fmtTick(v) { return v >= 1000 ? fmtInt(Math.round(v)) : String(Number(v.toPrecision(3))); }
+
+function fmtPerS(v) { return v >= 100 ? fmtInt(Math.round(v)) : String(Number(v.toPrecision(3))); }
+
+// chart: { windowS, endS, yTitle, series: [{ name, color, points: [[unix_s, value], …], note }], empty }
+// Draws axes with their units, one polyline per series (class "series", data-series = its name),
+// a legend naming each series, and chart.empty (when set) across the plot.
+function drawChart(figure, chart) {
+  const { width, height, left, right, top, bottom } = PLOT;
+  const innerW = width - left - right, innerH = height - top - bottom;
+  const values = chart.series.flatMap((s) => s.points.map((p) => p[1]));
+  const yMax = niceCeiling(Math.max(0, ...values));
+  const x = (t) => left + innerW * (1 - (chart.endS - t) / chart.windowS);
+  const y = (v) => top + innerH * (1 - v / yMax);
+  const root = svg("svg", { class: "chart", viewBox: "0 0 " + width + " " + height, width: width, height: height,
+    role: "img", "aria-label": figure.querySelector("figcaption").textContent });
+  for (let i = 0; i <= 4; i++) {
+    const v = yMax * i / 4;
+    root.appendChild(svg("line", { class: "grid", x1: left, x2: left + innerW, y1: y(v), y2: y(v) }));
+    root.appendChild(svg("text", { class: "y-tick", x: left - 6, y: y(v) + 4, "text-anchor": "end" }, fmtTick(v)));
+  }
+  const minutes = chart.windowS / 60;
+  const step = niceCeiling(minutes / 4);
+  for (let m = 0; m <= minutes + 1e-9; m += step) {
+    const at = x(chart.endS - 60 * m);
+    root.appendChild(svg("line", { class: "axis", x1: at, x2: at, y1: top + innerH, y2: top + innerH + 4 }));
+    root.appendChild(svg("text", { class: "x-tick", x: at, y: top + innerH + 16, "text-anchor": "middle" },
+      m === 0 ? "0" : "−" + fmtTick(m)));
+  }
+  root.appendChild(svg("line", { class: "axis", x1: left, x2: left + innerW, y1: top + innerH, y2: top + innerH }));
+  root.appendChild(svg("line", { class: "axis", x1: left, x2: left, y1: top, y2: top + innerH }));
+  root.appendChild(svg("text", { class: "x-title", x: left + innerW / 2, y: height - 6, "text-anchor": "middle" },
+    "minutes before " + fmtTime(chart.endS)));
+  root.appendChild(svg("text", { class: "y-title", x: -(top + innerH / 2), y: 14, "text-anchor": "middle",
+    transform: "rotate(-90)" }, chart.yTitle));
+  for (const s of chart.series) {
+    const points = s.points.map(([t, v]) => x(t).toFixed(1) + "," + y(v).toFixed(1)).join(" ");
+    const line = svg("polyline", { class: "series", points: points, stroke: s.color });
+    line.dataset.series = s.name;
+    root.appendChild(line);
+  }
+  if (chart.empty) {
+    root.appendChild(svg("text", { class: "empty", x: left + innerW / 2, y: top + innerH / 2, "text-anchor": "middle" },
+      chart.empty));
+  }
+  figure.querySelector(".plot").replaceChildren(root);
+  const legend = figure.querySelector(".legend");
+  legend.replaceChildren();
+  for (const s of chart.series) {
+    const item = document.createElement("li");
+    item.dataset.series = s.name;
+    const swatch = svg("svg", { class: "swatch", width: 14, height: 14, viewBox: "0 0 14 14" });
+    swatch.appendChild(svg("rect", { x: 1, y: 5, width: 12, height: 4, fill: s.color }));
+    item.appendChild(swatch);
+    const name = document.createElement("span");
+    name.className = "name";
+    name.textContent = s.name;
+    item.appendChild(name);
+    if (s.note) {
+      const note = document.createElement("span");
+      note.className = "note muted";
+      note.textContent = s.note;
+      item.appendChild(note);
+    }
+    legend.appendChild(item);
+  }
+}
+
+// history: /v1/status's StatusHistory (times in Unix seconds; rate i over time_s[i] → time_s[i + 1]).
+function showHistory(history, fairShare) {
+  const summary = document.getElementById("history-summary");
+  const throughput = document.getElementById("throughput-chart");
+  const queue = document.getElementById("queue-chart");
+  if (!history) {
+    summary.textContent = "This server keeps no history.";
+    return;
+  }
+  const times = history.time_s;
+  const windowS = history.capacity * history.interval_s;
+  const endS = times.length ? times[times.length - 1] : Date.now() / 1000;
+  const windowText = fmtSeconds(windowS).replace(" 0 s", "");
+  summary.textContent = "One sample every " + history.interval_s + " s, the last " + fmtInt(history.capacity) +
+    " kept (" + windowText + "); " + fmtInt(times.length) + (times.length === 1 ? " sample" : " samples") +
+    " so far. Rates are over each interval between two samples.";
+  const users = history.users.map((u, i) => ({
+    name: u.user,
+    color: COLORS[i % COLORS.length],
+    points: u.tokens_per_s.map((v, j) => [times[j + 1], v]),
+    note: "last " + fmtSeconds(times[times.length - 1] - times[times.length - 2]) + ": " +
+      fmtPerS(u.tokens_per_s[u.tokens_per_s.length - 1]) + " tokens/s, " +
+      fmtPerS(u.groups_per_s[u.groups_per_s.length - 1]) + " groups/s",
+  }));
+  const noTraffic = !fairShare ? "no fair queue: no per-user throughput"
+    : times.length < 2 ? "no samples yet (one every " + history.interval_s + " s)"
+      : users.length === 0 ? "no traffic in the last " + windowText : null;
+  drawChart(throughput, { windowS: windowS, endS: endS, yTitle: "prompt tokens/s", series: users, empty: noTraffic });
+  const depth = times.length === 0 ? [] : [
+    { name: "queued", color: "#ff7f0e", points: history.queued_groups.map((v, j) => [times[j], v]),
+      note: "now " + fmtInt(history.queued_groups[times.length - 1]) },
+    { name: "in flight", color: "#1f77b4", points: history.inflight_groups.map((v, j) => [times[j], v]),
+      note: "now " + fmtInt(history.inflight_groups[times.length - 1]) },
+  ];
+  const noQueue = !fairShare ? "no fair queue" : times.length === 0 ? "no samples yet" : null;
+  drawChart(queue, { windowS: windowS, endS: endS, yTitle: "groups", series: depth, empty: noQueue });
 }
 
 async function refresh() {

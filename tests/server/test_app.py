@@ -20,10 +20,10 @@ import threading
 import msgspec
 import orjson
 import pytest
+from testkit.app_client import fake_app_client, metric_samples, wait_until
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, fake_ids, fake_reward
-from prometheus_client.parser import text_string_to_metric_families
-from rmserve.server.app import ENGINE_KEY, STATE_KEY, ServerConfig, create_app
-from rmserve.server.protocol import SequenceScore
+from rmserve.server.http.app import ENGINE_KEY, STATE_KEY, ServerConfig, create_app
+from rmserve.server.engines.protocol import SequenceScore
 
 from rmserve import __version__
 from rmserve.errors import EngineError
@@ -31,13 +31,6 @@ from rmserve.schema import GroupResult, ModelList, ResponseError, ScoreResponse,
 
 VALID = {"groups": [{"id": "g0", "prompt": "hi", "responses": ["yo", "ya"]}]}
 VALID_RESULT = GroupResult(id="g0", rewards=(4.55, 4.41), num_tokens=(9, 9), num_cached_tokens=(0, 4))
-
-
-async def wait_until(predicate, timeout_s: float = 10.0) -> None:
-    """Yield to the loop until ``predicate()`` holds (a deadlock guard, not a timing assert)."""
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.005)
 
 
 @pytest.fixture
@@ -50,12 +43,8 @@ def make_client(aiohttp_client, engine):
     """Start an app on ``engine`` (or another) and a test client; waits for readiness unless told not to."""
 
     async def make(*, engine_=None, renderer=None, wait_ready=True, **config):
-        app = create_app(ServerConfig(port=0, **config), engine_ or engine, renderer or FakeRenderer())
-        # aiohttp's TestServer always runs with handler_cancellation=True, as serve.py does
-        client = await aiohttp_client(app)
-        if wait_ready:
-            await app[STATE_KEY].settled.wait()
-        return client
+        config = ServerConfig(port=0, **config)
+        return await fake_app_client(aiohttp_client, config, engine_ or engine, renderer=renderer, wait_ready=wait_ready)
 
     return make
 
@@ -67,11 +56,12 @@ async def post_score(client, payload) -> tuple[int, dict]:
 
 
 async def assert_serves(client) -> None:
-    """A valid request still succeeds, with the hand-computed result."""
+    """A valid request still succeeds, with the hand-computed result (from the engine, or from
+    the result cache when the app answered it before)."""
     async with client.post("/v1/score", json=VALID) as resp:
         assert resp.status == 200
         reply = decode(await resp.read(), ScoreResponse)
-    assert reply.results == (VALID_RESULT,)
+    assert tuple(msgspec.structs.replace(r, from_result_cache=False) for r in reply.results) == (VALID_RESULT,)
 
 
 def error_of(body: dict) -> dict:
@@ -85,11 +75,7 @@ async def scrape(client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/plain")
         text = await resp.text()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    return metric_samples(text)
 
 
 # --- happy path -------------------------------------------------------------------------
@@ -312,6 +298,29 @@ async def test_truncation_right_and_over_length_is_no_longer_413(make_client):
                                 "num_cached_tokens": [0, 4], "truncated_tokens": [4, 59]}]
 
 
+async def test_a_right_cut_that_leaves_nothing_of_a_response_is_unscored_not_a_score_of_the_prompt(make_client, engine):
+    client = await make_client()
+    payload = {"groups": [{"id": "t", "prompt": "hello", "responses": ["ok", "abc"]}],
+               "truncation": {"side": "right", "max_tokens": 10}}
+    status, body = await post_score(client, payload)
+    assert status == 200
+    # [1,4,104,101,108,108,111,2,5 | 111,107,2] (12): the first 9 sum 544; a cut to 10 keeps 111 (sum 655),
+    # "abc" keeps 97 (641). A cut to 9 would keep the prompt and the assistant marker 5 alone, for both.
+    assert body["results"] == [{"id": "t", "rewards": [6.55, 6.41], "num_tokens": [10, 10],
+                                "num_cached_tokens": [0, 8], "truncated_tokens": [2, 3]}]
+    payload["truncation"]["max_tokens"] = 9
+    status, body = await post_score(client, payload)
+    assert status == 200
+    message = ("a right cut to truncation.max_tokens=9 keeps none of the response: the first 9 of its {} tokens are "
+               "the prompt and the chat template before it")
+    assert body["results"] == [{"id": "t", "rewards": [None, None], "num_tokens": [12, 13],
+                                "num_cached_tokens": [0, 0], "truncated_tokens": [0, 0],
+                                "errors": [{"type": "sequence_too_long", "message": message.format(12)},
+                                           {"type": "sequence_too_long", "message": message.format(13)}]}]
+    assert len(engine.calls) == 1  # the second request sent nothing to the engine
+    await assert_serves(client)
+
+
 # --- errors from the engine ---------------------------------------------------------------
 
 
@@ -359,7 +368,7 @@ async def test_server_fault_messages_lose_file_paths(make_client, engine):
 class NaNEngine(FakeEngine):
     """Answers NaN for every second sequence."""
 
-    async def score_group(self, token_ids, request_id, priority=0):
+    async def score_group(self, token_ids, request_id, *, answer_starts=None, priority=0):
         scores = await super().score_group(token_ids, request_id)
         return [SequenceScore(math.nan if i % 2 else s.reward, s.num_cached_tokens) for i, s in enumerate(scores)]
 
@@ -476,7 +485,9 @@ async def test_group_sent_again_is_answered_from_the_result_cache(make_client):
     calls = len(engine.calls)
     again = await post_score(client, VALID)
     after = await scrape(client)
-    assert again == first  # same rewards, token counts and cached-token counts
+    assert "from_result_cache" not in first[1]["results"][0]  # the engine's answer: the flag is not sent
+    assert again[1]["results"][0].pop("from_result_cache") is True  # the reply says where it came from
+    assert again == first  # otherwise the same rewards, token counts and cached-token counts
     assert len(engine.calls) == calls  # no engine work
     assert after[("rmserve_result_cache_hits_total", ())] - before.get(("rmserve_result_cache_hits_total", ()), 0) == 1
     assert after[("rmserve_groups_total", ())] == before[("rmserve_groups_total", ())]
@@ -538,7 +549,7 @@ async def test_client_disconnect_cancels_engine_calls(make_client, engine):
     await assert_serves(client)
 
 
-async def test_admission_limit_429_and_400(make_client, engine):
+async def test_admission_limit_429_and_413(make_client, engine):
     engine.score_gate = asyncio.Event()
     client = await make_client(max_inflight_groups=2, retry_after_s=3)
     two = {"groups": [{"id": i, "prompt": "hi", "responses": ["yo"]} for i in ("a", "b")]}
@@ -549,8 +560,19 @@ async def test_admission_limit_429_and_400(make_client, engine):
         assert resp.headers["Retry-After"] == "3"
         assert error_of(orjson.loads(await resp.read()))["type"] == "overloaded"
     three = {"groups": [{"id": i, "prompt": "hi", "responses": ["yo"]} for i in ("a", "b", "c")]}
-    status, body = await post_score(client, three)
-    assert (status, error_of(body)["field"]) == (400, "groups")
+    async with client.post("/v1/score", json=three) as resp:
+        # more groups than the server ever admits at once: never admitted, so no retry hint
+        assert resp.status == 413
+        assert "Retry-After" not in resp.headers
+        body = orjson.loads(await resp.read())
+    assert body == {"error": {
+        "type": "request_over_limit",
+        "message": "the request holds 3 groups, more than the server admits at once (2, --max-inflight-groups), so "
+                   "it can never be admitted; send at most 2 groups per request, or start the server with a larger "
+                   "--max-inflight-groups",
+        "field": "groups",
+        "limit": {"name": "server.max_inflight_groups", "unit": "groups", "limit": 2, "requested": 3},
+    }}
     engine.score_gate.set()
     status, _ = await task
     assert status == 200

@@ -15,15 +15,15 @@ import logging
 
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from testkit.app_client import fake_app_client, metric_samples
 from testkit.fakes import FakeEngine, FakeRenderer
 from typer.testing import CliRunner
 
 from rmserve.cli import app as cli_app
 from rmserve.schema import ScoreResponse, decode
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.auth import AuthRejected, UserRegistry, UsersFileError, add_user, parse_users, read_users_file, remove_user
-from rmserve.server.users import CURRENT_USER, RequestUserLogFilter, User
+from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.sharing.auth import AuthRejected, UserRegistry, UsersFileError, add_user, parse_users, read_users_file, remove_user
+from rmserve.server.sharing.users import CURRENT_USER, RequestUserLogFilter, User
 
 VALID = {"groups": [{"id": "g0", "prompt": "hi", "responses": ["yo", "ya"]}]}
 REASONS = ("missing", "malformed", "unknown", "expired", "forbidden")
@@ -50,10 +50,7 @@ def engine() -> FakeEngine:
 @pytest.fixture
 def make_client(aiohttp_client, engine):
     async def make(config: ServerConfig):
-        app = create_app(config, engine, FakeRenderer())
-        client = await aiohttp_client(app)
-        await app[STATE_KEY].settled.wait()
-        return client
+        return await fake_app_client(aiohttp_client, config, engine)
 
     return make
 
@@ -66,11 +63,7 @@ async def scrape(client) -> dict[tuple[str, tuple], float]:
     async with client.get("/metrics", headers=client.metrics_headers) as resp:
         assert resp.status == 200
         text = await resp.text()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    return metric_samples(text)
 
 
 @pytest.fixture
@@ -317,10 +310,10 @@ async def test_log_lines_about_a_request_name_its_user(served, engine, caplog):
 
 
 def test_the_log_filter_adds_the_user_inside_a_request_only():
-    record = logging.LogRecord("rmserve.server.swap", logging.INFO, __file__, 1, "loading %s", ("ckpt",), None)
+    record = logging.LogRecord("rmserve.server.swaps.swap", logging.INFO, __file__, 1, "loading %s", ("ckpt",), None)
     RequestUserLogFilter().filter(record)
     assert record.getMessage() == "loading ckpt"
-    record = logging.LogRecord("rmserve.server.swap", logging.INFO, __file__, 1, "loading %s", ("ckpt",), None)
+    record = logging.LogRecord("rmserve.server.swaps.swap", logging.INFO, __file__, 1, "loading %s", ("ckpt",), None)
     token = CURRENT_USER.set(User(name="carol"))
     try:
         assert RequestUserLogFilter().filter(record) is True
@@ -391,8 +384,8 @@ def users_edit(users):
 
 
 async def test_a_reloaded_users_file_adds_and_removes_users_without_a_restart(users_edit):
-    from rmserve.server.auth import UserRegistry
-    from rmserve.server.serve import reload_users_file
+    from rmserve.server.sharing.auth import UserRegistry
+    from rmserve.server.http.serve import reload_users_file
 
     path, tokens = users_edit
     registry = UserRegistry([])  # as the server had it: nobody

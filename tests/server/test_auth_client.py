@@ -14,8 +14,8 @@ from rmserve.cli import app as cli_app
 from rmserve.cli_users import TOKEN_ENV, read_client_token
 from rmserve.client import RewardClient
 from rmserve.errors import Forbidden, Unauthorized
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.auth import add_user
+from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.sharing.auth import add_user
 
 BIG = 1_000_000
 """max_model_len of the fake model: the fake tokenizer is per character."""

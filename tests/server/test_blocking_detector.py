@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from testkit.fakes import FakeEngine, FakeRenderer
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
 
 
 class SleepingStartEngine(FakeEngine):

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from rmserve.server.checkpoint_check import check_checkpoint, num_labels
+from rmserve.server.config import check_lm_head
+from rmserve.server.swaps.checkpoints import architecture_problem, check_checkpoint, check_config, num_labels
 
-from rmserve.errors import InvalidCheckpoint
+from rmserve.errors import InvalidCheckpoint, ServerFault
 
 GOOD_CONFIG = {"architectures": ["LlamaForSequenceClassification"], "id2label": {"0": "LABEL_0"}}
 
@@ -36,6 +37,7 @@ def test_a_servable_folder_passes(tmp_path):
         ({"id2label": {"0": "A"}}, 1),
         ({"id2label": {"0": "A", "1": "B"}, "num_labels": 1}, 2),  # id2label wins, as in transformers
         ({"num_labels": 1}, 1),
+        ({"id2label": {}}, 0),  # an empty id2label still counts, as in transformers
         ({}, 2),  # transformers' default
     ],
 )
@@ -49,7 +51,9 @@ def test_num_labels_counts_as_transformers_does(config, expected):
         ({"config": {**GOOD_CONFIG, "id2label": {"0": "A", "1": "B"}}},
          "checkpoint 'ckpt/config.json': has 2 labels (num_labels/id2label); a reward model must have exactly 1, the reward logit"),
         ({"config": {"architectures": ["LlamaForCausalLM"], "num_labels": 1}},
-         "checkpoint 'ckpt/config.json': architectures is ['LlamaForCausalLM']; a reward model must be a *ForSequenceClassification"),
+         "checkpoint 'ckpt/config.json': has architectures ['LlamaForCausalLM']; a reward model must be a "
+         "*ForSequenceClassification; it is a causal LM: to score a DPO policy by its implicit reward use --kind dpo "
+         "with --ref-model REF or --ref-free avg|sum|norm"),
         ({"config": {"architectures": ["LlamaForSequenceClassification"]}},
          "checkpoint 'ckpt/config.json': has 2 labels (num_labels/id2label); a reward model must have exactly 1, the reward logit"),
         ({"config": None}, "checkpoint 'ckpt/config.json': is missing"),
@@ -90,3 +94,49 @@ def test_a_sharded_checkpoint_needs_every_shard(tmp_path):
 
 def test_the_demo_model_passes(tmp_path, demo_model_dir):
     assert check_checkpoint(demo_model_dir) is None
+
+
+CAUSAL_LM_RULE = "needs a causal LM with an LM head (*ForCausalLM or *LMHeadModel)"
+
+
+@pytest.mark.parametrize(
+    ("kind", "config", "problem"),
+    [
+        ("classifier", GOOD_CONFIG, None),
+        ("classifier", {"architectures": ["GPT2LMHeadModel"]},
+         "has architectures ['GPT2LMHeadModel']; a reward model must be a *ForSequenceClassification; it is a "
+         "causal LM: to score a DPO policy by its implicit reward use --kind dpo with --ref-model REF or "
+         "--ref-free avg|sum|norm"),
+        ("classifier", {"architectures": ["BertModel"]},
+         "has architectures ['BertModel']; a reward model must be a *ForSequenceClassification"),
+        ("classifier", {"architectures": ["LlamaForSequenceClassification"], "num_labels": 3},
+         "has 3 labels (num_labels/id2label); a reward model must have exactly 1, the reward logit"),
+        ("dpo", {"architectures": ["LlamaForCausalLM"]}, None),
+        ("judge", {"architectures": ["GPT2LMHeadModel"]}, None),
+        ("dpo", GOOD_CONFIG,
+         f"has architectures ['LlamaForSequenceClassification']; kind dpo {CAUSAL_LM_RULE}; it is a reward "
+         "classifier: serve it with --kind classifier, or give a DPO-trained causal LM"),
+        ("dpo", {},
+         f"has architectures []; kind dpo {CAUSAL_LM_RULE}; give a causal LM checkpoint (the DPO policy, or the "
+         "model it was trained from)"),
+        ("judge", {"architectures": ["BertModel"]},
+         f"has architectures ['BertModel']; kind judge {CAUSAL_LM_RULE}; give a chat model (a causal LM with a "
+         "chat template)"),
+        ("length", {"architectures": ["BertModel"]}, None),
+    ],
+)
+def test_each_kind_has_one_architecture_rule(kind, config, problem):
+    assert architecture_problem(kind, config) == problem
+
+
+@pytest.mark.parametrize("kind", ["dpo", "judge"])
+def test_start_and_swap_refuse_a_classifier_as_causal_lm_with_the_same_rule(tmp_path, kind):
+    folder = _folder(tmp_path)
+    rule = (f"has architectures ['LlamaForSequenceClassification']; kind {kind} {CAUSAL_LM_RULE}; it is a reward "
+            "classifier: serve it with --kind classifier, or give a DPO-trained causal LM")
+    with pytest.raises(ServerFault) as start:
+        check_lm_head(str(folder), "ref_model", kind)
+    assert str(start.value) == f"ref_model: {str(folder)!r} {rule}"
+    with pytest.raises(InvalidCheckpoint) as swap:
+        check_config(folder, kind)
+    assert str(swap.value) == f"checkpoint 'ckpt/config.json': {rule}"

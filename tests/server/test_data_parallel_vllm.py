@@ -2,7 +2,7 @@
 each, and every sequence of a group on the rank rmserve chose for it.
 
 Prefix caches are per rank, so where a group ran shows in its cache hits: scored three times
-in a row, the group goes to rank 0, rank 1, rank 0 (:class:`~rmserve.server.parallel.RankBalancer`
+in a row, the group goes to rank 0, rank 1, rank 0 (:class:`~rmserve.server.engines.parallel.RankBalancer`
 alternates between idle ranks). The second time it meets a cold cache like the first; the
 third time every sequence reads the shared prompt from rank 0's cache. The engine runs vLLM's
 ``priority`` scheduling policy, and the groups carry priorities 0 and 1.
@@ -24,7 +24,7 @@ GROUP = [PROMPT + [11, 12, 13], PROMPT + [21, 22], PROMPT + [31, 32, 33, 34]]
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two ranks need two CPUs")
 async def test_two_ranks_each_group_on_one_rank(demo_model_dir):
     from rmserve.server.config import EngineConfig
-    from rmserve.server.engine import VLLMEngine
+    from rmserve.server.engines.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(
         EngineConfig(

@@ -15,17 +15,20 @@ For "a": ``[… | 5, 97, 2, 2]``, ids sum 106, squares 9442: Σ policy −1.06, 
 from __future__ import annotations
 
 import math
+import re
 
 import orjson
 import pytest
 from rmserve.fingerprint import dpo_fingerprint, model_fingerprint
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
 from rmserve.server.config import EngineConfig
-from rmserve.server.dpo import DPOEngine, implicit_reward, tokenizer_difference
-from rmserve.server.dpo_render import DPORenderer
-from rmserve.server.protocol import AnswerLogprobs, SupportsPrefixCacheStats, SupportsRestart, SupportsWeightReload
-from rmserve.server.serve import engine_renderer
-from testkit.dpo_fakes import TOKENIZERS, FakeEngines, fake_tokenizer_loader, write_fake_causal_checkpoint
+from rmserve.server.engines.dpo_pair import DPOEngine, implicit_reward, tokenizer_difference
+from rmserve.server.render.dpo import DPORenderer
+from rmserve.server.engines.protocol import AnswerLogprobs, SupportsPrefixCacheStats, SupportsRestart, SupportsWeightReload
+from rmserve.server.http.serve import engine_renderer
+from testkit.dpo_fakes import (
+    FAKE_LOGPROB_MAX_LEN, TOKENIZERS, FakeEngines, fake_tokenizer_loader, write_fake_causal_checkpoint,
+)
 from testkit.fakes import FakeTokenizer
 
 from rmserve.errors import EngineError, InvalidCheckpoint, ServerFault
@@ -46,15 +49,18 @@ def ckpts(tmp_path):
         "policy2": write_fake_causal_checkpoint(root / "policy-2", 0.02),
         "classifier": write_fake_causal_checkpoint(root / "rm", 0.03, architecture="FakeForSequenceClassification"),
         "other_vocab": write_fake_causal_checkpoint(root / "other-vocab", 0.04, tokenizer="tok-v2"),
+        "policy_nobos": write_fake_causal_checkpoint(root / "policy-nobos", 0.01, tokenizer="tok-nobos"),
+        "reference_nobos": write_fake_causal_checkpoint(root / "reference-nobos", 0.005, tokenizer="tok-nobos"),
     }
 
 
-def make_engine(ckpts, *, ref: str | None = "reference", ref_free: str | None = None, compat: str = "none"):
+def make_engine(ckpts, *, ref: str | None = "reference", ref_free: str | None = None, compat: str = "none",
+                policy: str = "policy", max_model_len: int = FAKE_LOGPROB_MAX_LEN):
     config = EngineConfig(
-        model=str(ckpts["policy"]), kind="dpo", engine="hf", compat=compat,
+        model=str(ckpts[policy]), kind="dpo", engine="hf", compat=compat,
         ref_model=None if ref is None else str(ckpts[ref]), ref_free=ref_free,
     )
-    engines = FakeEngines()
+    engines = FakeEngines(max_model_len=max_model_len)
     return DPOEngine(config, logprob_engine=engines, load_tokenizer=fake_tokenizer_loader), engines
 
 
@@ -86,7 +92,7 @@ async def test_rewards_and_extras_by_hand(ckpts, ref, ref_free, expected):
     assert [s.reward for s in scores] == pytest.approx(expected)
     assert scores[0].extras == pytest.approx({
         "policy_logp": -2.27, "ref_logp": -1.135 if ref else None, "policy_logp_norm": math.sqrt(2.3803),
-        "answer_tokens": 5,
+        "answer_tokens": 5, "bos": "template",
     })
     assert scores[1].extras["answer_tokens"] == 4
     assert [s.num_cached_tokens for s in scores] == [0, 4]  # the policy's (fake: 5 shared → one block of 4)
@@ -203,7 +209,14 @@ async def test_reload_swaps_the_policy_only(ckpts):
     assert score.reward == pytest.approx(-4.54 + 1.135)  # Σ policy at scale 0.02 minus the reference
 
 
-@pytest.mark.parametrize(("target", "rule"), [("classifier", "a DPO policy must be a causal LM"),
+CLASSIFIER_AS_POLICY = re.escape(
+    "checkpoint 'rm/config.json': has architectures ['FakeForSequenceClassification']; kind dpo needs a causal LM "
+    "with an LM head (*ForCausalLM or *LMHeadModel); it is a reward classifier: serve it with --kind classifier, "
+    "or give a DPO-trained causal LM"
+)
+
+
+@pytest.mark.parametrize(("target", "rule"), [("classifier", f"^{CLASSIFIER_AS_POLICY}$"),
                                                ("other_vocab", "its tokenizer differs from the reference")])
 async def test_swap_to_a_classifier_or_another_vocabulary_is_refused_before_engine_work(ckpts, target, rule):
     engine, engines = make_engine(ckpts)
@@ -245,13 +258,62 @@ async def test_score_returns_the_implicit_rewards_and_extras(dpo_client):
         "policy_logp": [-2.27, -1.06], "ref_logp": [-1.135, -0.53],
         "policy_logp_norm": [math.sqrt(2.3803), math.sqrt(0.9442)], "answer_tokens": [5, 4],
     }
-    assert set(result["extras"]) == set(expected)
+    assert set(result["extras"]) == {*expected, "bos"}
     for name, values in expected.items():
         assert result["extras"][name] == pytest.approx(values), name
+    assert result["extras"]["bos"] == ["template", "template"]
     async with client.get("/v1/models") as resp:
         (info,) = decode(await resp.read(), ModelList).models
     assert (info.kind, info.mode, info.ref_model) == ("dpo", "reference", "reference")
     assert body["fingerprint"] == info.fingerprint
+
+
+@pytest.mark.parametrize(("compat", "front", "rule"), [("none", [], "template"),
+                                                       ("official", [2], "eos-as-bos (official)")])
+async def test_a_tokenizer_without_bos_is_scored_from_the_templates_first_token(aiohttp_client, ckpts, compat, front,
+                                                                                rule):
+    # tok-nobos: the template writes no BOS and the tokenizer has none. The answers are those of
+    # "ok" and "a" above, so the rewards are too; only the head of the sequences (and the start) moves.
+    engine, engines = make_engine(ckpts, policy="policy_nobos", ref="reference_nobos", compat=compat)
+    app = create_app(ServerConfig(port=0), engine, renderer_factory=engine_renderer)
+    client = await aiohttp_client(app)
+    await app[STATE_KEY].settled.wait()
+    payload = {"groups": [{"id": "g0", "prompt": "hi", "responses": ["ok", "a"]}]}
+    async with client.post("/v1/score", json=payload) as resp:
+        assert resp.status == 200
+        (result,) = orjson.loads(await resp.read())["results"]
+    assert result["rewards"] == pytest.approx([-1.135, -0.53])
+    assert result["extras"]["bos"] == [rule, rule]
+    assert result["extras"]["answer_tokens"] == [5, 4]
+    ((_, sent, starts),) = engines.built[str(ckpts["policy_nobos"])].calls
+    assert sent == (tuple(front + OK_IDS[1:]), tuple(front + A_IDS[1:]))
+    assert starts == (4 + len(front), 4 + len(front))
+
+
+async def test_a_right_cut_that_leaves_only_the_assistant_header_is_unscored_and_the_request_goes_on(
+    aiohttp_client, ckpts
+):
+    # max_model_len 511; g0's prompt is BOS user x*507 EOS = 510 tokens, so a right cut to 511
+    # keeps the assistant marker 5 alone of each answer ([5, y*44, 2, 2] = 47; [5, 97, 98, 2, 2] = 5).
+    engine, engines = make_engine(ckpts, max_model_len=511)
+    app = create_app(ServerConfig(port=0), engine, renderer_factory=engine_renderer)
+    client = await aiohttp_client(app)
+    await app[STATE_KEY].settled.wait()
+    payload = {"groups": [{"id": "g0", "prompt": "x" * 507, "responses": ["y" * 44, "ab"]},
+                          {"id": "g1", "prompt": "hi", "responses": ["ok"]}],
+               "truncation": {"side": "right", "max_tokens": 511}}
+    async with client.post("/v1/score", json=payload) as resp:
+        assert resp.status == 200
+        g0, g1 = orjson.loads(await resp.read())["results"]
+    message = ("a right cut to truncation.max_tokens=511 keeps none of the response: after the 510-token prompt it "
+               "keeps 1 of the {} answer tokens, but the answer's first 1 are the chat template's, before the response")
+    assert g0 == {"id": "g0", "rewards": [None, None], "num_tokens": [557, 515], "num_cached_tokens": [0, 0],
+                  "truncated_tokens": [0, 0],
+                  "errors": [{"type": "sequence_too_long", "message": message.format(47)},
+                             {"type": "sequence_too_long", "message": message.format(5)}]}
+    assert g1["rewards"] == pytest.approx([-1.135]) and g1["truncated_tokens"] == [0] and "errors" not in g1
+    policy = engines.built[str(ckpts["policy"])]
+    assert [group for _, group, _ in policy.calls] == [(tuple(OK_IDS),)]  # g0 never reached the engine
 
 
 async def test_load_of_a_classifier_checkpoint_is_refused_and_scoring_goes_on(dpo_client, ckpts):
@@ -273,9 +335,9 @@ async def test_load_of_a_classifier_checkpoint_is_refused_and_scoring_goes_on(dp
 
 
 def test_an_engine_error_on_a_score_gives_a_null_reward_in_the_reply():
-    from rmserve.server.protocol import SequenceScore
-    from rmserve.server.render import RenderedGroup
-    from rmserve.server.scoring import group_result
+    from rmserve.server.engines.protocol import SequenceScore
+    from rmserve.server.render.chat import RenderedGroup
+    from rmserve.server.kinds.classifier import group_result
 
     from rmserve.schema import RequestGroup, ResponseError
 
@@ -306,7 +368,7 @@ async def test_restart_moves_the_policy_to_another_checkpoint_and_back(ckpts, tm
 
 def test_reference_mode_splits_memory_and_cpus_between_the_two_engines(monkeypatch):
     from rmserve.server.config import EngineConfig
-    from rmserve.server.dpo import engine_shares
+    from rmserve.server.engines.dpo_pair import engine_shares
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     both = EngineConfig(model="p", kind="dpo", ref_model="r", gpu_memory_utilization=0.8, kv_cache_memory_bytes=6 << 20)

@@ -18,8 +18,8 @@ import json
 
 import pytest
 from rmserve.server.config import EngineConfig, check_reward_head
-from rmserve.server.backends import build_engine
-from rmserve.server.dpo import DPOEngine
+from rmserve.server.engines.registry import build_engine
+from rmserve.server.engines.dpo_pair import DPOEngine
 from testkit.dpo_reference import reference_group_scores
 from testkit.shared_data import shared_file
 
@@ -83,6 +83,7 @@ async def test_hf_dpo_engine_matches_the_reference(demo_policy_dir, demo_referen
                 if mode == "reference":
                     assert score.extras["ref_logp"] == pytest.approx(sum(ref.reference_logps), abs=TOLERANCE)
                 assert score.extras["policy_logp_norm"] == pytest.approx(-ref.rewards["norm"], abs=TOLERANCE)
+                assert score.extras["bos"] == "template"
     finally:
         await engine.shutdown()
 
@@ -105,6 +106,7 @@ async def test_official_compat_matches_the_reference_with_its_truncation(demo_po
             cut_any |= any(rendered.truncated_tokens)
             for j, (score, ref) in enumerate(zip(scores, expected, strict=True)):
                 assert score.reward == pytest.approx(ref.rewards["reference"], abs=TOLERANCE), (domain, j)
+                assert score.extras["bos"] == "bos-prepended (official)"
         assert cut_any
     finally:
         await engine.shutdown()
@@ -126,7 +128,7 @@ def test_prompt_messages_render_like_a_prompt(demo_policy_dir):
     """``prompt`` and a one-user-turn ``messages`` give the same DPO ids (the reference uses messages)."""
     from transformers import AutoTokenizer
 
-    from rmserve.server.dpo_render import DPORenderer
+    from rmserve.server.render.dpo import DPORenderer
 
     renderer = DPORenderer(AutoTokenizer.from_pretrained(demo_policy_dir), max_model_len=4096)
     a = renderer.render_group([Message("user", "Write a haiku.")], ["Leaves fall.\n- quietly"], group_id="a")

@@ -6,8 +6,9 @@ user = 4, assistant = 5. "hi" = 104 105, "ok" = 111 107.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
-from rmserve.server.dpo_render import (
+from rmserve.server.render.dpo import (
     OFFICIAL_MAX_LENGTH,
     OFFICIAL_MAX_PROMPT_LENGTH,
     DPORenderer,
@@ -39,11 +40,43 @@ def test_official_mode_doubles_the_bos_as_the_official_script():
     assert rendered.truncated_tokens == (0,)  # official mode always reports its cuts
 
 
-def test_a_tokenizer_without_bos_gets_eos_in_front_in_both_modes():
-    for compat in ("none", "official"):
-        rendered = render(DPORenderer(FakeDPOTokenizer(bos=False), max_model_len=64, compat=compat), "hi", ["ok"])
-        assert rendered.token_ids == ([2, 4, 104, 105, 2, 5, 111, 107, 2, 2],)
-        assert rendered.answer_start == (5,)
+def test_a_tokenizer_without_bos_gets_nothing_in_front_by_default_and_eos_in_official_mode():
+    # Default: the template's own first token (the user marker 4) starts the sequence, no EOS stand-in.
+    renderer = DPORenderer(FakeDPOTokenizer(bos=False), max_model_len=64)
+    rendered = render(renderer, "hi", ["ok"])
+    assert rendered.token_ids == ([4, 104, 105, 2, 5, 111, 107, 2, 2],)
+    assert rendered.answer_start == (4,)
+    assert (renderer.bos_rule, renderer.sequence_bos_id) == ("template", None)
+    # Official: run_dpo.py sets bos_token_id = eos_token_id, so EOS (2) goes in front.
+    official = DPORenderer(FakeDPOTokenizer(bos=False), max_model_len=64, compat="official")
+    rendered = render(official, "hi", ["ok"])
+    assert rendered.token_ids == ([2, 4, 104, 105, 2, 5, 111, 107, 2, 2],)
+    assert rendered.answer_start == (5,)
+    assert (official.bos_rule, official.sequence_bos_id) == ("eos-as-bos (official)", 2)
+
+
+def test_the_bos_rule_of_a_tokenizer_with_bos():
+    assert DPORenderer(FakeDPOTokenizer(), max_model_len=64).bos_rule == "template"
+    assert DPORenderer(FakeDPOTokenizer(), max_model_len=64, compat="official").bos_rule == "bos-prepended (official)"
+
+
+class AnswersOnly(FakeDPOTokenizer):
+    """A template that writes the assistant turns only: the conversation before the answer renders to nothing."""
+
+    def apply_chat_template(self, conversations, **kwargs):
+        return ["".join(chr(5) + t["content"] + chr(2) for t in c if t["role"] == "assistant") for c in conversations]
+
+
+def test_nothing_before_the_answer_is_a_clear_error_not_a_score_without_the_first_token():
+    with pytest.raises(InvalidRequest, match="no token comes before the answer") as info:
+        render(DPORenderer(AnswersOnly(bos=False), max_model_len=64), "hi", ["ok"])
+    assert info.value.field == "groups[0]"
+    assert "renders the conversation alone to 0 token(s) and nothing is put in front (BOS rule template)" in str(info.value)
+    # With a BOS (the template writes none) or in official mode there is a token in front.
+    assert render(DPORenderer(AnswersOnly(), max_model_len=64), "hi", ["ok"]).token_ids == ([1, 5, 111, 107, 2, 2],)
+    official = render(DPORenderer(AnswersOnly(bos=False), max_model_len=64, compat="official"), "hi", ["ok"])
+    assert official.token_ids == ([2, 5, 111, 107, 2, 2],)
+    assert official.answer_start == (1,)
 
 
 def test_a_token_merged_across_the_boundary_belongs_to_the_answer():
@@ -190,6 +223,60 @@ def test_right_truncation_cuts_the_answer_tail():
     assert rendered.token_ids == (HELLO + [5, 111], HELLO + [5, 97])
     assert rendered.truncated_tokens == (3, 9)
     assert rendered.answer_start == (8, 8)
+
+
+def test_left_truncation_without_bos_keeps_the_first_template_token_so_no_answer_starts_at_0():
+    renderer = DPORenderer(FakeDPOTokenizer(bos=False), max_model_len=64)
+    request = ScoreRequest(groups=(RequestGroup(id="g", prompt="hello", responses=("ok", "abcdefgh")),),
+                           truncation=Truncation("left", 6))
+    (rendered,) = renderer.render_request(request, too_long="mark")
+    # prompt [4, 104, 101, 108, 108, 111, 2] (7) + "ok" [5, 111, 107, 2, 2]: 12 → the user marker and the answer.
+    assert rendered.token_ids[0] == [4, 5, 111, 107, 2, 2]
+    assert rendered.answer_start[0] == 1
+    assert rendered.truncated_tokens == (6, 0)
+    assert rendered.errors == (
+        None,
+        ResponseError("sequence_too_long", "the answer alone is 11 tokens (+1 first prompt token), over "
+                      "truncation.max_tokens=6; a left cut never cuts answer tokens"),
+    )
+
+
+def test_right_truncation_that_keeps_only_template_tokens_fails_the_response():
+    # HELLO (8) + "ok" [5 | 111, 107, 2, 2]: a cut to 9 keeps the assistant marker 5 alone, the
+    # template's header; "" [5, 2 | 2] has nothing of its own, so any cut leaves template only.
+    renderer = DPORenderer(FakeDPOTokenizer(), max_model_len=64)
+    request = ScoreRequest(groups=(RequestGroup(id="g", prompt="hello", responses=("ok", "", "abc")),),
+                           truncation=Truncation("right", 10))
+    (rendered,) = renderer.render_request(request, too_long="mark")
+    assert rendered.token_ids == (HELLO + [5, 111], HELLO + [5, 2, 2], HELLO + [5, 97])
+    assert rendered.truncated_tokens == (3, 0, 4)
+    assert rendered.errors == (None, ResponseError(
+        "sequence_too_long",
+        "the response is empty: its 3 answer tokens are the chat template's and the EOS, so a right cut to "
+        "truncation.max_tokens=10 after the 8-token prompt (keeping 2 of them) would score none of the response",
+    ), None)
+    assert rendered.scorable == (0, 2)
+    (cut,) = renderer.render_request(msgspec.structs.replace(request, truncation=Truncation("right", 9)), too_long="mark")
+    assert cut.errors is not None and cut.errors[0] == ResponseError(
+        "sequence_too_long",
+        "a right cut to truncation.max_tokens=9 keeps none of the response: after the 8-token prompt it keeps 1 of the "
+        "5 answer tokens, but the answer's first 1 are the chat template's, before the response",
+    )
+    assert cut.scorable == () and cut.truncated_tokens == (0, 0, 0)
+    assert cut.token_ids == (HELLO + [5, 111, 107, 2, 2], HELLO + [5, 2, 2], HELLO + [5, 97, 98, 99, 2, 2])
+    with pytest.raises(SequenceTooLong, match=r"groups\[0\].responses\[0\] of group 'g': a right cut") as info:
+        render(renderer, "hello", ["ok"], Truncation("right", 9))
+    assert (info.value.value, info.value.limit) == (13, 9)
+
+
+def test_right_truncation_finds_the_response_after_a_merged_header_token():
+    # The assistant marker 5 merges with "x" into 300: the merged token holds response text, so
+    # it counts as the response's and a cut that keeps it scores the response.
+    renderer = DPORenderer(FakeDPOTokenizer(merges={(5, 120): 300}), max_model_len=64)
+    rendered = render(renderer, "hello", ["xyz"], Truncation("right", 9))
+    assert rendered.token_ids == (HELLO + [300],)
+    assert rendered.truncated_tokens == (4,)
+    assert rendered.errors is None
 
 
 def test_right_truncation_that_leaves_no_answer_token_fails_the_response():

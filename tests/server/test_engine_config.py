@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from rmserve.server.backends import ENGINES, engine_class
+from rmserve.server.engines.registry import ENGINES, engine_class
 from rmserve.server.config import EngineConfig
 from rmserve.fingerprint import model_fingerprint
 
@@ -58,7 +58,7 @@ def test_registry_lists_choices_and_loads_lazily():
     with pytest.raises(ValueError) as info:
         engine_class("onnx")
     assert "'onnx'" in str(info.value) and "hf, vllm" in str(info.value)
-    from rmserve.server.engine_hf import HFEngine
+    from rmserve.server.engines.hf_engine import HFEngine
 
     assert engine_class("hf") is HFEngine
 
@@ -111,13 +111,13 @@ def test_fingerprint_needs_a_config(tmp_path):
 def test_cpu_build_cache_defaults(monkeypatch):
     """On the CPU build an unset block size is 32 and an unset KV cache is 4 GiB (or the env's)."""
     pytest.importorskip("vllm")
-    from rmserve.server.engine import _platform_cache_defaults
+    from rmserve.server.engines.vllm_compat import platform_cache_defaults
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         pytest.skip("CPU-build defaults")
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    assert _platform_cache_defaults(EngineConfig(model="m")) == (32, 4 * 1024**3)
-    assert _platform_cache_defaults(EngineConfig(model="m", block_size=64, kv_cache_memory_bytes=1 << 30)) == (64, 1 << 30)
+    assert platform_cache_defaults(EngineConfig(model="m")) == (32, 4 * 1024**3)
+    assert platform_cache_defaults(EngineConfig(model="m", block_size=64, kv_cache_memory_bytes=1 << 30)) == (64, 1 << 30)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    assert _platform_cache_defaults(EngineConfig(model="m")) == (32, None)
+    assert platform_cache_defaults(EngineConfig(model="m")) == (32, None)

@@ -1,6 +1,6 @@
 """The vLLM log-prob engine (a DPO policy or reference) = a transformers forward pass.
 
-One :class:`~rmserve.server.engine.VLLMLogprobEngine` over the demo policy serves this
+One :class:`~rmserve.server.engines.vllm_engine.VLLMLogprobEngine` over the demo policy serves this
 module (eager, block 32, 1 GiB KV cache). Real RM-Bench groups (two per domain: chat, code,
 safety-refuse, safety-response) are rendered as a DPO policy sees them
 (``dpo_prefix_cache.render_dpo_group``: template text tokenized without special tokens, the
@@ -19,11 +19,13 @@ sibling sequence) is also checked by hand on fake outputs (``model`` tests, no e
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from testkit.cancelling import cancel_in_flight
 from rmserve.server.config import EngineConfig
 
 from rmserve.datasets import load_rmbench
@@ -79,7 +81,7 @@ def policy_logprobs(demo_policy_dir, dpo_groups):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def logprob_engine(demo_policy_dir: Path):
-    from rmserve.server.engine import VLLMLogprobEngine
+    from rmserve.server.engines.vllm_engine import VLLMLogprobEngine
 
     config = EngineConfig(
         model=str(demo_policy_dir), kind="dpo", ref_free="sum", dtype="float32", max_model_len=DEMO_MAX_MODEL_LEN,
@@ -131,8 +133,8 @@ async def test_info_serves_one_token_less_than_the_engine_length(logprob_engine,
 async def test_registered_and_implements_the_protocols(logprob_engine):
     import importlib
 
-    from rmserve.server import protocol
-    from rmserve.server.backends import LOGPROB_ENGINES
+    from rmserve.server.engines import protocol
+    from rmserve.server.engines.registry import LOGPROB_ENGINES
 
     module, _, attr = LOGPROB_ENGINES["vllm"].partition(":")
     assert type(logprob_engine) is getattr(importlib.import_module(module), attr)
@@ -209,7 +211,6 @@ async def test_cached_answer_rows_come_from_a_plain_request_over_the_prefix(logp
 @pytest.mark.asyncio(loop_scope="session")
 async def test_cancelling_a_group_aborts_its_engine_requests(logprob_engine, dpo_groups, policy_logprobs):
     import asyncio
-    import time
 
     heavy = max(range(len(dpo_groups)), key=lambda i: sum(len(ids) for ids in dpo_groups[i][0]))
     token_ids, starts = dpo_groups[heavy]
@@ -217,17 +218,7 @@ async def test_cancelling_a_group_aborts_its_engine_requests(logprob_engine, dpo
     assert await logprob_engine.reset_prefix_cache()
     assert logprob_engine.num_unfinished_requests() == 0
     task = asyncio.create_task(logprob_engine.answer_logprobs(token_ids, starts, "cancel-me"))
-    deadline = time.monotonic() + 30
-    while logprob_engine.num_unfinished_requests() == 0 and not task.done() and time.monotonic() < deadline:
-        await asyncio.sleep(0.001)
-    assert not task.done(), "the group finished before it could be cancelled"
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    deadline = time.monotonic() + 10
-    while logprob_engine.num_unfinished_requests() and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-    assert logprob_engine.num_unfinished_requests() == 0
+    await cancel_in_flight(logprob_engine, task)
     # the engine still serves, and correctly
     answers = await logprob_engine.answer_logprobs(*dpo_groups[0], "after-cancel")
     assert _max_diff([answers], policy_logprobs[:1]) <= ATOL
@@ -281,13 +272,16 @@ async def test_reload_weights_serves_the_other_models_logprobs(logprob_engine, d
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_classifier_checkpoint_is_refused_before_the_engine_starts(demo_model_dir, demo_policy_dir):
-    from rmserve.server.engine import VLLMLogprobEngine
+    from rmserve.server.engines.vllm_engine import VLLMLogprobEngine
 
     from rmserve.errors import EngineNotReady, ServerFault
 
     config = EngineConfig(model=str(demo_policy_dir), kind="dpo", ref_model=str(demo_model_dir), dtype="float32")
     engine = VLLMLogprobEngine(config, str(demo_model_dir))
-    with pytest.raises(ServerFault, match=r"LlamaForSequenceClassification.*must be a causal LM"):
+    message = (f"ref_model: {str(demo_model_dir)!r} has architectures ['LlamaForSequenceClassification']; kind dpo "
+               "needs a causal LM with an LM head (*ForCausalLM or *LMHeadModel); it is a reward classifier: serve it "
+               "with --kind classifier, or give a DPO-trained causal LM")
+    with pytest.raises(ServerFault, match=f"^{re.escape(message)}$"):
         await engine.start()
     with pytest.raises(EngineNotReady):
         engine.info()
@@ -314,7 +308,7 @@ def _rows(ids, values, *, garbage_until=0, layout="full"):
 
 @pytest.mark.model
 def test_computed_rows_reads_both_layouts():
-    from rmserve.server.engine import computed_rows
+    from rmserve.server.engines.vllm_engine import computed_rows
 
     ids = list(range(10, 20))
     values = [float(-t) for t in range(10)]
@@ -329,7 +323,7 @@ def test_computed_rows_reads_both_layouts():
 
 @pytest.mark.model
 def test_computed_rows_refuses_rows_it_cannot_place():
-    from rmserve.server.engine import computed_rows
+    from rmserve.server.engines.vllm_engine import computed_rows
 
     from rmserve.errors import EngineError
 
@@ -344,7 +338,7 @@ def test_computed_rows_refuses_rows_it_cannot_place():
 
 @pytest.mark.model
 def test_assemble_borrows_only_rows_computed_over_identical_tokens():
-    from rmserve.server.engine import PromptRows, assemble_answers
+    from rmserve.server.engines.vllm_engine import PromptRows, assemble_answers
 
     a = [1, 5, 6, 7, 8, 9, 10]
     b = [1, 5, 6, 7, 8, 9, 11]  # same as a up to token 5

@@ -107,7 +107,7 @@ def _by_group(requests):
 
 
 async def test_each_classifier_group_goes_whole_to_one_rank_with_its_priority():
-    from rmserve.server.engine import VLLMEngine
+    from rmserve.server.engines.vllm_engine import VLLMEngine
 
     fake = FakeAsyncLLM()
     engine = _serving(VLLMEngine(_config(data_parallel_size=2, scheduling_policy="priority")), fake)
@@ -125,7 +125,7 @@ async def test_each_classifier_group_goes_whole_to_one_rank_with_its_priority():
 
 
 async def test_encode_carries_the_rank_when_it_takes_one():
-    from rmserve.server.engine import VLLMEngine
+    from rmserve.server.engines.vllm_engine import VLLMEngine
 
     fake = EncodeWithRank()
     engine = _serving(VLLMEngine(_config(data_parallel_size=2)), fake)
@@ -139,7 +139,7 @@ async def test_encode_carries_the_rank_when_it_takes_one():
 
 
 async def test_one_rank_and_fcfs_send_neither_rank_nor_priority():
-    from rmserve.server.engine import VLLMEngine
+    from rmserve.server.engines.vllm_engine import VLLMEngine
 
     fake = FakeAsyncLLM()
     engine = _serving(VLLMEngine(_config()), fake)
@@ -148,7 +148,7 @@ async def test_one_rank_and_fcfs_send_neither_rank_nor_priority():
 
 
 async def test_logprob_group_and_its_requests_share_one_rank_and_the_priority():
-    from rmserve.server.engine import VLLMLogprobEngine
+    from rmserve.server.engines.vllm_engine import VLLMLogprobEngine
 
     fake = FakeAsyncLLM()
     engine = _serving(
@@ -169,10 +169,10 @@ async def test_logprob_group_and_its_requests_share_one_rank_and_the_priority():
 
 async def test_judge_group_goes_whole_to_one_rank_with_its_priority():
     from rmserve.schema import Message
-    from rmserve.server.engine import VLLMJudgeEngine
+    from rmserve.server.engines.vllm_engine import VLLMJudgeEngine
 
     renderer = SimpleNamespace(
-        render=lambda calls: [[1, 2, 3 + k] for k in range(len(calls))],
+        render_calls=lambda calls: ([[1, 2, 3 + k] for k in range(len(calls))], [False] * len(calls)),
         decode_all=lambda token_lists: ["[[A]]" for _ in token_lists],
     )
     fake = FakeAsyncLLM()
@@ -190,7 +190,7 @@ async def test_judge_group_goes_whole_to_one_rank_with_its_priority():
 
 def test_engine_args_carry_data_parallel_size_and_policy(demo_model_dir):
     from rmserve.server.config import EngineConfig
-    from rmserve.server.engine import engine_args
+    from rmserve.server.engines.vllm_compat import engine_args
 
     config = EngineConfig(model=str(demo_model_dir), data_parallel_size=2, scheduling_policy="priority")
     args = engine_args(config, config.model, runner="pooling")
@@ -200,7 +200,7 @@ def test_engine_args_carry_data_parallel_size_and_policy(demo_model_dir):
 def test_default_cpu_binding_gives_each_rank_its_own_cpus(monkeypatch):
     import os
 
-    from rmserve.server.engine import cpu_threads_bind
+    from rmserve.server.engines.vllm_compat import cpu_threads_bind
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert cpu_threads_bind(_config(), environ={}) == "0,1,2,3"

@@ -1,7 +1,7 @@
 """The engine seam: what an engine's ``LoadedModel`` record gives the app, and nothing else.
 
 The app reads the renderer and the checkpoint folder from the record ``start`` returns (no
-engine attributes); :func:`~rmserve.server.serve.engine_renderer` is the factory that takes
+engine attributes); :func:`~rmserve.server.http.serve.engine_renderer` is the factory that takes
 the engine's own renderer.
 """
 
@@ -11,9 +11,9 @@ import dataclasses
 
 import msgspec
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, write_fake_checkpoint
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.protocol import LoadedModel, local_checkpoint
-from rmserve.server.serve import engine_renderer
+from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.engines.protocol import LoadedModel, local_checkpoint
+from rmserve.server.http.serve import engine_renderer
 
 from rmserve.errors import ServerFault
 

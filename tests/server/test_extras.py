@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from testkit.app_client import fake_app_client
 from testkit.fakes import FakeEngine, FakeRenderer
-from rmserve.server import wire
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.http import wire
+from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
 
 from rmserve.schema import GroupResult, ScoreResponse, decode, encode
 
@@ -36,9 +37,7 @@ def judge_like(ids):
 @pytest.fixture
 def post(aiohttp_client):
     async def run(engine: FakeEngine, payload=VALID) -> tuple[int, bytes]:
-        app = create_app(ServerConfig(port=0), engine, FakeRenderer())
-        client = await aiohttp_client(app)
-        await app[STATE_KEY].settled.wait()
+        client = await fake_app_client(aiohttp_client, ServerConfig(port=0), engine)
         async with client.post("/v1/score", json=payload) as resp:
             return resp.status, await resp.read()
 
@@ -70,7 +69,9 @@ async def test_extras_of_a_group_answered_from_the_result_cache(aiohttp_client):
             assert resp.status == 200
             bodies.append(await resp.read())
     assert len(engine.calls) == 1  # the second reply came from the cache
-    assert bodies == [EXTRAS_REPLY, EXTRAS_REPLY]
+    assert bodies[0] == EXTRAS_REPLY
+    # the cached answer: the same extras, flagged as coming from the result cache
+    assert bodies[1] == EXTRAS_REPLY.replace(b"}]}", b',"from_result_cache":true}]}')
 
 
 async def test_responses_with_different_extra_names_are_an_engine_error(post):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from rmserve.server.fair_queue import FairQueue, parse_priority
-from rmserve.server.users import User
+from rmserve.server.sharing.fair_queue import FairQueue, parse_priority
+from rmserve.server.sharing.users import User
 
 from rmserve.errors import InvalidRequest
 

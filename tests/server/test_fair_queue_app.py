@@ -12,10 +12,11 @@ import asyncio
 
 import orjson
 import pytest
+from testkit.app_client import fake_app_client, wait_until
 from testkit.auth_stub import user_header_middleware
 from testkit.fakes import FakeEngine, FakeRenderer
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.users import User
+from rmserve.server.http.app import ServerConfig, create_app
+from rmserve.server.sharing.users import User
 
 USERS = {"alice": User("alice"), "bob": User("bob", weight=2.0), "root": User("root", role="admin")}
 
@@ -27,13 +28,6 @@ def group(gi: int) -> dict:
     return {"id": f"g{gi}", "prompt": "hi", "responses": ["ya", "yb", "yc"]}
 
 
-async def wait_until(predicate, timeout_s: float = 10.0) -> None:
-    """Yield to the loop until ``predicate()`` holds (a deadlock guard, not a timing assert)."""
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.005)
-
-
 @pytest.fixture
 def engine() -> FakeEngine:
     return FakeEngine(score_gate=asyncio.Event())
@@ -42,11 +36,8 @@ def engine() -> FakeEngine:
 @pytest.fixture
 def make_client(aiohttp_client, engine):
     async def make(**config):
-        app = create_app(ServerConfig(port=0, **config), engine, FakeRenderer())
-        app.middlewares.append(user_from_test_header)
-        client = await aiohttp_client(app)
-        await app[STATE_KEY].settled.wait()
-        return client
+        config = ServerConfig(port=0, **config)
+        return await fake_app_client(aiohttp_client, config, engine, middlewares=(user_from_test_header,))
 
     return make
 
@@ -173,7 +164,7 @@ def test_config_fields_are_checked():
 
 
 def test_the_app_builds_its_queue_from_the_config():
-    from rmserve.server.fair_queue import queue_of
+    from rmserve.server.sharing.fair_queue import queue_of
 
     app = create_app(ServerConfig(engine_concurrency_groups=7, fair_share_quantum_tokens=300,
                                   fair_share_interactive_boost=2.0), FakeEngine(), FakeRenderer())

@@ -1,6 +1,6 @@
 """The local judge engines' rendering, length and stop rules, and the judge engine registry.
 
-No torch, no vllm: :mod:`rmserve.server.judge_render` is exercised with a tiny fake tokenizer
+No torch, no vllm: :mod:`rmserve.server.render.judge` is exercised with a tiny fake tokenizer
 whose template and tokenization are written out here, so every expected token id is counted
 by hand. The engines themselves are tested on the demo causal LM in
 ``test_judge_engine_vllm.py``.
@@ -11,15 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rmserve.server import backends
+from rmserve.server.engines import registry
 from rmserve.server.config import EngineConfig
-from rmserve.server.judge_render import (
+from rmserve.server.render.judge import (
     JudgeRenderer,
     check_prompt_lengths,
+    enable_thinking,
     finish_reason,
     judge_chat_template,
     judge_stop_ids,
     max_new_tokens,
+    opens_reasoning,
 )
 
 from rmserve.errors import InvalidRequest, SequenceTooLong, ServerFault
@@ -91,6 +93,80 @@ def test_template_errors_and_empty_calls_name_messages():
         JudgeRenderer(FakeTokenizer(), chat_template="T", max_prompt_tokens=0)
 
 
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>"
+    "{% if enable_thinking is defined and enable_thinking %}<think>\n"
+    "{% elif enable_thinking is defined %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+"""A tiny template with a thinking switch: on opens the reasoning for the model (as
+QwQ/DeepSeek-R1 templates do), off writes an empty closed block (as Qwen3's does), unset
+neither."""
+
+THINKING_CALL = [Message("system", "S"), Message("user", "hi")]
+
+# (switch, enable_thinking passed, the rendered prompt, the prompt opens the reasoning)
+THINKING_RENDERS = [
+    (None, None, "<|system|>S\n<|user|>hi\n<|assistant|>", False),
+    ("on", True, "<|system|>S\n<|user|>hi\n<|assistant|><think>\n", True),
+    ("off", False, "<|system|>S\n<|user|>hi\n<|assistant|><think>\n\n</think>\n\n", False),
+]
+
+
+class JinjaTokenizer(FakeTokenizer):
+    """:class:`FakeTokenizer` whose ``apply_chat_template`` renders the Jinja template with
+    every extra keyword as a template variable (what transformers does)."""
+
+    def apply_chat_template(self, chat, *, chat_template, tokenize, add_generation_prompt, **kwargs):
+        import jinja2
+
+        self.calls.append({"chat_template": chat_template, "gen": add_generation_prompt, **kwargs})
+        return jinja2.Template(chat_template).render(messages=chat, add_generation_prompt=add_generation_prompt, **kwargs)
+
+
+@pytest.mark.parametrize(("switch", "flag", "text", "opened"), THINKING_RENDERS)
+def test_the_thinking_switch_reaches_the_template(switch, flag, text, opened):
+    assert enable_thinking(switch) is flag
+    tokenizer = JinjaTokenizer()
+    renderer = JudgeRenderer(tokenizer, chat_template=THINKING_TEMPLATE, max_prompt_tokens=100,
+                             enable_thinking=flag)
+    assert renderer.render_text(THINKING_CALL) == text
+    ids, opens = renderer.render_calls([THINKING_CALL, [Message("user", "x")]])
+    assert ids[0] == [ord(c) for c in text] and opens == [opened, opened]
+    assert renderer.render([THINKING_CALL]) == [ids[0]]
+    # enable_thinking is passed only when the switch is set
+    assert all(("enable_thinking" in call) == (flag is not None) for call in tokenizer.calls)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(("switch", "flag", "text", "opened"), THINKING_RENDERS)
+def test_the_thinking_switch_reaches_a_transformers_template(switch, flag, text, opened):
+    """The same template through transformers' own ``apply_chat_template`` (a word-level
+    tokenizer built here, no files)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]"))
+    words.pre_tokenizer = Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]")
+    renderer = JudgeRenderer(tokenizer, chat_template=THINKING_TEMPLATE, max_prompt_tokens=100,
+                             enable_thinking=enable_thinking(switch))
+    assert renderer.render_text(THINKING_CALL) == text
+    assert renderer.render_calls([THINKING_CALL])[1] == [opened]
+
+
+def test_opens_reasoning_and_bad_switches():
+    assert opens_reasoning("<|assistant|><think>\n") and opens_reasoning("<think>")
+    assert not opens_reasoning("<|assistant|><think>\n\n</think>\n\n")
+    assert not opens_reasoning("<|user|>quote <think> here\n<|assistant|>")
+    with pytest.raises(ValueError, match="judge_thinking: 'yes' is not one of on, off"):
+        enable_thinking("yes")
+    with pytest.raises(ValueError, match="enable_thinking"):
+        JudgeRenderer(FakeTokenizer(), chat_template="T", max_prompt_tokens=9, enable_thinking="on")
+
+
 def test_decode_skips_special_tokens_and_keeps_spaces():
     renderer, _ = _renderer(100)
     assert renderer.decode([32, 104, 105, 32, 2]) == " hi "
@@ -154,11 +230,11 @@ def test_chat_template_from_file_wins_and_a_missing_one_is_refused(tmp_path: Pat
 
 
 def test_judge_engine_registry_and_choice(monkeypatch, tmp_path: Path):
-    assert backends.JUDGE_ENGINES == {
-        "vllm": "rmserve.server.engine:VLLMJudgeEngine",
-        "hf": "rmserve.server.engine_hf:HFJudgeEngine",
+    assert registry.JUDGE_ENGINES == {
+        "vllm": "rmserve.server.engines.vllm_engine:VLLMJudgeEngine",
+        "hf": "rmserve.server.engines.hf_engine:HFJudgeEngine",
     }
-    assert backends.OPENAI_JUDGE_ENGINE == "rmserve.server.judge_openai:OpenAIJudgeEngine"
+    assert registry.OPENAI_JUDGE_ENGINE == "rmserve.server.engines.openai_judge:OpenAIJudgeEngine"
     imported: list[str] = []
 
     class Built:
@@ -169,17 +245,17 @@ def test_judge_engine_registry_and_choice(monkeypatch, tmp_path: Path):
         imported.append(target)
         return Built
 
-    monkeypatch.setattr(backends, "_import", fake_import)
+    monkeypatch.setattr(registry, "_import", fake_import)
     local = EngineConfig(model=str(tmp_path), kind="judge", engine="hf")
-    engine = backends.build_engine(local)
+    engine = registry.build_engine(local)
     assert isinstance(engine, Built) and engine.config is local
     remote = EngineConfig(model="judge-name", kind="judge", judge_url="http://127.0.0.1:9/v1")
-    backends.build_engine(remote)
-    assert imported == ["rmserve.server.engine_hf:HFJudgeEngine", "rmserve.server.judge_openai:OpenAIJudgeEngine"]
+    registry.build_engine(remote)
+    assert imported == ["rmserve.server.engines.hf_engine:HFJudgeEngine", "rmserve.server.engines.openai_judge:OpenAIJudgeEngine"]
 
 
 def test_unknown_judge_engine_lists_the_choices(tmp_path: Path):
     config = EngineConfig(model=str(tmp_path), kind="judge")
     object.__setattr__(config, "engine", "tgi")
     with pytest.raises(ValueError, match="no judge engine 'tgi'; choose one of hf, vllm"):
-        backends.judge_engine_class(config)
+        registry.judge_engine_class(config)

@@ -1,9 +1,9 @@
 """The local judge engines on the demo causal LM: vLLM texts = transformers greedy texts.
 
-One :class:`~rmserve.server.engine.VLLMJudgeEngine` over ``demo_policy_dir`` serves the module
+One :class:`~rmserve.server.engines.vllm_engine.VLLMJudgeEngine` over ``demo_policy_dir`` serves the module
 (float32, eager, block 32, 1 GiB KV cache, ``judge_max_tokens=32``); the independent reference
-is :class:`~rmserve.server.engine_hf.HFJudgeEngine` (transformers ``generate``, greedy, one
-prompt at a time). The calls are the real ones :func:`~rmserve.server.judge_protocols.plan_group`
+is :class:`~rmserve.server.engines.hf_engine.HFJudgeEngine` (transformers ``generate``, greedy, one
+prompt at a time). The calls are the real ones :func:`~rmserve.server.kinds.judge_protocols.plan_group`
 makes: two RM-Bench chat groups (18 pairwise calls each) and RewardBench 2-shaped groups (a
 4-way ranking call, ratings of a Focus group, ratings of a Ties group). The demo model has
 random weights: its texts are noise, which is what a parity check wants (any drift in a
@@ -25,7 +25,7 @@ from rmserve.server.config import EngineConfig
 
 from rmserve.datasets import load_rmbench
 from rmserve.errors import SequenceTooLong, ServerFault
-from rmserve.schema import Group, Message
+from rmserve.schema import Group, JudgeSampling, Message
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def _rb2_groups() -> list[Group]:
 @pytest.fixture(scope="module")
 def judge_groups(rmbench_dir: Path) -> list[tuple[Group, object]]:
     """(group, plan) of two RM-Bench chat groups and the RewardBench 2-shaped ones."""
-    from rmserve.server.judge_protocols import JudgeProtocolConfig, plan_group
+    from rmserve.server.kinds.judge_protocols import JudgeProtocolConfig, plan_group
 
     chat = load_rmbench(rmbench_dir, ["chat"]).groups[:2]
     ranking = JudgeProtocolConfig(seed=3)
@@ -81,7 +81,7 @@ def judge_groups(rmbench_dir: Path) -> list[tuple[Group, object]]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def vllm_judge(demo_policy_dir: Path):
-    from rmserve.server.engine import VLLMJudgeEngine
+    from rmserve.server.engines.vllm_engine import VLLMJudgeEngine
 
     engine = VLLMJudgeEngine(_config(demo_policy_dir))
     await engine.start()
@@ -93,7 +93,7 @@ async def vllm_judge(demo_policy_dir: Path):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def hf_judge(demo_policy_dir: Path):
-    from rmserve.server.engine_hf import HFJudgeEngine
+    from rmserve.server.engines.hf_engine import HFJudgeEngine
 
     engine = HFJudgeEngine(_config(demo_policy_dir, engine="hf"))
     await engine.start()
@@ -118,7 +118,7 @@ def _long_message(renderer, target_tokens: int) -> list[Message]:
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_vllm_texts_equal_transformers_greedy_texts(vllm_judge, hf_judge, judge_groups, demo_policy_dir):
-    from rmserve.server.judge_protocols import JudgeProtocolConfig, score_group
+    from rmserve.server.kinds.judge_protocols import JudgeProtocolConfig, score_group
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(demo_policy_dir))
@@ -201,8 +201,18 @@ def test_info_is_a_judge_with_the_checkpoint_fingerprint(vllm_judge, hf_judge, d
         info = engine.info()
         assert (info.kind, info.mode, info.compat, info.engine) == ("judge", "auto", "none", name)
         assert (info.max_model_len, info.dtype, info.fingerprint) == (4095, "float32", expected)
+        assert info.judge_sampling == JudgeSampling(temperature=0.0, top_p=1.0, max_tokens=JUDGE_MAX_TOKENS)
+    import importlib.metadata
+
+    hf_engine = hf_judge.info().judge_engine
+    assert (hf_engine.engine, hf_engine.version, hf_engine.batch_invariant) == (
+        "hf", importlib.metadata.version("transformers"), True
+    )
+    assert hf_engine.batch_invariant_note.startswith("each call is generated alone (a batch of one, no padding)")
+    vllm_engine = vllm_judge.info().judge_engine
+    assert (vllm_engine.engine, vllm_engine.batch_invariant) == ("vllm", False)
     assert vllm_judge.max_tokens == hf_judge.max_tokens == JUDGE_MAX_TOKENS
-    from rmserve.server.protocol import JudgeEngine, SupportsPrefixCacheStats
+    from rmserve.server.engines.protocol import JudgeEngine, SupportsPrefixCacheStats
 
     assert isinstance(vllm_judge, JudgeEngine) and isinstance(hf_judge, JudgeEngine)
     assert isinstance(vllm_judge, SupportsPrefixCacheStats)
@@ -222,8 +232,8 @@ def _without_template(demo: Path, out: Path) -> Path:
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_model_without_chat_template_is_refused(demo_policy_dir, tmp_path):
-    from rmserve.server.engine import VLLMJudgeEngine
-    from rmserve.server.engine_hf import HFJudgeEngine
+    from rmserve.server.engines.vllm_engine import VLLMJudgeEngine
+    from rmserve.server.engines.hf_engine import HFJudgeEngine
 
     bare = _without_template(demo_policy_dir, tmp_path / "bare")
     for cls, extra in ((VLLMJudgeEngine, {}), (HFJudgeEngine, {"engine": "hf"})):
@@ -237,7 +247,7 @@ async def test_a_model_without_chat_template_is_refused(demo_policy_dir, tmp_pat
     engine = HFJudgeEngine(_config(bare, engine="hf", chat_template=template))
     await engine.start()
     (out,) = await engine.judge_group([[Message("user", "hi")]], "file-template")
-    own = engine._require().renderer.tokenizer.apply_chat_template(
+    own = engine._require().judge.tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}], chat_template=template.read_text(), tokenize=True,
         add_generation_prompt=True,
     )["input_ids"]
@@ -247,7 +257,7 @@ async def test_a_model_without_chat_template_is_refused(demo_policy_dir, tmp_pat
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_model_without_lm_head_is_refused(tmp_path):
-    from rmserve.server.engine import VLLMJudgeEngine
+    from rmserve.server.engines.vllm_engine import VLLMJudgeEngine
 
     folder = tmp_path / "classifier"
     folder.mkdir()
@@ -256,3 +266,60 @@ async def test_a_model_without_lm_head_is_refused(tmp_path):
         await VLLMJudgeEngine(_config(folder)).start()
     assert "kind judge needs a causal LM with an LM head" in info.value.message
     assert info.value.message.startswith("model: ")
+
+
+THINKING_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n"
+    "{% if enable_thinking is defined and enable_thinking %}<think>\n"
+    "{% elif enable_thinking is defined %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+"""The demo template's layout with a thinking switch: on opens the reasoning for the model,
+off writes an empty closed block."""
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_thinking_switch_reaches_both_local_engines(demo_policy_dir, tmp_path):
+    """``judge_thinking`` is passed to the template as ``enable_thinking`` by both local engines;
+    with it on the prompt ends in ``<think>``, so the outputs begin inside the reasoning: a cut
+    output has no verdict, whatever it holds."""
+    from transformers import AutoTokenizer
+
+    from rmserve.server.engines.hf_engine import HFJudgeEngine
+    from rmserve.server.engines.vllm_engine import VLLMJudgeEngine
+    from rmserve.server.kinds.judge_protocols import JudgeProtocolConfig, plan_group, score_group
+
+    template = tmp_path / "thinking.jinja"
+    template.write_text(THINKING_TEMPLATE, encoding="utf-8")
+    tokenizer = AutoTokenizer.from_pretrained(str(demo_policy_dir))
+    group = _rb2_groups()[0]
+    plan = plan_group(group, JudgeProtocolConfig(seed=3))
+    calls = [p.messages for p in plan.prompts]
+    chat = [{"role": m.role, "content": m.content} for m in calls[0]]
+    outputs = {}
+    for switch in ("on", "off"):
+        text = tokenizer.apply_chat_template(chat, chat_template=THINKING_TEMPLATE, tokenize=False,
+                                             add_generation_prompt=True, enable_thinking=switch == "on")
+        assert text.endswith("<|assistant|>\n<think>\n" if switch == "on" else "<think>\n\n</think>\n\n")
+        expected_tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        engine = HFJudgeEngine(_config(demo_policy_dir, engine="hf", chat_template=template, judge_thinking=switch))
+        await engine.start()
+        try:
+            (out,) = await engine.judge_group(calls, f"thinking-{switch}")
+        finally:
+            await engine.shutdown()
+        assert (out.prompt_tokens, out.reasoning_open, out.finish_reason) == (expected_tokens, switch == "on", "length")
+        outputs[switch] = out
+    vllm = VLLMJudgeEngine(_config(demo_policy_dir, chat_template=template, judge_thinking="on"))
+    await vllm.start()
+    try:
+        (fast,) = await vllm.judge_group(calls, "thinking-vllm")
+    finally:
+        await vllm.shutdown()
+    ref = outputs["on"]  # same prompt, same greedy text, reasoning_open set
+    assert (fast.text, fast.prompt_tokens, fast.completion_tokens, fast.finish_reason, fast.reasoning_open) == (
+        ref.text, ref.prompt_tokens, ref.completion_tokens, ref.finish_reason, True
+    )
+    judged = score_group(group, plan, [fast], JudgeProtocolConfig(seed=3, thinking="on"))
+    assert (judged.calls[0].reasoning_open, judged.calls[0].parse.reason, judged.credit) == (True, "truncated", 0.25)
+    assert judged.thinking == "on"

@@ -18,8 +18,8 @@ from rmserve.datasets import load_rmbench
 from rmserve.errors import SequenceTooLong, ServerFault
 from rmserve.schema import Group, Message
 from rmserve.server.config import EngineConfig
-from rmserve.server.judge_openai import OpenAIJudgeEngine
-from rmserve.server.judge_protocols import JudgeProtocolConfig, plan_group
+from rmserve.server.engines.openai_judge import OpenAIJudgeEngine
+from rmserve.server.kinds.judge_protocols import JudgeProtocolConfig, plan_group
 from testkit.openai_server import vllm_openai_server
 from testkit.shared_data import shared_data_dir
 

@@ -13,7 +13,7 @@ import json
 
 import msgspec
 import pytest
-from rmserve.server.judge_protocols import (
+from rmserve.server.kinds.judge_protocols import (
     RANKING_SYSTEM_PROMPT,
     JudgeOutput,
     JudgeProtocolConfig,
@@ -35,10 +35,11 @@ from rmserve.server.judge_protocols import (
     render_ranking,
     render_rating,
     score_group,
+    split_reasoning,
 )
 
 from rmserve.errors import InvalidRequest
-from rmserve.judge_records import JudgeGroupResult
+from rmserve.judge_records import JUDGE_READERS, JudgeGroupResult
 from rmserve.schema import RMBENCH_STYLES, Group, Message
 
 OFFICIAL_SHA256 = {
@@ -229,32 +230,120 @@ def test_ranking_position_rejects_bad_seeds(seed):
         ranking_position(seed, "Math", "1")
 
 
-# --- ranking reader (official process_judgement) -----------------------------------------------
+# --- ranking readers -----------------------------------------------------------------------
+
+# (text, cut at max_tokens, prompt opened the reasoning,
+#  official verdict, rmserve verdict, rmserve reason, candidates)
+RANKING_CASES = [
+    ("Assistant C is best.\n\n[[C]]", False, False, "C", "C", "ok", ("C",)),
+    ("No verdict here, maybe C.", False, False, None, None, "no_verdict", ()),
+    ("", False, False, None, None, "no_verdict", ()),
+    ("[[a]] [ [B] ] [B] [[ B ]]", False, False, None, None, "no_verdict", ()),  # tokens are exact
+    ("Comparing: A is wrong, [[B]", False, False, None, None, "no_verdict", ()),
+    # the official rule takes letter order, not text order
+    ("[[D]] ... on reflection [[C]]", False, False, "C", "C", "ok", ("D", "C")),
+    ("First thought [[D]].\nFinal verdict: [[C]]", False, False, "C", "C", "ok", ("D", "C")),
+    # the judge quotes the format sentence, then concludes C
+    ('The required format is "[[A]]" if A is best. ... Final verdict: [[C]]', False, False, "A", "C", "ok",
+     ("A", "C")),
+    # a quoted candidate holds [[A]]; the judge concludes B
+    ('Assistant D\'s answer ends with "[[A]]", copied from its prompt.\nFinal verdict: [[B]]', False, False,
+     "A", "B", "ok", ("A", "B")),
+    # a final line naming two letters is no verdict
+    ("A and C are close.\n[[B]] or [[C]]", False, False, "B", None, "ambiguous_verdict", ("B", "C")),
+    ("[[B]] is tempting, but the final verdict is [[A]]", False, False, "A", None, "ambiguous_verdict", ("B", "A")),
+    ("Verdict: [[D]] [[D]]", False, False, "D", "D", "ok", ("D",)),  # one letter twice: not ambiguous
+    ("Final verdict: [[D]].\nThank you!", False, False, "D", "D", "ok", ("D",)),
+    # reasoning: only the answer after </think> is read by rmserve's reader
+    ("<think>[[B]] looks best so far</think> Final: [[C]]", False, False, "B", "C", "ok", ("B", "C")),
+    ("<think>[[A]] or [[B]]?</think>\n\n[[B]]", False, False, "A", "B", "ok", ("A", "B")),
+    ("[[B]] looks best so far</think>\n\nFinal verdict: [[D]]", False, True, "B", "D", "ok", ("B", "D")),
+    # cut inside the reasoning: no verdict, counted as cut
+    ("<think>Comparing the four. [[B]] looks best so far", True, False, "B", None, "truncated", ("B",)),
+    ("Comparing the four. [[B]] looks best so far", True, True, "B", None, "truncated", ("B",)),
+    # stopped inside the reasoning (never closed it): no answer
+    ("<think>[[B]] looks best so far", False, False, "B", None, "unfinished_reasoning", ("B",)),
+    ("[[C]] looks best so far", False, True, "C", None, "unfinished_reasoning", ("C",)),
+    # cut after the reasoning, or without any: the concluding statement was never written
+    ("<think>ok</think> A is best: [[A]]. Also", True, False, "A", None, "truncated", ("A",)),
+    ("Let me think. [[B]] looks right, but", True, False, "B", None, "truncated", ("B",)),
+]
+
+
+@pytest.mark.parametrize(("text", "cut", "opened", "official", "ours", "reason", "candidates"), RANKING_CASES)
+def test_parse_ranking_both_readers(text, cut, opened, official, ours, reason, candidates):
+    theirs = parse_ranking(text, compat="official", truncated=cut, reasoning_open=opened)
+    assert (theirs.parser, theirs.verdict, theirs.reason) == (
+        "rb2-ranking-official", official, "ok" if official else "no_verdict"
+    )
+    assert theirs.candidates == (candidates if official else ())
+    got = parse_ranking(text, truncated=cut, reasoning_open=opened)
+    assert (got.parser, got.verdict, got.reason, got.candidates) == ("rb2-ranking", ours, reason, candidates)
+
+
+def test_read_output_picks_the_ranking_reader_by_compat():
+    prompt = render_ranking(rb2_group(), 1)
+    text = 'Format: "[[A]]" if A is best. Final verdict: [[B]]'
+    ours = read_output(prompt, out(text))
+    theirs = read_output(prompt, out(text), "official")
+    assert (ours.parse.parser, ours.parse.verdict) == ("rb2-ranking", "B")
+    assert (theirs.parse.parser, theirs.parse.verdict) == ("rb2-ranking-official", "A")
+    cut = read_output(prompt, out("Let me think. [[B]] looks right, but", "length"))
+    assert cut.truncated and (cut.parse.verdict, cut.parse.reason) == (None, "truncated")
+    assert read_output(prompt, out("Let me think. [[B]] looks right, but", "length"), "official").parse.verdict == "B"
+    with pytest.raises(ValueError, match="compat"):
+        parse_ranking("[[A]]", compat="strict")
 
 
 @pytest.mark.parametrize(
-    ("text", "verdict", "candidates"),
+    ("text", "opened", "reasoning", "answer"),
     [
-        ("Assistant C is best.\n\n[[C]]", "C", ("C",)),
-        ("No verdict here, maybe C.", None, ()),
-        ("[[B]] is tempting, but the final verdict is [[A]]", "A", ("B", "A")),  # letter order, not text order
-        ("[[D]] ... on reflection [[C]]", "C", ("D", "C")),
-        ("[[a]] [ [B] ] [B] [[ B ]]", None, ()),
-        ("", None, ()),
-        ("Comparing: A is wrong, [[B]", None, ()),
+        ("plain answer [[A]]", False, None, "plain answer [[A]]"),
+        ("<think>r</think>a", False, "r", "a"),
+        ("\n <think>r</think>\n\na", False, "r", "\n\na"),
+        ("r</think>a</think>b", False, "r", "a</think>b"),  # the first </think> ends the reasoning
+        ("<think>still thinking", False, "still thinking", None),
+        ("still thinking", True, "still thinking", None),
+        ("r</think>a", True, "r", "a"),
+        ("I quote <think> here", False, None, "I quote <think> here"),  # a tag inside the text opens nothing
+        ("", True, "", None),
     ],
 )
-def test_parse_ranking_official_rule(text, verdict, candidates):
-    parse = parse_ranking(text)
-    assert parse.verdict == verdict
-    assert parse.reason == ("ok" if verdict else "no_verdict")
-    assert parse.candidates == candidates
-    assert parse.parser == "rb2-ranking-official"
+def test_split_reasoning(text, opened, reasoning, answer):
+    assert split_reasoning(text, reasoning_open=opened) == (reasoning, answer)
 
 
-def test_ranking_reads_a_cut_output_like_the_official_code():
-    call = read_output(render_ranking(rb2_group(), 1), out("Let me think. [[B]] looks right, but", "length"))
-    assert call.truncated and call.parse.verdict == "B" and call.parse.reason == "ok"
+def test_every_reader_is_named_in_the_readers_table():
+    group, rmbench = rb2_group(), rmbench_group()
+    prompts = {
+        "rb2-ranking": render_ranking(group, 0),
+        "rb2-rating": render_rating(group, 0),
+        "rb2-rating-ties": render_rating(rb2_group(domain="Ties", responses=("a", "b", "c")), 0),
+        "rmbench-pairwise": render_pairwise(rmbench, 0, 0, True),
+    }
+    assert JUDGE_READERS == {
+        "none": {"rb2-ranking": "rb2-ranking", "rb2-rating": "rb2-rating", "rb2-rating-ties": "rb2-rating",
+                 "rmbench-pairwise": "rmbench-pairwise"},
+        "official": {"rb2-ranking": "rb2-ranking-official", "rb2-rating": "rb2-rating-official",
+                     "rb2-rating-ties": "rb2-rating-official", "rmbench-pairwise": "rmbench-pairwise"},
+    }
+    for compat, readers in JUDGE_READERS.items():
+        for protocol, prompt in prompts.items():
+            assert read_output(prompt, out("x"), compat).parse.parser == readers[protocol]
+
+
+def test_read_output_records_the_reasoning_apart_and_an_opened_prompt():
+    prompt = render_rating(rb2_group(), 0)
+    output = JudgeOutput("Good.\n\n8", 100, 20, "stop", reasoning="[[B]] first, then a 3")
+    call = read_output(prompt, output)
+    assert (call.text, call.reasoning, call.reasoning_open, call.parse.rating) == (
+        "Good.\n\n8", "[[B]] first, then a 3", False, 8
+    )
+    opened = read_output(prompt, JudgeOutput("I would give it 6", 100, 20, "stop", reasoning_open=True))
+    assert (opened.reasoning_open, opened.parse.reason, opened.parse.rating) == (True, "unfinished_reasoning", None)
+    # an endpoint's null content: no text, cut at max_tokens
+    empty = read_output(render_ranking(rb2_group(), 0), JudgeOutput("", 100, 32, "length", reasoning="[[B]] so far"))
+    assert (empty.parse.reason, empty.parse.candidates, empty.truncated) == ("truncated", (), True)
 
 
 # --- rating reader --------------------------------------------------------------------------
@@ -293,6 +382,24 @@ def test_parse_rating_both_readers(text, official, ours, reason):
     assert got_official.parser == "rb2-rating-official"
     got = parse_rating(text)
     assert (got.rating, got.reason, got.parser) == (ours, reason, "rb2-rating")
+
+
+# (text, cut, prompt opened the reasoning, official reading, rmserve reading, rmserve reason)
+RATING_REASONING_CASES = [
+    ("<think>I'd say 3</think>\n\nGood answer.\n\n8", False, False, 8, 8, "ok"),
+    ("Considering a 4</think>\n9", False, True, 9, 9, "ok"),
+    ("<think>hmm</think>", False, False, None, None, "no_trailing_rating"),
+    ("<think>Maybe a 3", True, False, 3, None, "truncated"),
+    ("<think>Maybe a 3", False, False, 3, None, "unfinished_reasoning"),
+    ("Maybe a 3", False, True, 3, None, "unfinished_reasoning"),
+]
+
+
+@pytest.mark.parametrize(("text", "cut", "opened", "official", "ours", "reason"), RATING_REASONING_CASES)
+def test_parse_rating_after_the_reasoning(text, cut, opened, official, ours, reason):
+    assert parse_rating(text, compat="official", truncated=cut, reasoning_open=opened).rating == official
+    got = parse_rating(text, truncated=cut, reasoning_open=opened)
+    assert (got.rating, got.reason) == (ours, reason)
 
 
 def test_rating_of_a_cut_output():
@@ -339,11 +446,26 @@ def test_rating_credit_official_rule(ratings, credit):
         ("\\boxed{A}", None, "no_verdict"),
         ("\\boxed{A>>C}", None, "no_verdict"),
         ("", None, "no_verdict"),
+        # a concluding statement naming two verdicts is none
+        ("A is clearer, B more complete.\n\\boxed{A>B} or \\boxed{B>A}", None, "ambiguous_verdict"),
+        ("\\boxed{A>B} or maybe \\boxed{A>>B}", None, "ambiguous_verdict"),
+        ("Draft: \\boxed{B>A}.\nFinal: \\boxed{A=B} \\boxed{ A = B }", "A=B", "ok"),
+        # only the answer after the reasoning is read
+        ("<think>\\boxed{A>B} so far</think>\nVerdict: \\boxed{B>A}", "B>A", "ok"),
+        ("<think>\\boxed{A>B} so far", None, "unfinished_reasoning"),
+        ("<think>\\boxed{A>B} so far</think>\nI cannot decide.", None, "no_verdict"),
     ],
 )
 def test_parse_pairwise(text, verdict, reason):
     parse = parse_pairwise(text)
     assert (parse.verdict, parse.reason) == (verdict, reason)
+
+
+def test_pairwise_cut_inside_the_reasoning_has_no_verdict():
+    parse = parse_pairwise("\\boxed{A>B} so far, now the second answer", truncated=True, reasoning_open=True)
+    assert (parse.verdict, parse.reason, parse.candidates) == (None, "truncated", ("A>B",))
+    opened = parse_pairwise("\\boxed{A>B} so far</think>\n\\boxed{B>>A}", reasoning_open=True)
+    assert (opened.verdict, opened.candidates) == ("B>>A", ("A>B", "B>>A"))
 
 
 def test_pairwise_cut_output_has_no_verdict():

@@ -11,16 +11,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
+import msgspec
 import orjson
 import pytest
 from testkit.judge_fakes import FAKE_JUDGE_MODEL, FakeJudgeEngine, fake_prompt_tokens, rb2_group, rmbench_group
-from rmserve.server.app import STATE_KEY, JudgeSettings, ServerConfig, create_app
-from rmserve.server.judge_scoring import share_tokens
-from rmserve.server.wire import encode_models
+from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.kinds.judge import JudgeSettings
+from rmserve.server.kinds.judge import share_tokens
+from rmserve.server.http.wire import encode_models
 
 from rmserve.errors import EngineError
 from rmserve.fingerprint import judge_fingerprint
-from rmserve.schema import Group, Message, ModelInfo, ScoreResponse, decode
+from rmserve.schema import Group, JudgeEngineInfo, JudgeSampling, Message, ModelInfo, ScoreResponse, decode
 
 
 def wire(group: Group, **extra) -> dict:
@@ -109,7 +111,24 @@ async def test_ranking_without_a_verdict_gives_a_quarter_each(make_judge):
     (result,) = body["results"]
     assert result["rewards"] == [0.25, 0.25, 0.25, 0.25]
     assert result["judge"]["credit"] == 0.25
-    assert result["judge"]["calls"][0]["parse"] == {"parser": "rb2-ranking-official", "reason": "no_verdict"}
+    assert result["judge"]["calls"][0]["parse"] == {"parser": "rb2-ranking", "reason": "no_verdict"}
+
+
+@pytest.mark.parametrize(("compat", "parser", "verdict", "credit"),
+                         [("none", "rb2-ranking", "C", 1.0), ("official", "rb2-ranking-official", "A", 0.0)])
+async def test_the_reply_names_the_reader_of_its_compat(make_judge, compat, parser, verdict, credit):
+    """The judge quotes the format sentence, then concludes with the correct answer (shown at C):
+    rmserve's reader reads C, the official reader A (the first letter whose token occurs)."""
+    engine = FakeJudgeEngine(reply_of=lambda messages: 'The format is "[[A]]" if A is best.\nFinal verdict: [[C]]')
+    client, _ = await make_judge(engine, JudgeSettings(compat=compat, max_tokens=64))
+    group = next(rb2_group("Math", str(k)) for k in range(50) if position_by_hand(0, "Math", str(k)) == 2)
+    status, body = await post(client, {"groups": [wire(group)]})
+    assert status == 200, body
+    judge = body["results"][0]["judge"]
+    assert judge["compat"] == compat and judge["position"] == 2
+    assert judge["calls"][0]["parse"] == {"parser": parser, "reason": "ok", "verdict": verdict,
+                                          "candidates": ["A", "C"]}
+    assert judge["credit"] == credit
 
 
 async def test_ratings_reply_with_a_ties_group(make_judge):
@@ -245,7 +264,9 @@ async def test_an_engine_failure_fails_the_request(make_judge):
 async def test_admission_limit_applies(make_judge):
     client, engine = await make_judge(max_inflight_groups=1)
     status, body = await post(client, {"groups": [wire(rb2_group("Math", "1")), wire(rb2_group("Math", "2"))]})
-    assert status == 400 and body["error"]["field"] == "groups"
+    assert status == 413 and body["error"]["field"] == "groups"
+    assert body["error"]["limit"] == {"name": "server.max_inflight_groups", "unit": "groups", "limit": 1,
+                                      "requested": 2}
     assert engine.calls == []
 
 
@@ -267,6 +288,7 @@ async def test_a_group_sent_again_comes_from_the_result_cache(make_judge):
     payload = {"groups": [wire(rb2_group("Math", "1"))]}
     first = await post(client, payload)
     second = await post(client, payload)
+    assert second[1]["results"][0].pop("from_result_cache") is True
     assert first == second and first[0] == 200
     assert len(engine.calls) == 1
     metrics = await scrape(client)
@@ -291,6 +313,71 @@ async def test_models_describe_the_judge(make_judge):
     assert decode(orjson.dumps(info), ModelInfo).judge_settings() == (32, 5)
 
 
+async def test_the_thinking_switch_is_published_and_recorded(make_judge):
+    client, _ = await make_judge(settings=JudgeSettings(max_tokens=64, thinking="off"))
+    async with client.get("/v1/models") as resp:
+        (info,) = orjson.loads(await resp.read())["models"]
+    fingerprint = judge_fingerprint("fp-judge-1", protocol="auto", max_tokens=64, seed=0, thinking="off")
+    assert (info["judge_thinking"], info["fingerprint"]) == ("off", fingerprint)
+    assert fingerprint != judge_fingerprint("fp-judge-1", protocol="auto", max_tokens=64, seed=0)
+    status, body = await post(client, {"groups": [wire(rb2_group("Focus", "3"))]})
+    assert status == 200 and body["fingerprint"] == fingerprint
+    assert body["results"][0]["judge"]["thinking"] == "off"
+    plain, _ = await make_judge()
+    async with plain.get("/v1/models") as resp:
+        (info,) = orjson.loads(await resp.read())["models"]
+    assert "judge_thinking" not in info  # not set: left out, as before the switch existed
+    status, body = await post(plain, {"groups": [wire(rb2_group("Focus", "3"))]})
+    assert "thinking" not in body["results"][0]["judge"]
+SETUP_MODEL = msgspec.structs.replace(
+    FAKE_JUDGE_MODEL,
+    judge_sampling=JudgeSampling(temperature=0.7, top_p=0.9, max_tokens=64),
+    judge_engine=JudgeEngineInfo("fake", "1.2.3", False, "batches its calls"),
+)
+"""A fake judge that reports its sampling (not greedy) and its engine."""
+
+
+async def test_models_and_every_result_carry_the_engines_sampling_and_engine(make_judge):
+    settings = JudgeSettings(protocol="auto", max_tokens=64, seed=0)
+    client, _ = await make_judge(FakeJudgeEngine(model=SETUP_MODEL), settings=settings)
+    async with client.get("/v1/models") as resp:
+        (info,) = orjson.loads(await resp.read())["models"]
+    sampling = {"temperature": 0.7, "top_p": 0.9, "max_tokens": 64}
+    engine = {"engine": "fake", "version": "1.2.3", "batch_invariant": False, "batch_invariant_note": "batches its calls"}
+    assert (info["judge_sampling"], info["judge_engine"], info["judge_max_tokens"]) == (sampling, engine, 64)
+    # The fingerprint covers the sampling: hashed with temperature 0.7 and top_p 0.9 (not greedy).
+    assert info["fingerprint"] == _by_hand_judge("fp-judge-1", ("temperature", "0.7"), ("top_p", "0.9"))
+    assert info["fingerprint"] != judge_fingerprint("fp-judge-1", protocol="auto", max_tokens=64, seed=0)
+
+    multi = wire(rb2_group("Factuality", "1"), messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "?"}])
+    status, body = await post(client, {"groups": [wire(rb2_group("Focus", "4")), multi]})
+    assert status == 200, body
+    judged, unjudged = body["results"]
+    assert "judge" in judged and "judge" not in unjudged
+    for result in (judged, unjudged):
+        assert (result["judge_sampling"], result["judge_engine"]) == (sampling, engine)
+
+
+def _by_hand_judge(model: str, *sampling: tuple[str, str]) -> str:
+    """The judge fingerprint of ``model`` with protocol auto, 64 tokens, seed 0, compat none, system
+    prompt on, readers version 2, and the sampling sections given (the documented hash, computed here)."""
+    digest = hashlib.sha256()
+    for label, value in (("kind", "judge"), ("model", model), ("protocol", "auto"), ("max_tokens", "64"),
+                         ("seed", "0"), ("compat", "none"), ("system_prompt", "1"), ("readers", "2"), *sampling):
+        digest.update(label.encode() + b"\0" + len(value.encode()).to_bytes(8, "little") + value.encode())
+    return digest.hexdigest()[:16]
+
+
+async def test_an_engine_that_reports_no_sampling_leaves_the_results_without_it(make_judge):
+    client, _ = await make_judge()
+    async with client.get("/v1/models") as resp:
+        (info,) = orjson.loads(await resp.read())["models"]
+    assert "judge_sampling" not in info and "judge_engine" not in info
+    status, body = await post(client, {"groups": [wire(rb2_group("Focus", "4"))]})
+    assert status == 200 and "judge_sampling" not in body["results"][0] and "judge_engine" not in body["results"][0]
+
+
 def test_classifier_model_bytes_are_unchanged():
     from testkit.fakes import FAKE_MODEL
 
@@ -308,6 +395,13 @@ def test_settings_come_from_the_engine_config():
     config = EngineConfig(model="m", kind="judge", protocol="ranking", judge_max_tokens=32, judge_seed=3,
                           compat="official", judge_system_prompt=False)
     assert JudgeSettings.from_engine_config(config) == JudgeSettings("ranking", 32, 3, "official", False)
+    thinking = EngineConfig(model="m", kind="judge", judge_thinking="on")
+    assert JudgeSettings.from_engine_config(thinking).thinking == "on"
+    assert JudgeSettings.from_engine_config(thinking).protocol_config().thinking == "on"
+    with pytest.raises(ValueError, match="judge_thinking: 'yes' is not one of on, off"):
+        EngineConfig(model="m", kind="judge", judge_thinking="yes")
+    with pytest.raises(ValueError, match="judge_thinking: only for kind judge"):
+        EngineConfig(model="m", judge_thinking="on")
     assert JudgeSettings.from_engine_config(config).protocol_config().ratings is False
     assert JudgeSettings(protocol="ratings").protocol_config().ratings is True
 
@@ -353,8 +447,8 @@ def replaced(output, **changes):
 
 
 def test_a_judge_groups_fair_queue_cost_is_its_estimated_prompt_tokens_plus_its_generation_budget():
-    from rmserve.server.judge_protocols import JudgePlan, JudgePrompt
-    from rmserve.server.judge_scoring import queue_cost
+    from rmserve.server.kinds.judge_protocols import JudgePlan, JudgePrompt
+    from rmserve.server.kinds.judge import queue_cost
 
     from rmserve.schema import Message
 
@@ -383,3 +477,33 @@ async def test_a_judge_group_reaches_the_engine_with_the_priority_of_its_request
     async with client.post("/v1/score", data=orjson.dumps(payload), headers=headers) as resp:
         assert resp.status == 200, await resp.text()
     assert seen == [expected, expected]
+
+
+async def test_benchmark_and_domain_fields_and_the_old_id_form_judge_alike(make_judge, caplog):
+    """The typed fields (what the client sends) and the deprecated ``benchmark/domain/id`` id
+    give the same verdict records; only the old form logs the deprecation."""
+    import logging
+
+    group = rb2_group("Factuality", "7")
+    typed = wire(group, benchmark="rewardbench2", domain="Factuality")
+    bare = dict(typed, id="7")  # an id without the prefix: the fields alone say where it is from
+    client, _ = await make_judge()
+    replies = []
+    for body in (typed, bare, wire(group)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="rmserve.server"):
+            status, reply = await post(client, {"groups": [body]})
+        assert status == 200, reply
+        deprecated = [r for r in caplog.records if "deprecated" in r.getMessage()]
+        assert len(deprecated) == (0 if "benchmark" in body else 1)
+        replies.append(reply["results"][0])
+    p = position_by_hand(0, "Factuality", "7")
+    for result in replies:
+        assert result["judge"]["position"] == p and result["rewards"] == [1.0, 0.0, 0.0, 0.0]
+    assert [r["id"] for r in replies] == ["rewardbench2/Factuality/7", "7", "rewardbench2/Factuality/7"]
+
+
+async def test_only_one_of_benchmark_and_domain_is_refused(make_judge):
+    client, _ = await make_judge()
+    status, body = await post(client, {"groups": [wire(rb2_group("Math", "2"), benchmark="rewardbench2")]})
+    assert status == 400 and body["error"]["field"] == "groups[0].domain"

@@ -15,12 +15,13 @@ import asyncio
 
 import orjson
 import pytest
+from testkit.app_client import wait_until
 from testkit.auth_stub import user_header_middleware
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, ReloadableFakeEngine, write_fake_checkpoint
 from testkit.judge_fakes import FakeJudgeEngine, rb2_group
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.leases import LEASES_KEY
-from rmserve.server.users import User
+from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.sharing.leases import LEASES_KEY
+from rmserve.server.sharing.users import User
 from rmserve.fingerprint import judge_fingerprint, model_fingerprint
 
 TOKEN = "s3cret-token"
@@ -40,13 +41,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-async def wait_until(predicate, timeout_s: float = 10.0) -> None:
-    """Yield to the loop until ``predicate()`` holds (a deadlock guard, not a timing assert)."""
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.005)
 
 
 @pytest.fixture
@@ -195,9 +189,10 @@ async def test_swap_is_refused_while_another_user_holds_the_lease_or_has_pinned_
     assert status == 409
     assert body["error"]["type"] == "conflict"
     assert body["error"]["message"] == (
-        f"checkpoint swap refused for bob: the lease on model 'step' (fingerprint {new}) is held by alice since "
-        "2027-01-15 08:00:00 UTC; no other user's pinned work is in flight. Retry when that work is done or the "
-        "lease ends (idle 600 s, or POST /v1/models/release by its holder), or ask an admin to force it (force: true)"
+        f"checkpoint swap refused for bob: alice holds the lease on model 'step' (fingerprint {new}) since "
+        "2027-01-15 08:00:00 UTC; it ends after 600 s without alice's pinned work in flight, or when alice or an "
+        "admin releases it (POST /v1/models/release). An admin may force the swap (force: true): "
+        "pinned runs then stop with 409, keep what they scored and resume once that fingerprint is served again"
     )
 
     # alice has 2 pinned groups at the (stalled) engine: bob's refusal counts them
@@ -206,8 +201,9 @@ async def test_swap_is_refused_while_another_user_holds_the_lease_or_has_pinned_
     await wait_until(lambda: len(engine.calls) == 2)
     status, body = await load(client, "bob", original)
     assert status == 409
-    assert "is held by alice since 2027-01-15 08:00:00 UTC; pinned work in flight: alice: 2 groups." in (
-        body["error"]["message"])
+    assert ("holds the lease on model 'step' (fingerprint " in body["error"]["message"]
+            and "(POST /v1/models/release); pinned work of other users is in flight on it: alice: 2 groups; retry when "
+                "it is done. An admin may force" in body["error"]["message"])
     engine.score_gate.set()
     status, body = await alice
     assert status == 200 and [r["rewards"] for r in body["results"]] == [pytest.approx([14.55, 14.41])] * 2
@@ -218,8 +214,10 @@ async def test_swap_is_refused_while_another_user_holds_the_lease_or_has_pinned_
     await wait_until(lambda: len(engine.calls) == 3)
     status, body = await load(client, "alice", original)
     assert status == 409
-    assert "checkpoint swap refused for alice:" in body["error"]["message"]
-    assert "pinned work in flight: bob: 1 group." in body["error"]["message"]
+    assert body["error"]["message"].startswith(
+        "checkpoint swap refused for alice: you hold the lease on model 'step' (fingerprint ")
+    assert "; pinned work of other users is in flight on it: bob: 1 group; retry when it is done." in (
+        body["error"]["message"])
     engine.score_gate.set()
     assert (await bob)[0] == 200
     assert engine.reloads == [str(second)]  # nothing was loaded by a refused swap
@@ -279,7 +277,7 @@ async def test_lease_ends_after_its_holder_is_idle_for_lease_idle_s(make_server,
 
     clock.now += 59.0
     status, body = await load(client, "bob", original)
-    assert status == 409 and "is held by alice" in body["error"]["message"]
+    assert status == 409 and "alice holds the lease on model 'step'" in body["error"]["message"]
     async with client.get("/v1/status") as resp:
         (lease,) = orjson.loads(await resp.read())["leases"]
     assert lease == {"model": "step", "fingerprint": step1, "holder": "alice", "since": WALL,
@@ -297,7 +295,7 @@ async def test_lease_ends_after_its_holder_is_idle_for_lease_idle_s(make_server,
     assert (await alice)[0] == 200
     clock.now += 59.5
     status, body = await load(client, "bob", original)
-    assert status == 409 and "is held by alice" in body["error"]["message"]
+    assert status == 409 and "alice holds the lease on model 'step'" in body["error"]["message"]
 
     clock.now += 0.5  # 60 s idle: the lease has ended
     assert "lease_holder" not in orjson.loads(await models_body(client))["models"][0]

@@ -12,11 +12,11 @@ import asyncio
 
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from testkit.fakes import FakeEngine, FakeRenderer
+from testkit.app_client import fake_app_client, metric_samples, wait_until
+from testkit.fakes import FakeEngine
 
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.auth import add_user
+from rmserve.server.http.app import ServerConfig
+from rmserve.server.sharing.auth import add_user
 
 VALID = {"groups": [{"id": "g0", "prompt": "hi", "responses": ["yo", "ya"]}]}
 TWO = {"groups": [{"id": "a", "prompt": "hi", "responses": ["yo"]}, {"id": "b", "prompt": "hi", "responses": ["ya"]}]}
@@ -51,10 +51,7 @@ def users_config(tmp_path, **alice_limits) -> tuple[ServerConfig, dict[str, str]
 @pytest.fixture
 def start(aiohttp_client, engine):
     async def make(config: ServerConfig):
-        app = create_app(config, engine, FakeRenderer())
-        client = await aiohttp_client(app)
-        await app[STATE_KEY].settled.wait()
-        return client
+        return await fake_app_client(aiohttp_client, config, engine)
 
     return make
 
@@ -62,18 +59,7 @@ def start(aiohttp_client, engine):
 async def scrape(client, token) -> dict[tuple[str, tuple], float]:
     async with client.get("/metrics", headers=bearer(token)) as resp:
         text = await resp.text()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-async def wait_until(predicate, timeout_s: float = 10.0) -> None:
-    """Yield to the loop until ``predicate()`` holds (a deadlock guard, not a timing assert)."""
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.005)
+    return metric_samples(text)
 
 
 @pytest.fixture
@@ -110,10 +96,17 @@ async def test_max_inflight_groups_is_429_for_that_user_only(start, engine, infl
     async with client.post("/v1/score", json=VALID, headers=bearer(tokens["alice"])) as resp:
         assert resp.status == 200  # the slot is free again once her first request is answered
     async with client.post("/v1/score", json=TWO, headers=bearer(tokens["alice"])) as resp:
-        assert resp.status == 400  # more groups than her cap in one request can never pass
+        assert resp.status == 413  # more groups than her cap in one request can never pass
+        assert "Retry-After" not in resp.headers
         error = orjson.loads(await resp.read())["error"]
-    assert (error["type"], error["field"]) == ("invalid_request", "groups")
-    assert "at most 1 in flight (max_inflight_groups of the users file)" in error["message"]
+    assert error == {
+        "type": "request_over_limit",
+        "message": "the request holds 2 groups, more than user 'alice' may have in flight at once (1, "
+                   "max_inflight_groups of the users file), so it can never be admitted; send at most 1 groups per "
+                   "request, or ask an admin for a larger max_inflight_groups",
+        "field": "groups",
+        "limit": {"name": "user.max_inflight_groups", "unit": "groups", "limit": 1, "requested": 2},
+    }
 
     metrics = await scrape(client, tokens["bob"])
     assert metrics[("rmserve_user_limit_rejections_total", (("limit", "max_inflight_groups"), ("user", "alice")))] == 1
@@ -161,17 +154,25 @@ def small_tpm_setup(tmp_path):
     return users_config(tmp_path, tokens_per_minute=VALID_TOKENS - 1)
 
 
-async def test_a_request_over_the_whole_token_budget_is_400_not_retried(start, engine, small_tpm_setup):
+async def test_a_request_over_the_whole_token_budget_is_413_without_a_retry_hint(start, engine, small_tpm_setup):
     config, tokens = small_tpm_setup
     client = await start(config)
     async with client.post("/v1/score", json=VALID, headers=bearer(tokens["alice"])) as resp:
-        assert resp.status == 400
+        assert resp.status == 413
+        assert "Retry-After" not in resp.headers
         error = orjson.loads(await resp.read())["error"]
-    assert error["message"] == (
-        "the request holds 18 prompt tokens; user 'alice' may send at most 17 per minute "
-        "(tokens_per_minute of the users file); split the request"
-    )
+    assert error == {
+        "type": "request_over_limit",
+        "message": "the request holds 18 prompt tokens, more than user 'alice''s whole budget of 17 tokens per "
+                   "minute (tokens_per_minute of the users file), so it can never be admitted; send fewer groups "
+                   "per request (a group that alone holds more cannot be scored under this budget), or ask an "
+                   "admin for a larger tokens_per_minute",
+        "field": "groups",
+        "limit": {"name": "user.tokens_per_minute", "unit": "tokens", "limit": 17, "requested": 18},
+    }
     assert engine.calls == []
+    async with client.post("/v1/score", json=distinct(0), headers=bearer(tokens["bob"])) as resp:
+        assert resp.status == 200  # bob has no budget
 
 
 async def test_a_refused_request_does_not_use_up_the_budget(start, engine, tpm_setup):

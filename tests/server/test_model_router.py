@@ -1,4 +1,4 @@
-"""Several models in one server (``rmserve.server.model_router``) over fake engines.
+"""Several models in one server (``rmserve.server.http.node``) over fake engines.
 
 Two fake engines differ by their reward offset: model ``a`` adds 0, model ``b`` adds 10. For
 the group (prompt "hi", answers "yo"/"ya") the fake rewards are 4.55 and 4.41 (worked out in
@@ -16,13 +16,13 @@ import orjson
 import pytest
 from testkit.auth_stub import user_header_middleware
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, ReloadableFakeEngine, write_fake_checkpoint
-from rmserve.server.app import create_app
+from rmserve.server.http.app import create_app
 from rmserve.server.config import EngineConfig, ModelSpec, ServerConfig, node_engine_configs
-from rmserve.server.limits import LIMITS_KEY
-from rmserve.server.model_router import MODELS_KEY, create_node_app, merge_queue_replies, model_states
-from rmserve.server.queue_routes import QueueReply, UserQueue
-from rmserve.server.state import STATE_KEY
-from rmserve.server.users import User
+from rmserve.server.sharing.limits import LIMITS_KEY
+from rmserve.server.http.node import MODELS_KEY, create_node_app, merge_queue_replies, model_states
+from rmserve.server.http.queue_routes import QueueReply, UserQueue
+from rmserve.server.swaps.state import STATE_KEY
+from rmserve.server.sharing.users import User
 
 TOKEN = "s3cret-token"
 USERS = {"alice": User("alice"), "bob": User("bob"), "root": User("root", role="admin")}
@@ -92,6 +92,22 @@ async def test_a_request_without_model_or_with_an_unknown_one_is_refused(make_no
     error = (await reply.json())["error"]
     assert error["type"] == "model_not_found" and "'c'" in error["message"] and "'a', 'b'" in error["message"]
     assert [len(e.calls) for e in engines.values()] == [0, 0]
+
+
+async def test_classify_on_a_node_is_scored_by_the_model_it_names(make_node):
+    """"hi" tokenized with the fake's BOS: [1, 104, 105] → 2.10; model b adds its offset 10."""
+    client, node, engines, _ = await make_node()
+    await wait_settled(node)
+    for model, reward in (("a", 2.10), ("b", 12.10)):
+        reply = await client.post("/classify", data=orjson.dumps({"model": model, "input": "hi", "use_activation": False}))
+        assert reply.status == 200, await reply.text()
+        body = await reply.json()
+        assert body["model"] == model and body["rmserve"]["fingerprint"] == f"fp-{model}"
+        assert body["data"][0]["probs"] == [pytest.approx(reward, abs=1e-12)]
+    reply = await client.post("/classify", data=orjson.dumps({"input": "hi"}))
+    assert reply.status == 400
+    assert (await reply.json())["error"]["field"] == "model"
+    assert [len(e.calls) for e in engines.values()] == [1, 1]
 
 
 async def test_models_lists_every_model_with_its_fingerprint_and_lease(make_node):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from rmserve.server.config import EngineConfig
-from rmserve.server.parallel import RankBalancer, request_options, split_cpus
+from rmserve.server.engines.parallel import RankBalancer, request_options, split_cpus
 
 from rmserve.errors import InvalidRequest, ServerFault
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rmserve.server import wire
-from rmserve.server.render import Renderer
+from rmserve.server.http import wire
+from rmserve.server.render.chat import Renderer
 from testkit.fakes import FakeRenderer
 
 from rmserve.datasets import load_rmbench
 from rmserve.errors import InvalidRequest, SequenceTooLong, ServerFault
-from rmserve.schema import Message, RequestGroup, ScoreRequest, Truncation
+from rmserve.schema import Message, RequestGroup, ResponseError, ScoreRequest, Truncation
 
 
 @pytest.fixture(scope="module")
@@ -322,3 +322,53 @@ def test_template_writing_bos_twice_is_a_server_fault(tokenizer):
     )
     with pytest.raises(ServerFault, match="BOS twice"):
         renderer.render_group([Message("user", "Hi")], ["Yo"], group_id="double")
+
+
+# --- a right cut must leave something of the response (fake template: ids by hand) ---------
+
+HELLO = [1, 4, 104, 101, 108, 108, 111, 2]  # BOS user "hello" EOS
+
+
+def test_right_cut_into_the_assistant_header_is_not_scored_as_the_shared_prompt():
+    # "ok": HELLO + [5 | 111, 107, 2] (12): the response starts at token 9, after the marker 5.
+    # "": HELLO + [5, 2] (10): nothing of its own. "abc": HELLO + [5 | 97, 98, 99, 2] (13).
+    renderer = FakeRenderer(max_model_len=64)
+    request = ScoreRequest(groups=(RequestGroup(id="g", prompt="hello", responses=("ok", "", "abc")),),
+                           truncation=Truncation("right", 9))
+    (rendered,) = renderer.render_request(request, too_long="mark")
+    assert rendered.token_ids == (HELLO + [5, 111, 107, 2], HELLO + [5, 2], HELLO + [5, 97, 98, 99, 2])  # kept whole
+    assert rendered.truncated_tokens == (0, 0, 0)
+    assert rendered.errors == (
+        ResponseError("sequence_too_long", "a right cut to truncation.max_tokens=9 keeps none of the response: "
+                      "the first 9 of its 12 tokens are the prompt and the chat template before it"),
+        ResponseError("sequence_too_long", "the response is empty: all 10 tokens are the prompt and the chat "
+                      "template, so a right cut to truncation.max_tokens=9 would score the shared prompt, not the response"),
+        ResponseError("sequence_too_long", "a right cut to truncation.max_tokens=9 keeps none of the response: "
+                      "the first 9 of its 13 tokens are the prompt and the chat template before it"),
+    )
+    assert rendered.scorable == ()
+    # One token of the response more, and the two non-empty responses are scored.
+    (cut,) = renderer.render_request(
+        ScoreRequest(groups=request.groups, truncation=Truncation("right", 10)), too_long="mark"
+    )
+    assert cut.token_ids == (HELLO + [5, 111], HELLO + [5, 2], HELLO + [5, 97])
+    assert cut.truncated_tokens == (2, 0, 3)
+    assert cut.errors is None
+    with pytest.raises(SequenceTooLong, match=r"groups\[0\].responses\[0\] of group 'g': a right cut") as info:
+        renderer.render_group([Message("user", "hello")], ["ok"], group_id="g", truncation=Truncation("right", 9))
+    assert (info.value.field, info.value.value, info.value.limit) == ("groups[0].responses[0]", 12, 9)
+
+
+def test_right_cut_content_start_is_looked_up_only_for_sequences_it_shortens():
+    class Counting(FakeRenderer):
+        template_calls = 0
+
+        def _apply_template(self, conversations, items):
+            Counting.template_calls += 1
+            return super()._apply_template(conversations, items)
+
+    renderer = Counting(max_model_len=64)
+    renderer.render_group([Message("user", "hello")], ["ok"], group_id="g", truncation=Truncation("right", 12))
+    assert Counting.template_calls == 1  # 12 tokens fit: no second rendering
+    renderer.render_group([Message("user", "hello")], ["ok"], group_id="g", truncation=Truncation("right", 11))
+    assert Counting.template_calls == 3

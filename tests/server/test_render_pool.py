@@ -13,12 +13,12 @@ import concurrent.futures
 
 import pytest
 from aiohttp import web
-from rmserve.server import render_pool
+from rmserve.server.sharing import render_order
 from rmserve.server.config import ServerConfig
-from rmserve.server.fair_queue import Caller
-from rmserve.server.render_pool import RenderPool, pool_of, request_chars
-from rmserve.server.state import CONFIG_KEY, EXECUTOR_KEY
-from rmserve.server.users import User
+from rmserve.server.sharing.fair_queue import Caller
+from rmserve.server.sharing.render_order import RenderPool, pool_of, request_chars
+from rmserve.server.swaps.state import CONFIG_KEY, EXECUTOR_KEY
+from rmserve.server.sharing.users import User
 
 from rmserve.schema import Message, RequestGroup, ScoreRequest
 
@@ -70,7 +70,7 @@ def job(label: str, result: object = None, error: Exception | None = None):
 
 
 class Jobs:
-    """Tasks running jobs through a pool (or the app-level :func:`render_pool.run`)."""
+    """Tasks running jobs through a pool (or the app-level :func:`render_order.run`)."""
 
     def __init__(self, executor: ManualExecutor, runner) -> None:
         self.executor = executor
@@ -213,7 +213,7 @@ def _app(executor: ManualExecutor, **config) -> web.Application:
     app = web.Application()
     app[CONFIG_KEY] = ServerConfig(port=0, render_threads=1, **config)
     app[EXECUTOR_KEY] = executor  # type: ignore[assignment]  # the stand-in for the thread pool
-    render_pool.install(app, executor)
+    render_order.install(app, executor)
     return app
 
 
@@ -221,7 +221,7 @@ async def test_app_without_fair_share_runs_jobs_in_arrival_order():
     executor = ManualExecutor()
     app = _app(executor, fair_share=False)
     assert pool_of(app) is None
-    jobs = Jobs(executor, lambda caller, cost, fn: render_pool.run(app, caller, cost, fn))
+    jobs = Jobs(executor, lambda caller, cost, fn: render_order.run(app, caller, cost, fn))
     for i in range(1, 5):
         await jobs.add(A, f"a{i}")
     await jobs.add(B, "b1")
@@ -235,7 +235,7 @@ async def test_app_with_fair_share_orders_jobs_per_user():
     pool = pool_of(app)
     assert pool is not None and pool.queue.concurrency == 1
     pool.queue.quantum_tokens = 100
-    jobs = Jobs(executor, lambda caller, cost, fn: render_pool.run(app, caller, cost, fn))
+    jobs = Jobs(executor, lambda caller, cost, fn: render_order.run(app, caller, cost, fn))
     for i in range(1, 5):
         await jobs.add(A, f"a{i}")
     await jobs.add(B, "b1")

@@ -21,11 +21,12 @@ import asyncio
 import threading
 
 import pytest
+from testkit.app_client import wait_until
 from testkit.auth_stub import user_header_middleware
 from testkit.fakes import FakeEngine, FakeRenderer
-from rmserve.server.app import EXECUTOR_KEY, STATE_KEY, ServerConfig, create_app
-from rmserve.server.render_pool import pool_of
-from rmserve.server.users import User
+from rmserve.server.http.app import EXECUTOR_KEY, STATE_KEY, ServerConfig, create_app
+from rmserve.server.sharing.render_order import pool_of
+from rmserve.server.sharing.users import User
 
 USERS = {"alice": User("alice"), "bob": User("bob")}
 
@@ -50,13 +51,6 @@ class OrderRenderer(FakeRenderer):
 
 def body(gid: str) -> dict:
     return {"groups": [{"id": gid, "prompt": "hi", "responses": ["y" * 1200, "z" * 1200]}]}
-
-
-async def wait_until(predicate, timeout_s: float = 10.0) -> None:
-    """Yield to the loop until ``predicate()`` holds (a deadlock guard, not a timing assert)."""
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.005)
 
 
 async def render_order(aiohttp_client, fair_share: bool) -> list[str]:

@@ -10,22 +10,16 @@ import socket
 import aiohttp
 import orjson
 import pytest
+from testkit.app_client import wait_until
 from testkit.fakes import FakeEngine, FakeRenderer
-from rmserve.server import serve as serve_module
-from rmserve.server.app import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from rmserve.server.http import serve as serve_module
+from rmserve.server.http.app import DEFAULT_MAX_BODY_BYTES, ServerConfig
 from rmserve.server.config import EngineConfig
 from typer.testing import CliRunner
 
 from rmserve.cli import app as cli_app
 
 VALID = {"groups": [{"id": "g0", "prompt": "hi", "responses": ["yo", "ya"]}]}
-
-
-async def wait_until(predicate, timeout_s: float = 10.0) -> None:
-    """Yield to the loop until ``predicate()`` holds (a deadlock guard, not a timing assert)."""
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.005)
 
 
 def line_starting(lines: list[str], prefix: str) -> str | None:
@@ -193,8 +187,8 @@ def test_cli_serve_swap_options(captured, tmp_path, monkeypatch):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
     monkeypatch.setenv("RMSERVE_ADMIN_TOKEN", "from-env")
-    args = ["serve", "m", "--checkpoint-root", str(a), "--checkpoint-root", str(b), "--swap-wait-s", "2.5",
-            "--swap-drain-timeout-s", "42"]
+    args = ["serve", "m", "--checkpoint-root", str(a), "--checkpoint-root", str(b), "--wait-swap-s", "2.5",
+            "--wait-drain-s", "42"]
     result = CliRunner().invoke(cli_app, [*args, "--admin-token-file", str(token_file)])
     assert result.exit_code == 0, result.output
     assert captured[-1][1] == ServerConfig(admin_token="tok-123", checkpoint_roots=(str(a), str(b)), swap_wait_s=2.5,

@@ -1,5 +1,6 @@
 """The status page: its files and ``GET /v1/status`` (fast), and the page itself in a headless
-Chromium against a running server with two users' work in flight (marker ``browser``).
+Chromium against a running server with two users' work in flight, after swaps, and with
+two users' history charted (marker ``browser``).
 
 The browser test needs Debian's ``chromium`` and ``chromium-driver`` (``apt-get install -y
 chromium chromium-driver``) and selenium (the ``[test]`` extra); it is skipped, saying which is
@@ -21,11 +22,12 @@ from pathlib import Path
 import orjson
 import pytest
 from aiohttp import web
+from testkit.app_client import fake_app_client
 from testkit.auth_stub import user_header_middleware
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, ReloadableFakeEngine, write_fake_checkpoint
 from testkit.servers import ThreadedServer
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.users import User
+from rmserve.server.http.app import ServerConfig, create_app
+from rmserve.server.sharing.users import User
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -34,10 +36,7 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 @pytest.fixture
 def make_client(aiohttp_client):
     async def make(engine: FakeEngine, **config):
-        app = create_app(ServerConfig(port=0, **config), engine, FakeRenderer())
-        client = await aiohttp_client(app)
-        await app[STATE_KEY].settled.wait()
-        return client
+        return await fake_app_client(aiohttp_client, ServerConfig(port=0, **config), engine)
 
     return make
 
@@ -58,6 +57,58 @@ async def test_page_and_its_files_are_served(make_client):
         assert resp.status == 404
     async with client.get("/static/..%2Fstatus_page.py") as resp:
         assert resp.status == 404
+
+
+EXPECTED_PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+async def test_the_page_and_its_files_are_served_with_the_hardening_headers(make_client):
+    client = await make_client(FakeEngine())
+    for path, status in (("/", 200), ("/static/status.js", 200), ("/static/status.css", 200),
+                         ("/static/missing.css", 404)):
+        async with client.get(path) as resp:
+            assert resp.status == status, path
+            assert {name: resp.headers.get(name) for name in EXPECTED_PAGE_HEADERS} == EXPECTED_PAGE_HEADERS, path
+
+
+async def test_every_json_reply_is_nosniff_and_only_the_page_has_its_policy(make_client):
+    client = await make_client(FakeEngine())
+    requests = [
+        ("GET", "/health", None, 200), ("GET", "/v1/models", None, 200), ("GET", "/v1/status", None, 200),
+        ("GET", "/v1/queue", None, 200), ("GET", "/metrics", None, 200),
+        ("POST", "/v1/score", {"groups": [{"id": "g", "prompt": "hi", "responses": ["yo"]}]}, 200),
+        ("POST", "/v1/score", {"groups": []}, 400), ("GET", "/nowhere", None, 404), ("GET", "/v1/score", None, 405),
+        ("POST", "/v1/models/load", {"name": "x", "path": "/x"}, 403),
+    ]
+    for method, path, body, status in requests:
+        async with client.request(method, path, json=body) as resp:
+            assert resp.status == status, path
+            assert resp.headers["X-Content-Type-Options"] == "nosniff", path
+            assert "Content-Security-Policy" not in resp.headers, path
+
+
+def test_the_page_needs_nothing_its_policy_forbids():
+    """No inline script or style, no event-handler attributes, no eval or markup from strings:
+    the page works under ``default-src 'self'`` (the browser tests below prove it in Chromium)."""
+    import re
+    from importlib import resources
+
+    static = resources.files("rmserve.server").joinpath("static")
+    html = static.joinpath("index.html").read_text()
+    assert re.findall(r"<script\b[^>]*>", html) == ['<script src="/static/status.js">']
+    assert "<style" not in html and " style=" not in html
+    assert re.findall(r"\son[a-z]+\s*=", html) == []
+    script = static.joinpath("status.js").read_text()
+    for forbidden in ("eval(", "new Function", "innerHTML", "outerHTML", "insertAdjacentHTML", "document.write",
+                      ".style", "setAttribute(\"style", "javascript:"):
+        assert forbidden not in script, forbidden
 
 
 async def test_page_files_ship_in_the_package():
@@ -142,10 +193,31 @@ def _require_browser() -> None:
         pytest.skip(missing)
 
 
+VIOLATION_RECORDER = """
+window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => {
+  window.__cspViolations.push(e.violatedDirective + " " + (e.blockedURI || "inline"));
+});
+"""
+"""Installed in every document before its own scripts (CDP ``Page.addScriptToEvaluateOnNewDocument``):
+records each Content-Security-Policy violation the page causes."""
+
+
+def csp_violations(driver) -> list[str]:
+    """Every CSP violation of the current page: those its ``securitypolicyviolation`` events
+    recorded (:data:`VIOLATION_RECORDER`) and every browser console line that names the
+    Content Security Policy (Chromium logs each refusal there)."""
+    recorded = driver.execute_script("return window.__cspViolations || [];")
+    console = [entry["message"] for entry in driver.get_log("browser") if "Content Security Policy" in entry["message"]]
+    return [*recorded, *console]
+
+
 @contextlib.contextmanager
 def _chromium(tmp_path: Path, name: str):
-    """A headless Chromium driver (1400×1000); on a failure inside, the screenshot and page
-    source go to the artifacts folder as ``NAME_failure.png`` / ``.html``; always quit."""
+    """A headless Chromium driver (1400×1000) that keeps the browser console
+    (``driver.get_log("browser")``) and records CSP violations (:func:`csp_violations`); on a
+    failure inside, the screenshot and page source go to the artifacts folder as
+    ``NAME_failure.png`` / ``.html``; always quit."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -153,7 +225,9 @@ def _chromium(tmp_path: Path, name: str):
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": VIOLATION_RECORDER})
     try:
         yield driver
     except BaseException:
@@ -223,8 +297,13 @@ def test_status_page_in_chromium_shows_two_users_work_in_flight(tmp_path):
                 assert lease_row.find_element(By.CSS_SELECTOR, "td.holder").text == "nobody"
                 assert lease_row.find_element(By.CSS_SELECTOR, "td.pinned").text == "alice: 3 groups, bob: 2 groups"
                 assert lease_row.find_element(By.CSS_SELECTOR, "td.fingerprint").text == FAKE_MODEL.fingerprint
-                assert driver.find_element(By.ID, "leases-summary").text.startswith("Nobody holds a lease")
+                # nobody holds the lease, but pinned work is in flight: a load is not free for all
+                assert driver.find_element(By.ID, "leases-summary").text == (
+                    "Only admins load checkpoints. A load is refused while another admin holds the lease or other "
+                    "users' pinned work is in flight; an admin may force it, and the pinned runs then stop, keep what "
+                    "they scored and resume once their checkpoint is served again.")
                 assert driver.find_element(By.ID, "error").get_attribute("hidden") is not None
+                assert csp_violations(driver) == []  # the page works under its policy
                 shot = _artifacts(tmp_path) / "status_page.png"
                 assert driver.save_screenshot(str(shot))
                 assert shot.stat().st_size > 1000
@@ -289,5 +368,217 @@ def test_status_page_in_chromium_shows_recent_swaps_newest_first(tmp_path):
             assert model_row.find_element(By.CSS_SELECTOR, "td.swaps").text == "2"
             lease_row = driver.find_element(By.CSS_SELECTOR, '#leases tr[data-model="step-0"]')
             assert lease_row.find_element(By.CSS_SELECTOR, "td.holder").text == "root"
+            assert csp_violations(driver) == []
             shot = _artifacts(tmp_path) / "status_page_swaps.png"
             assert driver.save_screenshot(str(shot))
+
+
+PROBE_PAGE = b"""<!doctype html><html><head><style>body { color: red; }</style></head>
+<body data-ran="no"><script>document.body.dataset.ran = "yes";</script>
+<p style="color: blue">probe</p></body></html>"""
+"""A page with an inline style sheet, an inline script and a style attribute: all three are
+what the status page's policy forbids."""
+
+
+@pytest.mark.browser
+def test_the_violation_check_sees_what_the_page_policy_blocks(tmp_path):
+    """The check the browser tests above rely on reports a page that breaks the policy: the
+    probe page, served with the status page's headers, has its inline script and styles
+    refused, and each refusal is reported."""
+    _require_browser()
+    from selenium.webdriver.common.by import By
+
+    from rmserve.server.http.status_page import PAGE_HEADERS
+
+    async def probe(request: web.Request) -> web.Response:
+        return web.Response(body=PROBE_PAGE, content_type="text/html", headers=PAGE_HEADERS)
+
+    def make_app() -> web.Application:
+        app = create_app(ServerConfig(port=0), FakeEngine(), FakeRenderer())
+        app.router.add_get("/csp-probe", probe)
+        return app
+
+    with ThreadedServer(make_app) as server, _chromium(tmp_path, "csp_probe") as driver:
+        driver.get(server.url + "/csp-probe")
+        assert driver.find_element(By.TAG_NAME, "body").get_attribute("data-ran") == "no"  # the script was refused
+        violations = csp_violations(driver)
+        recorded = [v for v in violations if "Content Security Policy" not in v]
+        assert sorted(v.split()[0] for v in recorded) == ["script-src-elem", "style-src-attr", "style-src-elem"]
+        assert len(violations) == 6  # and each is also a console line
+
+
+# --- the charts of the last 15 minutes --------------------------------------------------------
+
+CHART_T0 = 1_700_000_000.0
+"""Unix time of the charts test's first sample (2023-11-14 22:13:20 UTC)."""
+
+ALICE_BLUE, BOB_RED = (0x1F, 0x77, 0xB4), (0xD6, 0x27, 0x28)
+"""The first two colours of the page's palette (``COLORS`` in status.js): users in name order."""
+
+
+def _series_pixels(png: Path, box: dict, colour: tuple[int, int, int]) -> int:
+    """Pixels of the screenshot ``png`` inside ``box`` (CSS pixels: x, y, width, height, with
+    the page's device pixel ratio ``dpr``) within 60 (sum of channel differences) of ``colour``."""
+    from PIL import Image
+
+    image = Image.open(png).convert("RGB")
+    scale = box["dpr"]
+    crop = image.crop((round(box["x"] * scale), round(box["y"] * scale),
+                       round((box["x"] + box["width"]) * scale), round((box["y"] + box["height"]) * scale)))
+    data = crop.tobytes()
+    return sum(1 for i in range(0, len(data), 3)
+               if abs(data[i] - colour[0]) + abs(data[i + 1] - colour[1]) + abs(data[i + 2] - colour[2]) <= 60)
+
+
+CHART_FACTS = """
+const text = (root, selector) => Array.from(root.querySelectorAll(selector), (el) => el.textContent);
+const chart = (id) => {
+  const figure = document.getElementById(id);
+  const empty = figure.querySelector("text.empty");
+  return {
+    lines: Array.from(figure.querySelectorAll("polyline.series"), (line) => ({
+      series: line.dataset.series, stroke: line.getAttribute("stroke"),
+      points: line.getAttribute("points").split(" ").filter((p) => p).length })),
+    names: text(figure, ".legend li .name"), notes: text(figure, ".legend li .note"),
+    empty: empty ? empty.textContent : null,
+    x_title: text(figure, "text.x-title")[0], y_title: text(figure, "text.y-title")[0],
+    x_ticks: text(figure, "text.x-tick"), y_ticks: text(figure, "text.y-tick"),
+  };
+};
+return { throughput: chart("throughput-chart"), queue: chart("queue-chart"),
+         summary: document.getElementById("history-summary").textContent };
+"""
+"""What the charts show, read in one script (the page redraws them every refresh)."""
+
+
+def _queue_counts(url: str) -> tuple[int, int]:
+    """``GET /v1/queue``'s groups queued and in flight (all users)."""
+    with urllib.request.urlopen(f"{url}/v1/queue", timeout=10) as resp:
+        body = json.load(resp)
+    return body["queued_groups"], body["inflight_groups"]
+
+
+@pytest.mark.browser
+def test_status_page_in_chromium_charts_two_users_throughput_and_the_queue(tmp_path):
+    """Two users' traffic over 5 minutes of samples the test takes itself (the history's clock
+    seam; its sampler takes only the first), then the page's charts: one line per user, the
+    legend naming them with the last interval's rates, axis titles with units, the queue's
+    depth; the screenshot shows each user's line in its colour, and none before any traffic
+    (the empty state)."""
+    _require_browser()
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from rmserve.server.http.status_history import HISTORY_KEY, HistoryBuffer, take_sample
+
+    async def never(seconds: float) -> None:
+        await asyncio.Event().wait()
+
+    now = [CHART_T0]
+    engine = FakeEngine(score_gate=asyncio.Event())
+
+    def make_app() -> web.Application:
+        config = ServerConfig(port=0, engine_concurrency_groups=1, result_cache_groups=0)
+        app = create_app(config, engine, FakeRenderer())
+        app.middlewares.append(user_from_test_header)
+        app[HISTORY_KEY] = HistoryBuffer(clock=lambda: now[0], sleep=never)
+        return app
+
+    def sample_at(server: ThreadedServer, t: float) -> None:
+        async def take() -> None:
+            take_sample(server.app)
+
+        now[0] = t
+        asyncio.run_coroutine_threadsafe(take(), server._loop).result(10)
+
+    def chart_box(driver, figure: str) -> dict:
+        return driver.execute_script(
+            "const el = document.querySelector(arguments[0] + ' svg.chart'); el.scrollIntoView();"
+            "const r = el.getBoundingClientRect();"
+            "return {x: r.x, y: r.y, width: r.width, height: r.height, dpr: window.devicePixelRatio};", figure)
+
+    def chart_facts(driver) -> dict:  # read in one script: a refresh never lands between two reads
+        return driver.execute_script(CHART_FACTS)
+
+    statuses: list[int] = []
+    folder = _artifacts(tmp_path)
+    with ThreadedServer(make_app) as server:
+        url = server.url
+        server._loop.call_soon_threadsafe(engine.score_gate.set)
+        buffer = server.app[HISTORY_KEY]
+        WebDriverWait(None, 10).until(lambda _: len(buffer) == 1)  # the sampler's first, at CHART_T0
+        sample_at(server, CHART_T0 + 5)  # no traffic yet
+        held: threading.Thread | None = None
+        try:
+            with _chromium(tmp_path, "status_page_charts") as driver:
+                driver.get(url + "/")
+                WebDriverWait(driver, 30).until(lambda d: chart_facts(d)["throughput"]["empty"])
+                facts = chart_facts(driver)
+                assert facts["throughput"]["empty"] == "no traffic in the last 15 min"
+                assert facts["throughput"]["lines"] == [] and facts["throughput"]["names"] == []
+                empty_shot = folder / "status_page_charts_empty.png"
+                box = chart_box(driver, "#throughput-chart")
+                assert driver.save_screenshot(str(empty_shot))
+                assert _series_pixels(empty_shot, box, ALICE_BLUE) == 0
+                assert _series_pixels(empty_shot, box, BOB_RED) == 0
+
+                # 59 more samples, 5 s apart; a group = 18 prompt tokens. alice sends 1-4 groups
+                # before each, bob 2 groups before samples 20-39 only.
+                step = 0
+                for step in range(1, 59):
+                    _post(url, "alice", 1 + step % 4, 100 * step, statuses)
+                    if 20 <= step < 40:
+                        _post(url, "bob", 2, 100 * step, statuses)
+                    sample_at(server, CHART_T0 + 5 + 5 * step)
+                # the last interval: alice 2 groups (36 tokens / 5 s = 7.2 tokens/s, 0.4 groups/s),
+                # bob 1 (3.6 tokens/s, 0.2 groups/s); then alice's 3 more groups wait at the closed
+                # engine (1 slot): 1 in flight, 2 queued at the last sample
+                _post(url, "alice", 2, 10_000, statuses)
+                _post(url, "bob", 1, 10_000, statuses)
+                server._loop.call_soon_threadsafe(engine.score_gate.clear)
+                held = threading.Thread(target=_post, args=(url, "alice", 3, 20_000, statuses))
+                held.start()
+                WebDriverWait(driver, 30).until(lambda _: _queue_counts(url) == (2, 1))
+                sample_at(server, CHART_T0 + 5 + 5 * (step + 1))
+                assert len(buffer) == 61
+
+                def drawn(d) -> bool:
+                    facts = chart_facts(d)
+                    return len(facts["throughput"]["lines"]) == 2 and facts["queue"]["notes"][:1] == ["now 2"]
+
+                WebDriverWait(driver, 30).until(drawn)
+                facts = chart_facts(driver)
+                throughput, queue = facts["throughput"], facts["queue"]
+                assert [line["series"] for line in throughput["lines"]] == ["alice", "bob"]
+                assert [line["stroke"] for line in throughput["lines"]] == ["#1f77b4", "#d62728"]
+                assert [line["points"] for line in throughput["lines"]] == [60, 60]  # one per interval
+                assert throughput["names"] == ["alice", "bob"]
+                assert throughput["notes"] == [
+                    "last 5.0 s: 7.2 tokens/s, 0.4 groups/s", "last 5.0 s: 3.6 tokens/s, 0.2 groups/s"]
+                assert throughput["empty"] is None
+                # the last sample at CHART_T0 + 300 s = 22:18:20 UTC
+                assert throughput["y_title"] == "prompt tokens/s"
+                assert throughput["x_title"] == "minutes before 2023-11-14 22:18:20 UTC"
+                assert throughput["x_ticks"] == ["0", "−5", "−10", "−15"]
+                # y axis: alice's highest rate, 4 groups in 5 s = 14.4 tokens/s, under 20
+                assert throughput["y_ticks"] == ["0", "5", "10", "15", "20"]
+                assert queue["y_title"] == "groups"
+                assert [line["series"] for line in queue["lines"]] == ["queued", "in flight"]
+                assert [line["points"] for line in queue["lines"]] == [61, 61]
+                assert queue["names"] == ["queued", "in flight"]
+                assert queue["notes"] == ["now 2", "now 1"]
+                assert facts["summary"] == (
+                    "One sample every 5 s, the last 180 kept (15 min); 61 samples so far. "
+                    "Rates are over each interval between two samples.")
+                assert csp_violations(driver) == []
+                shot = folder / "status_page_charts.png"
+                box = chart_box(driver, "#throughput-chart")
+                assert driver.save_screenshot(str(shot))
+                # each user's line is drawn in its colour (measured: about 3,300 px of alice's
+                # zig-zag over 5 min, about 500 of bob's; none of either before any traffic)
+                assert _series_pixels(shot, box, ALICE_BLUE) > 1000
+                assert _series_pixels(shot, box, BOB_RED) > 250
+        finally:
+            server._loop.call_soon_threadsafe(engine.score_gate.set)
+            if held is not None:
+                held.join(60)
+    assert statuses == [200] * (len(statuses)) and len(statuses) == 58 + 20 + 2 + 1

@@ -15,7 +15,7 @@ import msgspec
 import orjson
 import pytest
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, ReloadableFakeEngine, write_fake_checkpoint
-from rmserve.server.app import RESULT_CACHE_KEY, STATE_KEY, ServerConfig, create_app
+from rmserve.server.http.app import RESULT_CACHE_KEY, STATE_KEY, ServerConfig, create_app
 from rmserve.fingerprint import model_fingerprint
 from test_app import VALID, assert_serves, error_of, post_score, scrape, wait_until
 

@@ -18,8 +18,8 @@ import math
 import msgspec
 import pytest
 from testkit.fakes import FAKE_MODEL, FAKE_WEIGHTS_FILE, ReloadableFakeEngine, write_fake_checkpoint
-from rmserve.server import swap
-from rmserve.server.state import STATE_KEY
+from rmserve.server.kinds import classifier
+from rmserve.server.swaps.state import STATE_KEY
 from rmserve.fingerprint import model_fingerprint
 from test_app import VALID, error_of, post_score, scrape, wait_until
 from test_swap import BASE_REWARDS, load, make_swap_client, model_info, rewards, roots  # noqa: F401 - fixtures
@@ -101,14 +101,14 @@ async def test_scoring_is_answered_while_the_files_are_checked(make_swap_client,
     root, original, _ = roots
     name, message = _two_labels(root)
     entered, release = threading.Event(), threading.Event()
-    real_check = swap.check_checkpoint
+    real_check = classifier.check_checkpoint  # the classifier kind's swap rules
 
-    def held_check(folder):
+    def held_check(folder, kind="classifier"):
         entered.set()
         release.wait(30)
-        return real_check(folder)
+        return real_check(folder, kind)
 
-    monkeypatch.setattr(swap, "check_checkpoint", held_check)
+    monkeypatch.setattr(classifier, "check_checkpoint", held_check)
     client, engine = await make_swap_client(engine=_engine_on(original), swap_wait_s=0.0)
     loading = asyncio.create_task(load(client, "x", root / name))
     await wait_until(entered.is_set)

@@ -23,8 +23,8 @@ from testkit.fakes import (
     RestartableFakeEngine,
     write_fake_checkpoint,
 )
-from rmserve.server import swap
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.swaps import swap
+from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
 from rmserve.fingerprint import model_fingerprint
 from test_app import VALID, assert_serves, error_of, post_score, scrape, wait_until
 from test_swap import AUTH, BASE_REWARDS, TOKEN, load, model_info, rewards

@@ -1,6 +1,6 @@
 """Engine restart on a checkpoint of another shape, with the real engines.
 
-vLLM, over HTTP: an app that owns its own :class:`~rmserve.server.engine.VLLMEngine` (the
+vLLM, over HTTP: an app that owns its own :class:`~rmserve.server.engines.vllm_engine.VLLMEngine` (the
 session engine stays untouched) on the session demo model (2 layers, max length 4096) loads
 a demo model with 3 layers, another weight seed and max length 2048 — a restart: the reply
 says so, ``/v1/models`` has the new max length and fingerprint, and the HTTP rewards equal an
@@ -16,13 +16,14 @@ without HTTP. Tolerance ``1e-4``: see ``test_engine_parity.py`` (float32 kernel 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
 from rmserve.fingerprint import model_fingerprint
-from rmserve.server.serve import engine_renderer
+from rmserve.server.http.serve import engine_renderer
 from test_swap_vllm import ATOL, AUTH, TOKEN, _direct_rewards
 
 from rmserve.datasets import load_rmbench
@@ -75,7 +76,7 @@ def _chat_groups(rmbench_dir, count: int = 3) -> list[RequestGroup]:
 async def test_vllm_restart_on_other_shape_then_failed_restart_restores(demo_model_dir, rmbench_dir,
                                                                         restart_checkpoints):
     from rmserve.server.config import EngineConfig
-    from rmserve.server.engine import VLLMEngine
+    from rmserve.server.engines.vllm_engine import VLLMEngine
 
     deeper, broken, corrupt = restart_checkpoints
     engine = VLLMEngine(EngineConfig(model=str(demo_model_dir), engine="vllm", dtype="float32", block_size=32,
@@ -146,7 +147,7 @@ async def test_vllm_restart_on_other_shape_then_failed_restart_restores(demo_mod
 
 async def test_hf_restart_on_other_shape(demo_model_dir, rmbench_dir, restart_checkpoints):
     from rmserve.server.config import EngineConfig
-    from rmserve.server.engine_hf import HFEngine
+    from rmserve.server.engines.hf_engine import HFEngine
 
     deeper, broken, _ = restart_checkpoints
     engine = HFEngine(EngineConfig(model=str(demo_model_dir), engine="hf", dtype="float32"))
@@ -167,7 +168,9 @@ async def test_hf_restart_on_other_shape(demo_model_dir, rmbench_dir, restart_ch
         with pytest.raises(InvalidRequest, match="not a folder"):
             await engine.restart(str(deeper / "missing"))
         assert engine.info() == info  # nothing was stopped
-        with pytest.raises(EngineError, match="num_labels=2"):
+        message = (f"the transformers engine did not start on checkpoint 'two-labels': {str(broken)!r} has 2 labels "
+                   "(num_labels/id2label); a reward model must have exactly 1, the reward logit")
+        with pytest.raises(EngineError, match=f"^{re.escape(message)}$"):
             await engine.restart(str(broken))
         with pytest.raises(EngineNotReady, match="no model is loaded"):
             engine.info()

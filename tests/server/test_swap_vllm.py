@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
 from rmserve.fingerprint import TOKENIZER_FILES, model_fingerprint
 
 from rmserve.datasets import load_rmbench
@@ -43,7 +43,7 @@ class _Lent:
     def info(self):
         return self._engine.info()
 
-    async def score_group(self, token_ids, request_id, priority=0):
+    async def score_group(self, token_ids, request_id, *, answer_starts=None, priority=0):
         return await self._engine.score_group(token_ids, request_id)
 
     async def reload_weights(self, path: str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from rmserve.server import wire
+from rmserve.server.http import wire
 
 from rmserve import __version__
 from rmserve.errors import EngineNotReady, InvalidRequest

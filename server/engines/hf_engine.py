@@ -1,0 +1,701 @@
+"""The transformers engines: a reference and fallback for the vLLM ones.
+
+:class:`HFEngine` loads ``AutoModelForSequenceClassification`` and scores a group's
+sequences in right-padded batches. The reward is the score head applied to the hidden
+state at each sequence's last real token, found from the attention mask
+(``position = mask.sum(-1) - 1``) — never by looking for the pad id, which breaks when
+pad == EOS. No activation is applied (raw logits), no prefix cache
+(``num_cached_tokens = 0``). Forward passes run in a worker thread, one at a time, so the
+event loop stays free. A checkpoint swap is :meth:`HFEngine.reload_weights` (same
+architecture: the tokenizer and renderer are kept) or :meth:`HFEngine.restart` (any
+checkpoint: everything is rebuilt).
+
+:class:`HFLogprobEngine` is the :class:`~rmserve.server.engines.protocol.LogprobEngine` of a DPO
+policy or reference (``AutoModelForCausalLM``), computed the reference harness's way
+(allenai/reward-bench ``rewardbench/dpo.py``, ``concatenated_forward`` and
+``get_batch_logps``): right-padded batches of ``hf_batch_size`` sequences, pad id = EOS (as
+``scripts/run_dpo.py`` sets it), an attention mask, and for every answer token the
+``log_softmax`` of the previous position's logits gathered at the token (in float32).
+
+:class:`HFJudgeEngine` is the :class:`~rmserve.server.engines.protocol.JudgeEngine` of a generative
+judge: ``AutoModelForCausalLM.generate`` with greedy decoding, one prompt at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+from rmserve.server.engines.batching import length_sorted_batches
+from rmserve.server.config import EngineConfig, check_lm_head, check_reward_head
+from rmserve.server.kinds.judge_protocols import JudgeOutput
+from rmserve.server.render.judge import (
+    JudgeRenderer,
+    enable_thinking,
+    finish_reason,
+    judge_chat_template,
+    judge_stop_ids,
+    max_new_tokens,
+)
+from rmserve.server.kinds.judge import JudgeSettings
+from rmserve.server.kinds.judge_probe import check_chat_template
+from rmserve.server.engines.lifecycle import EngineLifecycle, Loaded, LoadedT, OwnRenderer
+from rmserve.server.engines.protocol import (
+    AnswerLogprobs,
+    LoadedModel,
+    SequenceScore,
+    check_answer_starts,
+    check_token_ids,
+    local_checkpoint,
+)
+from rmserve.server.render.chat import Renderer
+
+from rmserve.errors import EngineError, ServerFault
+from rmserve.schema import JUDGE_KIND, JudgeEngineInfo, JudgeSampling, Message
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class _TorchLoaded(Loaded):
+    """A transformers model on its device, the pad id of its batches, and its record."""
+
+    model: Any
+    device: torch.device
+    pad_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class _ClassifierLoaded(_TorchLoaded):
+    """A sequence classifier split into its base model and its ``score`` head."""
+
+    base: Any
+    head: Any
+
+
+class _TorchLifecycle(EngineLifecycle[LoadedT]):
+    """What the transformers engines share: the settings, one forward pass at a time (the
+    lock a swap holds too), and loading in a worker thread after freeing the memory of a
+    released model."""
+
+    kind = "hf"
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__()
+        self.config = config
+
+    async def _load(self) -> LoadedT:
+        """:meth:`_build` in a worker thread, after :func:`_free_memory` (a restart's old model
+        is released before the new one loads: one model in accelerator memory at a time)."""
+        return await asyncio.to_thread(_free_memory_then, self._build)
+
+    def _build(self) -> LoadedT:  # pragma: no cover - abstract
+        """Load the configured checkpoint (blocking)."""
+        raise NotImplementedError
+
+    def _use_checkpoint(self, folder: Path) -> None:
+        """A restart loads ``folder``: this engine's config with only ``model`` replaced."""
+        self.config = dataclasses.replace(self.config, model=str(folder))
+
+    async def reset_prefix_cache(self) -> bool:
+        """No prefix cache here: nothing to drop; True."""
+        return True
+
+
+def _free_memory_then(build: Any) -> Any:
+    """Free the memory of released models (garbage, CUDA cache), then ``build()``."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return build()
+
+
+def _reload_failed(exc: BaseException) -> EngineError:
+    """The :class:`EngineError` of a weight reload that raised ``exc`` (the loaded model stays)."""
+    reason = exc.message if isinstance(exc, ServerFault) else f"{type(exc).__name__}: {exc}"
+    return EngineError(f"reloading weights failed: {reason}")
+
+
+_RELOAD_ERRORS = (OSError, RuntimeError, ValueError, ServerFault)
+"""What a failed transformers load raises; a reload turns them into :class:`EngineError`."""
+
+
+class HFEngine(_TorchLifecycle[_ClassifierLoaded], OwnRenderer):
+    """:class:`~rmserve.server.engines.protocol.RewardEngine` backed by transformers.
+
+    Start, shutdown and restart are :class:`~rmserve.server.engines.lifecycle.EngineLifecycle`'s:
+    a restart drops the model and loads any checkpoint (new renderer, ``max_model_len`` — a
+    configured one is kept, else the new model's ``max_position_embeddings`` — and
+    fingerprint); :meth:`reload_weights` keeps the tokenizer and renderer.
+
+    Args:
+        config: model path, ``dtype`` (``auto`` = bfloat16 on CUDA, float32 on CPU),
+            ``max_model_len`` (default: the model's ``max_position_embeddings``),
+            ``chat_template`` and ``hf_batch_size`` (sequences per forward pass).
+
+    Attributes (after :meth:`start`):
+        renderer: the :class:`Renderer` for this model (the one in :meth:`start`'s record).
+        config: the settings; after :meth:`restart` its ``model`` is the checkpoint last started.
+    """
+
+    label = "transformers engine"
+
+    def _build(self) -> _ClassifierLoaded:
+        """Load model and tokenizer.
+
+        Raises:
+            ServerFault: not a one-label ``*ForSequenceClassification`` with a ``score``
+                head, or loading failed.
+        """
+        from transformers import AutoModelForSequenceClassification
+
+        cfg = self.config
+        dtype = cfg.resolved_dtype()
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        check_reward_head(cfg.model)
+        try:
+            model = AutoModelForSequenceClassification.from_pretrained(cfg.model, **_dtype_kwargs(dtype))
+        except Exception as exc:  # noqa: BLE001
+            raise ServerFault(f"transformers could not load {cfg.model!r}: {type(exc).__name__}: {exc}") from exc
+        model = model.to(device).eval()
+        head = getattr(model, "score", None)
+        base = getattr(model, model.base_model_prefix, None)
+        if head is None or base is None:
+            raise ServerFault(
+                f"{cfg.model!r} ({type(model).__name__}) has no 'score' head over a base model; "
+                "the transformers engine supports Llama/Qwen/Mistral/Gemma-style classifiers"
+            )
+        max_model_len = _context_limit(model, cfg)
+        renderer = Renderer.from_pretrained(cfg.model, max_model_len=max_model_len, chat_template_path=cfg.chat_template)
+        pad_id = model.config.pad_token_id
+        info = self._model_info(cfg.name, cfg.model, renderer, max_model_len, dtype)
+        return _ClassifierLoaded(
+            record=LoadedModel(info, renderer, local_checkpoint(cfg.model)),
+            model=model, device=device, pad_id=int(pad_id) if pad_id is not None else 0, base=base, head=head,
+        )
+
+    async def score_group(
+        self,
+        token_ids: Sequence[Sequence[int]],
+        request_id: str,
+        *,
+        answer_starts: Sequence[int] | None = None,
+        priority: int = 0,
+    ) -> list[SequenceScore]:
+        """Score one group's sequences (raw logits; ``num_cached_tokens`` is always 0).
+
+        ``priority`` is accepted and ignored (groups run in the order they arrive), and so is
+        ``answer_starts`` (a classifier scores the whole sequence; part of the one
+        :meth:`~rmserve.server.engines.protocol.RewardEngine.score_group` signature).
+
+        ``request_id`` is only used in error messages: a forward pass in progress cannot
+        be aborted, a cancelled caller simply does not wait for it.
+
+        Raises:
+            EngineNotReady: not started or shut down.
+            InvalidRequest / SequenceTooLong: an empty or over-long sequence.
+            EngineError: the forward pass failed.
+        """
+        loaded = self._require()
+        limit = loaded.info.max_model_len
+        check_token_ids(token_ids, limit)
+        async with self._lock:
+            loaded = self._require()  # a checkpoint swap may have replaced the model meanwhile
+            try:
+                rewards = await asyncio.to_thread(self._rewards, loaded, token_ids)
+            except (RuntimeError, ValueError) as exc:
+                raise EngineError(f"forward pass failed for {request_id}: {type(exc).__name__}: {exc}") from exc
+        return [SequenceScore(reward=r, num_cached_tokens=0) for r in rewards]
+
+    def _rewards(self, loaded: _ClassifierLoaded, token_ids: Sequence[Sequence[int]]) -> list[float]:
+        """Rewards in input order; batches of ``hf_batch_size``, longest first (less padding)."""
+        return length_sorted_rewards(
+            loaded.base, loaded.head, token_ids, pad_id=loaded.pad_id, device=loaded.device,
+            max_batch_tokens=sys.maxsize, max_batch_size=self.config.hf_batch_size,
+        )
+
+    async def _reload(self, loaded: _ClassifierLoaded, folder: Path) -> _ClassifierLoaded:
+        """Load the classifier in ``folder`` in a worker thread (after the forward pass in
+        progress); the renderer (same tokenizer) is kept, the fingerprint recomputed.
+
+        Raises:
+            EngineError: the checkpoint could not be loaded or is not a one-label classifier.
+        """
+        try:
+            return await asyncio.to_thread(self._load_classifier, loaded, str(folder))
+        except _RELOAD_ERRORS as exc:
+            raise _reload_failed(exc) from exc
+
+    def _load_classifier(self, loaded: _ClassifierLoaded, path: str) -> _ClassifierLoaded:
+        from transformers import AutoModelForSequenceClassification
+
+        dtype = loaded.info.dtype
+        model = AutoModelForSequenceClassification.from_pretrained(path, **_dtype_kwargs(dtype))
+        model = model.to(loaded.device).eval()
+        head = getattr(model, "score", None)
+        base = getattr(model, model.base_model_prefix, None)
+        if model.config.num_labels != 1 or head is None or base is None:
+            raise ValueError(f"checkpoint is not a one-label classifier with a 'score' head ({type(model).__name__})")
+        info = self._model_info(loaded.info.name, path, loaded.renderer, loaded.info.max_model_len, dtype)
+        return _ClassifierLoaded(
+            record=LoadedModel(info, loaded.renderer, local_checkpoint(path)),
+            model=model, device=loaded.device, pad_id=loaded.pad_id, base=base, head=head,
+        )
+
+
+def _context_limit(model: Any, cfg: EngineConfig) -> int:
+    """The context length in tokens: ``cfg.max_model_len``, else the model's ``max_position_embeddings``.
+
+    Raises:
+        ServerFault: neither is set, or the configured length exceeds the model's.
+    """
+    model_limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+    max_model_len = cfg.max_model_len or model_limit
+    if not max_model_len:
+        raise ServerFault(f"{cfg.model!r} declares no max_position_embeddings; pass --max-model-len")
+    if model_limit and max_model_len > model_limit:
+        raise ServerFault(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={model_limit}")
+    return max_model_len
+
+
+def _dtype_kwargs(dtype: str) -> dict[str, Any]:
+    """``from_pretrained`` dtype keyword: ``dtype`` since transformers 4.56, ``torch_dtype`` before."""
+    import transformers
+
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+    return {key: _DTYPES[dtype]}
+
+
+def right_padded(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of token-id lists (lengths ≥ 1) right-padded with ``pad_id``.
+
+    Returns:
+        ``(input_ids, attention_mask)``, both ``long`` of shape (batch, longest length), on the
+        CPU; the mask is 1 at real tokens and 0 at padding.
+    """
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for b, ids in enumerate(sequences):
+        input_ids[b, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
+        attention_mask[b, : len(ids)] = 1
+    return input_ids, attention_mask
+
+
+def last_token_rewards(
+    base: Any, head: Any, sequences: Sequence[Sequence[int]], *, pad_id: int, device: torch.device
+) -> list[float]:
+    """Score a batch: right-pad, run ``base``, apply ``head`` at each last real token.
+
+    Args:
+        base: the decoder (``model.model`` for Llama), returning ``last_hidden_state``
+            of shape (batch, seq, hidden).
+        head: the score head, hidden → 1.
+        sequences: token-id lists (any lengths ≥ 1).
+        pad_id: filler id for padding (masked out; its value does not matter).
+
+    Returns:
+        One float per sequence: ``head(hidden[b, mask[b].sum() - 1])``.
+    """
+    input_ids, attention_mask = right_padded(sequences, pad_id)
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    hidden = base(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    last = attention_mask.sum(dim=-1) - 1
+    pooled = hidden[torch.arange(hidden.shape[0], device=device), last]
+    return head(pooled).float().reshape(-1).tolist()
+
+
+def length_sorted_rewards(
+    base: Any,
+    head: Any,
+    sequences: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    device: torch.device,
+    max_batch_tokens: int,
+    max_batch_size: int,
+) -> list[float]:
+    """Rewards of many sequences (any groups) through :func:`length_sorted_batches`.
+
+    Each batch goes through :func:`last_token_rewards`; the result is in input order.
+    """
+    rewards = [0.0] * len(sequences)
+    batches = length_sorted_batches(
+        [len(s) for s in sequences], max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size
+    )
+    with torch.inference_mode():
+        for batch in batches:
+            values = last_token_rewards(base, head, [sequences[j] for j in batch], pad_id=pad_id, device=device)
+            for j, value in zip(batch, values, strict=True):
+                rewards[j] = value
+    return rewards
+
+
+# --- log-probabilities of a causal LM (DPO policy / reference) ---------------------------
+
+
+class HFLogprobEngine(_TorchLifecycle[_TorchLoaded]):
+    """:class:`~rmserve.server.engines.protocol.LogprobEngine` backed by transformers ``AutoModelForCausalLM``.
+
+    Args:
+        config: the engine settings (``dtype``, ``max_model_len``, ``chat_template``,
+            ``hf_batch_size``); ``config.model`` is the policy.
+        model: the folder or hub id to load (``config.model`` or ``config.ref_model``).
+
+    No prefix cache (``num_cached_tokens`` is 0). Forward passes run one at a time in a
+    worker thread. The record's ``renderer`` is None (the DPO engine renders); the
+    fingerprint hashes the chat template a DPO renderer would use (``chat_template`` file,
+    else the tokenizer's). A reload or restart loads the causal LM of a folder (released
+    first for a restart: one model in memory at a time).
+
+    Attributes:
+        model: the checkpoint loaded (after a reload or restart, the last one).
+    """
+
+    label = "transformers log-prob engine"
+
+    def __init__(self, config: EngineConfig, model: str) -> None:
+        super().__init__(config)
+        self.model = model
+        self._field = "model" if model == config.model else "ref_model"
+
+    def _build(self) -> _TorchLoaded:
+        return self._load_lm(self.model)
+
+    def _load_lm(self, model_path: str) -> _TorchLoaded:
+        """Load the causal LM at ``model_path``.
+
+        Raises:
+            ServerFault: no LM head (field ``model`` / ``ref_model``), or loading failed.
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        cfg = self.config
+        dtype = cfg.resolved_dtype()
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        check_lm_head(model_path, self._field)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+            model = AutoModelForCausalLM.from_pretrained(model_path, **_dtype_kwargs(dtype))
+        except Exception as exc:  # noqa: BLE001
+            raise ServerFault(
+                f"{self._field}: transformers could not load {model_path!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        model = model.to(device).eval()
+        model_limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        max_model_len = cfg.max_model_len or model_limit
+        if not max_model_len:
+            raise ServerFault(f"{self._field}: {model_path!r} declares no max_position_embeddings; pass --max-model-len")
+        if model_limit and max_model_len > model_limit:
+            raise ServerFault(
+                f"max_model_len={max_model_len} exceeds the max_position_embeddings={model_limit} of {model_path!r}"
+            )
+        if cfg.chat_template is not None:
+            template: str | None = Path(cfg.chat_template).read_text(encoding="utf-8")
+        else:
+            template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+        pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+        name = Path(model_path).name if Path(model_path).is_dir() else model_path
+        info = self._model_info(name, model_path, template, max_model_len, dtype)
+        return _TorchLoaded(record=LoadedModel(info, None, local_checkpoint(model_path)),
+                            model=model, device=device, pad_id=int(pad_id))
+
+    def _use_checkpoint(self, folder: Path) -> None:
+        self.model = str(folder)
+
+    async def _reload(self, loaded: _TorchLoaded, folder: Path) -> _TorchLoaded:
+        """Load the causal LM in ``folder`` beside the loaded one (after the forward pass in
+        progress), then serve it.
+
+        Raises:
+            EngineError: the checkpoint could not be loaded or has no LM head.
+        """
+        try:
+            reloaded = await asyncio.to_thread(self._load_lm, str(folder))
+        except _RELOAD_ERRORS as exc:
+            raise _reload_failed(exc) from exc
+        self.model = str(folder)
+        return reloaded
+
+    async def answer_logprobs(
+        self, token_ids: Sequence[Sequence[int]], answer_starts: Sequence[int], request_id: str, *, priority: int = 0
+    ) -> list[AnswerLogprobs]:
+        """Per-token log-probabilities of each sequence's answer tokens (see the class doc).
+
+        ``priority`` is accepted and ignored (groups run in the order they arrive), and so is
+        ``answer_starts`` (a classifier scores the whole sequence; part of the one
+        :meth:`~rmserve.server.engines.protocol.RewardEngine.score_group` signature).
+
+        Raises:
+            EngineNotReady: not started or shut down.
+            InvalidRequest / SequenceTooLong: an empty or over-long sequence, or an answer
+                start outside ``[1, len]`` (field ``answer_starts[j]``).
+            EngineError: the forward pass failed.
+        """
+        loaded = self._require()
+        check_token_ids(token_ids, loaded.info.max_model_len)
+        check_answer_starts(token_ids, answer_starts)
+        async with self._lock:
+            loaded = self._require()
+            try:
+                values = await asyncio.to_thread(
+                    length_sorted_logprobs, loaded.model, token_ids, answer_starts, pad_id=loaded.pad_id,
+                    device=loaded.device, max_batch_size=self.config.hf_batch_size,
+                )
+            except (RuntimeError, ValueError) as exc:
+                raise EngineError(f"forward pass failed for {request_id}: {type(exc).__name__}: {exc}") from exc
+        return [AnswerLogprobs(tuple(v), 0) for v in values]
+
+
+def answer_logprobs_batch(
+    model: Any, sequences: Sequence[Sequence[int]], answer_starts: Sequence[int], *, pad_id: int, device: torch.device
+) -> list[list[float]]:
+    """Log-probabilities of the answer tokens of one right-padded batch.
+
+    Source: allenai/reward-bench ``rewardbench/dpo.py`` ``get_batch_logps``: labels shifted by
+    one (``labels[:, 1:]``, ``logits[:, :-1]``), ``log_softmax(-1)`` gathered at the label —
+    here only at answer positions, upcast to float32 before the softmax.
+
+    Args:
+        model: a causal LM returning ``logits`` of shape (batch, seq, vocab).
+        sequences: token-id lists (any lengths ≥ 1).
+        answer_starts: per sequence, the index of its first answer token (≥ 1).
+        pad_id: filler id of the padding (masked; the official script pads with EOS).
+
+    Returns:
+        Per sequence, ``log p(ids[i] | ids[:i])`` for ``i = start … len - 1`` (nats).
+    """
+    input_ids, attention_mask = right_padded(sequences, pad_id)
+    logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
+    out = []
+    for b, (ids, start) in enumerate(zip(sequences, answer_starts, strict=True)):
+        if start >= len(ids):
+            out.append([])
+            continue
+        scores = logits[b, start - 1 : len(ids) - 1].float().log_softmax(-1)
+        targets = input_ids[b, start : len(ids)].to(scores.device)
+        out.append(scores.gather(-1, targets.unsqueeze(-1)).squeeze(-1).tolist())
+    return out
+
+
+def length_sorted_logprobs(
+    model: Any, sequences: Sequence[Sequence[int]], answer_starts: Sequence[int], *, pad_id: int,
+    device: torch.device, max_batch_size: int,
+) -> list[list[float]]:
+    """:func:`answer_logprobs_batch` over batches of at most ``max_batch_size`` sequences,
+    longest first (:func:`length_sorted_batches`); the result is in input order."""
+    values: list[list[float]] = [[] for _ in sequences]
+    batches = length_sorted_batches([len(s) for s in sequences], max_batch_tokens=sys.maxsize, max_batch_size=max_batch_size)
+    with torch.inference_mode():
+        for batch in batches:
+            answers = answer_logprobs_batch(
+                model, [sequences[j] for j in batch], [answer_starts[j] for j in batch], pad_id=pad_id, device=device
+            )
+            for j, value in zip(batch, answers, strict=True):
+                values[j] = value
+    return values
+
+
+# --- a generative judge (LLM-as-judge) ------------------------------------------------------
+
+
+HF_BATCH_INVARIANT = (
+    "each call is generated alone (a batch of one, no padding), so its text does not depend on the calls beside it"
+)
+"""``JudgeEngineInfo.batch_invariant_note`` of the transformers judge engine."""
+
+
+@dataclass(frozen=True, slots=True)
+class _JudgeLoaded(_TorchLoaded):
+    """A causal LM with its judge renderer, stop tokens and context length (its record has no
+    classifier renderer)."""
+
+    judge: JudgeRenderer
+    stop_ids: tuple[int, ...]
+    context_tokens: int
+
+
+class HFJudgeEngine(_TorchLifecycle[_JudgeLoaded]):
+    """:class:`~rmserve.server.engines.protocol.JudgeEngine` backed by transformers ``generate``.
+
+    The plain transformers way of generating, one prompt at a time: each call rendered as the
+    vLLM judge renders it (:class:`~rmserve.server.render.judge.JudgeRenderer`), then
+    ``model.generate(ids, do_sample=False, num_beams=1, max_new_tokens=n)`` with an all-ones
+    attention mask and a fresh ``GenerationConfig`` (so no sampling default of the checkpoint's
+    ``generation_config.json`` applies; vLLM ignores them too for explicit sampling
+    parameters). Stop tokens: the tokenizer's EOS and the ``eos_token_id`` (one or a list) of
+    the checkpoint's generation config, as vLLM stops. ``n`` is ``max_tokens``, or fewer when
+    the context ends first (:func:`~rmserve.server.render.judge.max_new_tokens`): the same cut
+    vLLM makes, ``finish_reason="length"``. The text is the generated tokens decoded in one
+    piece with ``skip_special_tokens=True``, as the vLLM judge decodes. No prefix cache (``cached_tokens`` 0). Used with
+    ``--engine hf`` and as the independent reference of the vLLM judge's texts.
+
+    Args:
+        config: as :class:`~rmserve.server.engines.vllm_engine.VLLMJudgeEngine` (``dtype``,
+            ``max_model_len`` — default the model's ``max_position_embeddings`` — and
+            ``chat_template``, ``judge_max_tokens``, ``judge_thinking`` (passed to the template
+            as ``enable_thinking`` when set), ``protocol``, ``compat``).
+
+    A restart or reload loads the judge in a folder with this engine's settings otherwise
+    (a generative judge is not swapped by the server; the HTTP layer refuses it). Every load
+    first renders the conversations the protocol choice sends with the chat template
+    (:func:`~rmserve.server.kinds.judge_probe.check_chat_template`), before the weights are read.
+
+    :meth:`info` publishes :attr:`sampling` and ``judge_engine``: ``hf``, the transformers
+    version, batch-invariant (each call is generated alone, a batch of one without padding, so
+    its text does not depend on the calls beside it).
+
+    Attributes:
+        max_tokens: generated tokens per call at most (``config.judge_max_tokens``).
+        sampling: how every call is decoded (greedy, at most ``max_tokens`` tokens).
+    """
+
+    label = "transformers judge engine"
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self.max_tokens = int(config.judge_max_tokens)
+        self.sampling = JudgeSampling(max_tokens=self.max_tokens)
+
+    def _build(self) -> _JudgeLoaded:
+        return self._load_judge(self.config)
+
+    async def _reload(self, loaded: _JudgeLoaded, folder: Path) -> _JudgeLoaded:
+        """Load the judge in ``folder`` beside the loaded one, then serve it.
+
+        Raises:
+            EngineError: the checkpoint could not be loaded, or is not a judge.
+        """
+        config = dataclasses.replace(self.config, model=str(folder))
+        try:
+            reloaded = await asyncio.to_thread(self._load_judge, config)
+        except _RELOAD_ERRORS as exc:
+            raise _reload_failed(exc) from exc
+        self.config = config
+        return reloaded
+
+    def _load_judge(self, cfg: EngineConfig) -> _JudgeLoaded:
+        """Load tokenizer and causal LM of ``cfg.model``.
+
+        Raises:
+            ServerFault: no LM head (field ``model``), no chat template (field
+                ``chat_template``, with the fix), a template that refuses the judge's calls
+                (:func:`~rmserve.server.kinds.judge_probe.check_chat_template`), or loading failed.
+        """
+        import transformers
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dtype = cfg.resolved_dtype()
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        check_lm_head(cfg.model, "model", kind=JUDGE_KIND)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        except Exception as exc:  # noqa: BLE001
+            raise ServerFault(f"model: cannot load the tokenizer of {cfg.model!r}: {type(exc).__name__}: {exc}") from exc
+        template = judge_chat_template(tokenizer, cfg.chat_template, cfg.model)
+        # The probe renders text only; the prompt limit (the model's context) applies to token ids.
+        probe = JudgeRenderer(tokenizer, chat_template=template, max_prompt_tokens=1,
+                              enable_thinking=enable_thinking(cfg.judge_thinking))
+        check_chat_template(probe.render_text, JudgeSettings.from_engine_config(cfg), model=cfg.model)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(cfg.model, **_dtype_kwargs(dtype))
+        except Exception as exc:  # noqa: BLE001
+            raise ServerFault(f"model: transformers could not load {cfg.model!r}: {type(exc).__name__}: {exc}") from exc
+        model = model.to(device).eval()
+        context = _context_limit(model, cfg)
+        stop_ids = judge_stop_ids(tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None))
+        if not stop_ids:
+            raise ServerFault(f"{cfg.model!r} has no EOS token: a judge's generation could not stop before max_tokens")
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+        renderer = JudgeRenderer(tokenizer, chat_template=template, max_prompt_tokens=context - 1,
+                                 enable_thinking=enable_thinking(cfg.judge_thinking))
+        info = self._model_info(cfg.name, cfg.model, template, context - 1, dtype)
+        info = msgspec.structs.replace(
+            info, kind=JUDGE_KIND, mode=cfg.protocol, compat=cfg.compat, judge_sampling=self.sampling,
+            judge_engine=JudgeEngineInfo(self.kind, str(transformers.__version__), True, HF_BATCH_INVARIANT),
+        )
+        return _JudgeLoaded(
+            record=LoadedModel(info, None, local_checkpoint(cfg.model)), model=model, device=device,
+            pad_id=int(pad), judge=renderer, stop_ids=stop_ids, context_tokens=context,
+        )
+
+    async def judge_group(
+        self, calls: Sequence[Sequence[Message]], request_id: str, *, priority: int = 0
+    ) -> list[JudgeOutput]:
+        """Generate one output per call, one call after the other (see the class doc).
+
+        ``priority`` is accepted and ignored (groups run in the order they arrive), and so is
+        ``answer_starts`` (a classifier scores the whole sequence; part of the one
+        :meth:`~rmserve.server.engines.protocol.RewardEngine.score_group` signature).
+
+        ``request_id`` is only used in error messages: a generation in progress cannot be
+        aborted; a cancelled caller simply does not wait for it.
+
+        Raises:
+            EngineNotReady: not started or shut down.
+            InvalidRequest / SequenceTooLong: as :meth:`VLLMJudgeEngine.judge_group
+                <rmserve.server.engines.vllm_engine.VLLMJudgeEngine.judge_group>`.
+            EngineError: generation failed.
+        """
+        loaded = self._require()
+        prompts, opened = await asyncio.to_thread(loaded.judge.render_calls, calls)
+        async with self._lock:
+            loaded = self._require()
+            try:
+                outputs = await asyncio.to_thread(self._generate_all, loaded, prompts)
+            except (RuntimeError, ValueError) as exc:
+                raise EngineError(f"generation failed for {request_id}: {type(exc).__name__}: {exc}") from exc
+        return [dataclasses.replace(o, reasoning_open=True) if open_ else o for o, open_ in zip(outputs, opened, strict=True)]
+
+    def _generate_all(self, loaded: _JudgeLoaded, prompts: Sequence[Sequence[int]]) -> list[JudgeOutput]:
+        return [
+            greedy_generate(
+                loaded.model, loaded.judge, ids, max_tokens=self.max_tokens,
+                context_tokens=loaded.context_tokens, stop_ids=loaded.stop_ids, pad_id=loaded.pad_id,
+                device=loaded.device,
+            )
+            for ids in prompts
+        ]
+
+
+def greedy_generate(
+    model: Any, renderer: JudgeRenderer, ids: Sequence[int], *, max_tokens: int, context_tokens: int,
+    stop_ids: Sequence[int], pad_id: int, device: torch.device,
+) -> JudgeOutput:
+    """One greedy transformers generation of the prompt ``ids`` (no padding, batch of one).
+
+    Returns:
+        The :class:`~rmserve.server.kinds.judge_protocols.JudgeOutput`: text
+        (:meth:`JudgeRenderer.decode <rmserve.server.render.judge.JudgeRenderer.decode>`), prompt and generated token counts (a final stop token
+        included), ``finish_reason`` (:func:`~rmserve.server.render.judge.finish_reason`),
+        ``cached_tokens`` 0.
+    """
+    from transformers import GenerationConfig
+
+    limit = max_new_tokens(len(ids), max_tokens, context_tokens)
+    config = GenerationConfig(
+        do_sample=False, num_beams=1, max_new_tokens=limit, eos_token_id=list(stop_ids), pad_token_id=pad_id
+    )
+    input_ids = torch.as_tensor([list(ids)], dtype=torch.long, device=device)
+    with torch.inference_mode():
+        out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
+    generated = out[0, len(ids):].tolist()
+    return JudgeOutput(
+        text=renderer.decode(generated),
+        prompt_tokens=len(ids),
+        completion_tokens=len(generated),
+        finish_reason=finish_reason(generated, set(stop_ids), limit),
+        cached_tokens=0,
+    )
