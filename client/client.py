@@ -4,12 +4,17 @@
 ``aiohttp.ClientSession``: ``GET /health``, ``GET /v1/models`` and ``POST /v1/score``.
 :meth:`RewardClient.score_stream` keeps a bounded number of groups in flight and yields one
 :class:`~rmserve.schema.ScoreRecord` per group as its reply arrives (completion order).
+Its settings are :mod:`rmserve.client.config`; the groups sent, the reply checks and the
+records built are :mod:`rmserve.client.records`.
 
 Failures are the :mod:`rmserve.errors` classes: a non-200 reply is rebuilt by
-:func:`error_from_reply` (status + ``error.type`` → class, the same table the server maps
-from); transport failures become :class:`~rmserve.errors.ConnectionFailed`. Only retryable
-errors (connection failures, timeouts, 429, 503) are retried, with exponential backoff and
-jitter, honouring ``Retry-After``. Client faults (4xx) are raised after exactly one attempt.
+:func:`~rmserve.client.errors.error_from_reply` (status + ``error.type`` → class, the same
+table the server maps from); transport failures become
+:class:`~rmserve.errors.ConnectionFailed`. Only retryable errors (connection failures,
+timeouts, 429, 503) are retried, with exponential backoff and jitter, honouring
+``Retry-After`` up to :attr:`~rmserve.client.config.Retry.max_retry_after_s` (a longer wait is
+cut to it, with a warning on the ``rmserve.client`` logger). Client faults (4xx) are raised
+after exactly one attempt.
 
 No torch or vllm here: this module must import on a machine without them.
 """
@@ -17,14 +22,12 @@ No torch or vllm here: this module must import on a machine without them.
 from __future__ import annotations
 
 import asyncio
-import errno
 import itertools
-import math
+import logging
 import random
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
@@ -32,16 +35,18 @@ import msgspec
 import yarl
 
 from rmserve import errors
+from rmserve.client.config import PRIORITIES, Concurrency, Retry, Timeouts, Waiting, check_positive
+from rmserve.client.errors import connection_reason, error_from_reply
+from rmserve.client.records import check_reply, record_from_result, refused_record, request_group
 from rmserve.schema import (
+    JUDGE_KIND,
     Group,
-    GroupResult,
     HealthReply,
     LoadModelRequest,
     LoadModelResponse,
     ReleaseModelRequest,
     ModelInfo,
     ModelList,
-    RequestGroup,
     ScoreKind,
     ScoreRecord,
     ScoreRequest,
@@ -50,373 +55,19 @@ from rmserve.schema import (
     encode,
 )
 
-__all__ = [
-    "CONNECT_GRACE_S",
-    "Concurrency",
-    "RewardClient",
-    "Retry",
-    "Timeouts",
-    "Waiting",
-    "connection_reason",
-    "error_from_reply",
-    "record_from_result",
-]
-
-
-def _check_positive(owner: str, name: str, value: float, *, upper: float | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{owner}.{name} must be a finite number > 0, got {value!r}")
-    if upper is not None and value > upper:
-        raise ValueError(f"{owner}.{name} must be ≤ {upper:g}, got {value!r}")
-
-
-def _check_int(owner: str, name: str, value: int, *, lower: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lower:
-        raise ValueError(f"{owner}.{name} must be an integer ≥ {lower}, got {value!r}")
+__all__ = ["CONNECT_GRACE_S", "PRIORITY_HEADER", "RewardClient"]
 
 
 PRIORITY_HEADER = "X-RMServe-Priority"
 """Request header carrying the caller's priority hint (the server's fair queue reads it)."""
 
-PRIORITIES = ("interactive", "batch")
-"""Priority hints: ``interactive`` (an eval someone waits for) or ``batch`` (a sweep)."""
+
+logger = logging.getLogger("rmserve.client")
 
 CONNECT_GRACE_S = 4.0
 """How long :meth:`RewardClient.wait_until_ready` retries a server that does not accept
 connections before saying so, seconds: long enough for a server that is just starting to
 listen, short enough that a wrong address fails at once."""
-
-
-def connection_reason(exc: BaseException) -> str:
-    """Why a request got no reply, in words: ``connection refused``, ``no reply within 5 s`` …
-
-    ``exc`` is a :class:`~rmserve.errors.ConnectionFailed` (its chained transport error is
-    read) or the transport error itself.
-    """
-    cause = exc.__cause__ if isinstance(exc, errors.ConnectionFailed) and exc.__cause__ is not None else exc
-    if isinstance(cause, aiohttp.ClientConnectorError):
-        os_error = cause.os_error
-        if isinstance(os_error, ConnectionRefusedError) or getattr(os_error, "errno", None) == errno.ECONNREFUSED:
-            return "connection refused"
-        return os_error.strerror or str(os_error) or type(os_error).__name__
-    if isinstance(cause, TimeoutError):
-        return "no reply in time"
-    if isinstance(cause, aiohttp.ServerDisconnectedError):
-        return "the server closed the connection"
-    return str(exc) if isinstance(exc, errors.RMServeError) else f"{type(cause).__name__}: {cause}"
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """Where a :meth:`RewardClient.wait_until_ready` stands after a probe that did not answer 200.
-
-    Attributes:
-        url: the ``/health`` URL probed.
-        elapsed_s: seconds since the wait began.
-        last: the probe's failure: :class:`~rmserve.errors.ConnectionFailed` (nothing
-            answered) or :class:`~rmserve.errors.EngineNotReady` (503, loading).
-        retry_for_s: seconds the wait goes on before giving up, from now.
-    """
-
-    url: str
-    elapsed_s: float
-    last: errors.RMServeError
-    retry_for_s: float
-
-    @property
-    def answering(self) -> bool:
-        """Whether the server answered (503) rather than not at all."""
-        return not isinstance(self.last, errors.ConnectionFailed)
-
-    def sentence(self) -> str:
-        """``waiting for URL: connection refused, retrying for 4 s`` or ``waiting for URL:
-        engine not ready (the engine is still loading) after 10 s, waiting up to 590 s more``."""
-        if self.answering:
-            return (
-                f"waiting for {self.url}: engine not ready ({self.last.message}) after {self.elapsed_s:.0f} s, "
-                f"waiting up to {self.retry_for_s:.0f} s more"
-            )
-        return f"waiting for {self.url}: {connection_reason(self.last)}, retrying for {self.retry_for_s:.0f} s"
-
-
-# --- configuration ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    """Per-request time limits, in seconds. Every aiohttp timeout field is set from these.
-
-    A scoring reply arrives in one piece once the server has scored the whole request, so
-    ``sock_read_s`` bounds the server's queueing plus scoring time for one request.
-    """
-
-    connect_s: float = 10.0
-    """Seconds to get a connection: pool wait plus TCP connect (aiohttp ``connect`` and
-    ``sock_connect``). Default 10; > 0, ≤ ``total_s``."""
-
-    sock_read_s: float = 600.0
-    """Longest silence while reading a reply (aiohttp ``sock_read``). Default 600; > 0,
-    ≤ ``total_s``."""
-
-    total_s: float = 900.0
-    """Whole request, connect to last byte (aiohttp ``total``). Default 900; > 0."""
-
-    probe_s: float = 10.0
-    """Whole-request limit for the cheap calls, ``/health`` and ``/v1/models``. Default 10;
-    > 0."""
-
-    def __post_init__(self) -> None:
-        _check_positive("Timeouts", "total_s", self.total_s)
-        _check_positive("Timeouts", "connect_s", self.connect_s, upper=self.total_s)
-        _check_positive("Timeouts", "sock_read_s", self.sock_read_s, upper=self.total_s)
-        _check_positive("Timeouts", "probe_s", self.probe_s)
-
-    def for_scoring(self) -> aiohttp.ClientTimeout:
-        """The aiohttp timeout of a ``POST /v1/score`` request (every field set)."""
-        return aiohttp.ClientTimeout(
-            total=self.total_s,
-            connect=self.connect_s,
-            sock_connect=self.connect_s,
-            sock_read=self.sock_read_s,
-        )
-
-    def for_probe(self) -> aiohttp.ClientTimeout:
-        """The aiohttp timeout of ``/health`` and ``/v1/models`` (every field set)."""
-        short_s = min(self.probe_s, self.connect_s)
-        return aiohttp.ClientTimeout(
-            total=self.probe_s, connect=short_s, sock_connect=short_s, sock_read=self.probe_s
-        )
-
-
-@dataclass(frozen=True)
-class Concurrency:
-    """How much work the client keeps in flight and how it holds connections."""
-
-    max_groups_in_flight: int = 32
-    """Most groups sent and not yet answered, across all requests. Default 32; ≥ 1."""
-
-    groups_per_request: int = 1
-    """Groups batched into one ``POST /v1/score``. Default 1 (each group's reply streams
-    out alone); ≥ 1, ≤ ``max_groups_in_flight``."""
-
-    pool_limit: int | None = None
-    """Most open connections of a session this client creates; default (None) is the number
-    of requests in flight, so no request waits for a connection. ≥ that number when set."""
-
-    keepalive_s: float = 15.0
-    """Seconds an idle connection stays open for reuse (aiohttp ``keepalive_timeout``);
-    keep it below the server's keep-alive. Default 15; > 0."""
-
-    def __post_init__(self) -> None:
-        _check_int("Concurrency", "max_groups_in_flight", self.max_groups_in_flight, lower=1)
-        _check_int("Concurrency", "groups_per_request", self.groups_per_request, lower=1)
-        if self.groups_per_request > self.max_groups_in_flight:
-            raise ValueError(
-                f"Concurrency.groups_per_request must be ≤ max_groups_in_flight "
-                f"({self.max_groups_in_flight}), got {self.groups_per_request}"
-            )
-        if self.pool_limit is not None:
-            _check_int("Concurrency", "pool_limit", self.pool_limit, lower=self.max_requests_in_flight)
-        _check_positive("Concurrency", "keepalive_s", self.keepalive_s)
-
-    @property
-    def max_requests_in_flight(self) -> int:
-        """``max_groups_in_flight // groups_per_request``: full requests that fit the bound."""
-        return self.max_groups_in_flight // self.groups_per_request
-
-    @property
-    def connection_limit(self) -> int:
-        """The connector's pool size: ``pool_limit`` or, by default, the requests in flight."""
-        return self.pool_limit if self.pool_limit is not None else self.max_requests_in_flight
-
-
-@dataclass(frozen=True)
-class Retry:
-    """Retry policy for retryable failures (connection errors, timeouts, 429, 503).
-
-    The wait before retry ``n`` (1 = the first retry) is the reply's ``Retry-After`` when
-    it has one, else ``min(max_delay_s, base_delay_s · 2**(n-1)) · (1 - jitter · u)`` with
-    ``u`` uniform in [0, 1) (exponential backoff, "equal"-style jitter when jitter=0.5).
-    """
-
-    max_attempts: int = 5
-    """Attempts per request, the first included. Default 5; ≥ 1 (1 = never retry)."""
-
-    base_delay_s: float = 0.5
-    """Backoff before the first retry, before jitter. Default 0.5; > 0."""
-
-    max_delay_s: float = 30.0
-    """Cap of the exponential backoff. Default 30; ≥ ``base_delay_s``."""
-
-    jitter: float = 0.5
-    """Fraction of each backoff drawn at random, in [0, 1]. Default 0.5."""
-
-    def __post_init__(self) -> None:
-        _check_int("Retry", "max_attempts", self.max_attempts, lower=1)
-        _check_positive("Retry", "base_delay_s", self.base_delay_s)
-        _check_positive("Retry", "max_delay_s", self.max_delay_s)
-        if self.max_delay_s < self.base_delay_s:
-            raise ValueError(
-                f"Retry.max_delay_s must be ≥ base_delay_s ({self.base_delay_s:g}), got {self.max_delay_s!r}"
-            )
-        if isinstance(self.jitter, bool) or not isinstance(self.jitter, (int, float)) or not 0 <= self.jitter <= 1:
-            raise ValueError(f"Retry.jitter must be in [0, 1], got {self.jitter!r}")
-
-    def backoff_s(self, retry_number: int, u: float) -> float:
-        """Wait before retry ``retry_number`` (≥ 1) given a uniform draw ``u`` in [0, 1)."""
-        full_s = min(self.max_delay_s, self.base_delay_s * 2.0 ** (retry_number - 1))
-        return full_s * (1.0 - self.jitter * u)
-
-
-# --- error mapping ----------------------------------------------------------------------
-
-
-def error_from_reply(status: int, body: bytes, *, retry_after: str | None = None) -> errors.RMServeError:
-    """The :mod:`rmserve.errors` instance a non-200 reply stands for.
-
-    The body is decoded as the :class:`~rmserve.schema.ErrorBody` record the server writes
-    (``{"error": {"type", "message", "field"}}``) when it is one; the class is chosen by
-    :func:`rmserve.errors.from_wire` (``error.type`` first, then the status: 429/503
-    retryable, other 4xx client fault, else server fault). The ``Retry-After`` header, parsed
-    to seconds by :func:`parse_retry_after`, becomes the error's ``retry_after_s`` (None
-    without one).
-    """
-    return errors.from_wire(status, body, retry_after_s=parse_retry_after(retry_after))
-
-
-def parse_retry_after(value: str | None, *, now_s: float | None = None) -> float | None:
-    """``Retry-After`` in seconds: delta-seconds or an HTTP date (RFC 9110 §10.2.3).
-
-    Returns None for a missing or unreadable header; a date in the past gives 0.
-    """
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            return None
-        seconds = when.timestamp() - (time.time() if now_s is None else now_s)
-    if not math.isfinite(seconds):
-        return None
-    return max(0.0, seconds)
-
-
-# --- records ------------------------------------------------------------------------------
-
-
-def request_group(group: Group, *, judge: bool = False) -> RequestGroup:
-    """The wire form of ``group``: id ``str(group.key)``, its messages and responses; for a
-    generative judge (``judge``: the server's kind is ``judge``) also ``num_chosen`` and
-    ``styles``, which its prompts need. Other kinds never get them, so their requests are
-    unchanged."""
-    if judge:
-        return RequestGroup(id=str(group.key), responses=group.responses, messages=group.messages,
-                            num_chosen=group.num_chosen, styles=group.styles)
-    return RequestGroup(id=str(group.key), responses=group.responses, messages=group.messages)
-
-
-def record_from_result(
-    group: Group,
-    result: GroupResult,
-    *,
-    model: str,
-    fingerprint: str,
-    truncation: Truncation | None = None,
-    kind: ScoreKind | None = None,
-) -> ScoreRecord:
-    """The stored record of one scored group: key, rewards (null where a response could not be
-    scored, with its :class:`~rmserve.schema.ResponseError` in ``errors``), token counts, the
-    engine's per-response ``extras`` (unchanged), model identity, the truncation it was scored
-    under and, from ``kind`` (:meth:`ScoreKind.of` the run's :class:`ModelInfo`; None: a
-    classifier), what kind of score the rewards are; a generative judge's ``judge`` record
-    (its calls, texts and the group's score) is copied unchanged."""
-    kind = kind or ScoreKind()
-    return ScoreRecord(
-        benchmark=group.benchmark,
-        domain=group.domain,
-        id=group.id,
-        num_chosen=group.num_chosen,
-        rewards=result.rewards,
-        num_tokens=result.num_tokens,
-        num_cached_tokens=result.num_cached_tokens,
-        model=model,
-        fingerprint=fingerprint,
-        truncated_tokens=result.truncated_tokens,
-        styles=group.styles,
-        errors=result.errors,
-        truncation=truncation,
-        extras=result.extras,
-        kind=kind.kind,
-        mode=kind.mode,
-        ref_model=kind.ref_model,
-        compat=kind.compat,
-        judge=result.judge,
-    )
-
-
-def check_reply(groups: Sequence[Group], reply: ScoreResponse) -> tuple[GroupResult, ...]:
-    """The reply's results in the order of ``groups``, after checking they match.
-
-    Raises:
-        rmserve.errors.ServerFault: a result count different from the groups sent, an id
-            sent but not answered, an id answered but not sent or answered twice, or a
-            ``rewards``/``num_tokens``/``num_cached_tokens``/``truncated_tokens``/``errors``
-            length (or that of one of the ``extras``) that differs from the group's number of
-            responses, or a null reward
-            without an error for that response (or an error beside a reward).
-    """
-    if len(reply.results) != len(groups):
-        raise errors.ServerFault(
-            f"reply holds {len(reply.results)} results for {len(groups)} groups sent", field="results"
-        )
-    by_id: dict[str, GroupResult] = {}
-    for i, result in enumerate(reply.results):
-        if result.id in by_id:
-            raise errors.ServerFault(f"reply answers group {result.id!r} twice", field=f"results[{i}].id")
-        by_id[result.id] = result
-    ordered = []
-    for group in groups:
-        wire_id = str(group.key)
-        result = by_id.pop(wire_id, None)
-        if result is None:
-            unexpected = sorted(by_id)[:3]
-            raise errors.ServerFault(
-                f"reply has no result for group {wire_id!r} (unexpected ids: {unexpected})", field="results"
-            )
-        n = len(group.responses)
-        for name in ("rewards", "num_tokens", "num_cached_tokens", "truncated_tokens", "errors"):
-            values = getattr(result, name)
-            if values is not None and len(values) != n:
-                raise errors.ServerFault(
-                    f"reply for group {wire_id!r} has {len(values)} {name} for {n} responses",
-                    field=f"results[{wire_id}].{name}",
-                    value=len(values),
-                    limit=n,
-                )
-        for name, values in (result.extras or {}).items():
-            if len(values) != n:
-                raise errors.ServerFault(
-                    f"reply for group {wire_id!r} has {len(values)} extras[{name!r}] values for {n} responses",
-                    field=f"results[{wire_id}].extras.{name}",
-                    value=len(values),
-                    limit=n,
-                )
-        reasons = result.errors or (None,) * n
-        for j, (reward, reason) in enumerate(zip(result.rewards, reasons)):
-            if (reward is None) != (reason is not None):
-                state = "a null reward without an error" if reward is None else "both a reward and an error"
-                raise errors.ServerFault(
-                    f"reply for group {wire_id!r} has {state} for response {j}", field=f"results[{wire_id}].rewards[{j}]"
-                )
-        ordered.append(result)
-    return tuple(ordered)
-
 
 def _batched(groups: Iterable[Group], size: int) -> Iterator[tuple[Group, ...]]:
     it = iter(groups)
@@ -439,8 +90,8 @@ class RewardClient:
     Args:
         base_url: ``http://host:port`` (a path prefix is kept).
         session: an open session to use instead of creating one.
-        timeouts, concurrency, retry: see :class:`Timeouts`, :class:`Concurrency`,
-            :class:`Retry`.
+        timeouts, concurrency, retry: see :class:`~rmserve.client.config.Timeouts`,
+            :class:`~rmserve.client.config.Concurrency`, :class:`~rmserve.client.config.Retry`.
         sleep: the coroutine used to wait between retries (a test seam; default
             ``asyncio.sleep``).
         rng: the random source of the backoff jitter.
@@ -454,6 +105,10 @@ class RewardClient:
     Attributes:
         attempts: HTTP requests sent so far (retries included).
         retries: retries done so far.
+        cache_groups, cache_tokens: groups (and their prompt tokens) of the replies so far that
+            the server answered from its result cache (``from_result_cache``: no engine work),
+            counted by :meth:`score_stream` before it yields their records; a caller leaves
+            them out of its throughput.
 
     Raises:
         ValueError: ``base_url`` is not an absolute http(s) URL, or ``priority`` is another value.
@@ -487,6 +142,9 @@ class RewardClient:
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._token = token
+        self.cache_groups = 0
+        self.cache_tokens = 0
+        self._fit_groups: int | None = None
         self.attempts = 0
         self.retries = 0
 
@@ -561,11 +219,16 @@ class RewardClient:
             except errors.RMServeError as exc:
                 if not exc.retryable or attempt >= self.retry.max_attempts:
                     raise
-                delay_s = (
-                    exc.retry_after_s
-                    if exc.retry_after_s is not None
-                    else self.retry.backoff_s(attempt, self._rng.random())
-                )
+                if exc.retry_after_s is None:
+                    delay_s = self.retry.backoff_s(attempt, self._rng.random())
+                else:
+                    delay_s = self.retry.retry_after_wait_s(exc.retry_after_s)
+                    if delay_s < exc.retry_after_s:
+                        logger.warning(
+                            "%s %s: the server asked to wait %g s before retrying (Retry-After); waiting %g s instead, "
+                            "the client's cap (max_retry_after_s, --wait-retry-after-s)",
+                            method, self._url(path), exc.retry_after_s, delay_s,
+                        )
             self.retries += 1
             await self._sleep(delay_s)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -618,7 +281,8 @@ class RewardClient:
             connect_grace_s: how long a failure to connect is retried without
                 ``wait_for_server``, seconds. Default :data:`CONNECT_GRACE_S`; > 0.
             on_wait: called after every probe that did not answer 200, with a
-                :class:`Waiting` (for a status line; the client prints nothing).
+                :class:`~rmserve.client.config.Waiting` (for a status line; the client prints
+                nothing).
 
         Returns:
             The ready server's :class:`~rmserve.schema.HealthReply` (see :meth:`health`).
@@ -631,8 +295,8 @@ class RewardClient:
                 last failure).
             ValueError: ``timeout_s`` or ``connect_grace_s`` not > 0.
         """
-        _check_positive("wait_until_ready", "timeout_s", timeout_s)
-        _check_positive("wait_until_ready", "connect_grace_s", connect_grace_s)
+        check_positive("wait_until_ready", "timeout_s", timeout_s)
+        check_positive("wait_until_ready", "connect_grace_s", connect_grace_s)
         started = time.monotonic()
         deadline = started + timeout_s
         unreachable_since: float | None = None
@@ -744,7 +408,7 @@ class RewardClient:
             As :meth:`load_checkpoint`; rmserve.errors.ServerFault: the reply is not a load
             reply with exactly one model.
         """
-        _check_positive("load_checkpoint", "timeout_s", timeout_s)
+        check_positive("load_checkpoint", "timeout_s", timeout_s)
         body = encode(LoadModelRequest(name=name, path=path, force=force, model=model))
         timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(10.0, timeout_s))
         reply_body = await self._send(
@@ -798,17 +462,20 @@ class RewardClient:
         """``POST /v1/score`` for ``groups`` (one request, retried when retryable).
 
         ``judge``: the server is a generative judge; each group then carries ``num_chosen``
-        and ``styles`` (:func:`request_group`). ``fingerprint``: the model fingerprint the
-        caller expects; the server refuses to score with any other (409, see Raises).
+        and ``styles`` (:func:`~rmserve.client.records.request_group`). ``fingerprint``: the
+        model fingerprint the caller expects; the server refuses to score with any other (409,
+        see Raises).
 
         Returns:
             The reply, with its results re-ordered to match ``groups`` and checked by
-            :func:`check_reply`.
+            :func:`~rmserve.client.records.check_reply`.
 
         Raises:
             rmserve.errors.InvalidRequest: no groups, or two groups with the same key.
             rmserve.errors.ClientFault: the server rejected the request (400/404/413 …),
-                after one attempt.
+                after one attempt; :class:`~rmserve.errors.OverLimit` (413) when the request
+                alone is over a whole limit of the user or the server (its ``limit_name``,
+                ``unit``, ``limit`` and ``value`` say which and by how much).
             rmserve.errors.ServerFault: a 5xx reply, or a reply that does not match.
             rmserve.errors.ConnectionFailed: no reply after ``Retry.max_attempts`` attempts.
             rmserve.errors.FingerprintMismatch: the server serves another fingerprint than
@@ -846,6 +513,38 @@ class RewardClient:
         results = check_reply(groups, reply)
         return ScoreResponse(model=reply.model, fingerprint=reply.fingerprint, results=results)
 
+    @property
+    def groups_per_request(self) -> int:
+        """Groups put in one ``POST /v1/score`` by :meth:`score_stream`:
+        ``Concurrency.groups_per_request``, or fewer once the server has refused a request as
+        over one of its limits (413 ``request_over_limit``)."""
+        return min(self.concurrency.groups_per_request, self._fit_groups or self.concurrency.groups_per_request)
+
+    def _fit(self, n: int, refusal: errors.OverLimit) -> int:
+        """Groups per request that should fit the limit ``refusal`` names, for a refused request
+        of ``n`` > 1 groups: ``limit`` for a group limit, ``⌊n · limit / requested⌋`` for the
+        token budget, half of ``n`` when the reply did not say; always in [1, n − 1]. Later
+        requests hold no more (:attr:`groups_per_request`)."""
+        if refusal.unit == "groups" and refusal.limit:
+            size = refusal.limit
+        elif refusal.unit == "tokens" and refusal.limit and refusal.value:
+            size = n * refusal.limit // refusal.value
+        else:
+            size = n // 2
+        size = max(1, min(size, n - 1))
+        if self._fit_groups is None or size < self._fit_groups:
+            self._fit_groups = size
+            what = (
+                f"{refusal.limit_name} is {refusal.limit:,} {refusal.unit}, the request held {refusal.value:,}"
+                if refusal.limit_name is not None and refusal.limit is not None and refusal.value is not None
+                else refusal.message
+            )
+            logger.warning(
+                "the server refused a request of %d groups as over one of its limits (%s): sending at most %d "
+                "groups per request from now on", n, what, size,
+            )
+        return size
+
     async def _score_records(
         self,
         groups: Sequence[Group],
@@ -855,7 +554,7 @@ class RewardClient:
         expect_fingerprint: str | None,
         kind: ScoreKind | None = None,
     ) -> list[ScoreRecord]:
-        judge = kind is not None and kind.kind == "judge"
+        judge = kind is not None and kind.kind == JUDGE_KIND
         reply = await self.score(groups, truncation=truncation, model=model, judge=judge, fingerprint=expect_fingerprint)
         if expect_fingerprint is not None and reply.fingerprint != expect_fingerprint:
             raise errors.FingerprintMismatch(
@@ -863,6 +562,10 @@ class RewardClient:
                 f"({reply.model}), expected {expect_fingerprint!r}",
                 field="fingerprint",
             )
+        for result in reply.results:
+            if result.from_result_cache:
+                self.cache_groups += 1
+                self.cache_tokens += sum(result.num_tokens)
         return [
             record_from_result(g, r, model=reply.model, fingerprint=reply.fingerprint, truncation=truncation, kind=kind)
             for g, r in zip(groups, reply.results, strict=True)
@@ -876,6 +579,7 @@ class RewardClient:
         model: str | None = None,
         expect_fingerprint: str | None = None,
         kind: ScoreKind | None = None,
+        served: ModelInfo | None = None,
     ) -> AsyncIterator[ScoreRecord]:
         """Score ``groups`` with at most ``Concurrency.max_groups_in_flight`` in flight.
 
@@ -886,6 +590,17 @@ class RewardClient:
         requests are cancelled, then the error is raised. Closing the iterator early cancels
         the requests in flight.
 
+        **Requests that fit the server's limits.** A request refused as over a whole limit of
+        its user or the server (413 ``request_over_limit``, :class:`~rmserve.errors.OverLimit`:
+        more prompt tokens than the user's ``tokens_per_minute``, more groups than a
+        ``max_inflight_groups``) is split and its parts sent again: ``limit`` groups each for a
+        group limit, ``⌊n · limit / requested⌋`` of its ``n`` groups for the token budget (the
+        request's mean cost per group), always fewer than ``n``. Later requests hold at most as
+        many groups as the last split (:attr:`groups_per_request`), and a warning names the
+        limit. A single group refused so (its tokens alone over the budget) is yielded as an
+        unscored record (:func:`~rmserve.client.records.refused_record`) when ``served`` is
+        given, and the stream goes on; without ``served`` the refusal is raised.
+
         Args:
             groups: the groups; keys must be unique.
             truncation, model: sent with every request (see :class:`ScoreRequest`).
@@ -895,9 +610,13 @@ class RewardClient:
             kind: what kind of score the server's rewards are (``ScoreKind.of(model_info)``),
                 written into every record; None: a classifier. Kind ``judge`` also sends each
                 group's ``num_chosen`` and ``styles``.
+            served: the model the run scores with (its ``/v1/models`` entry): a group refused on
+                its own as over a limit is recorded under its name and fingerprint (or
+                ``expect_fingerprint``). None: such a refusal is raised.
 
         Raises:
             rmserve.errors.InvalidRequest: a group key seen twice.
+            rmserve.errors.OverLimit: a single group over a limit, without ``served``.
             The errors of :meth:`score`, and FingerprintMismatch as above.
         """
         seen: set[str] = set()
@@ -910,16 +629,28 @@ class RewardClient:
                 seen.add(wire_id)
                 yield group
 
-        batches = _batched(unique(groups), self.concurrency.groups_per_request)
+        source = unique(groups)
+        resend: deque[tuple[Group, ...]] = deque()  # parts of refused requests, sent before new groups
         order: dict[asyncio.Task[list[ScoreRecord]], int] = {}
+        sent: dict[asyncio.Task[list[ScoreRecord]], tuple[Group, ...]] = {}
         pending: set[asyncio.Task[list[ScoreRecord]]] = set()
         exhausted = False
+
+        def next_batch() -> tuple[Group, ...] | None:
+            nonlocal exhausted
+            if resend:
+                return resend.popleft()
+            if exhausted:
+                return None
+            batch = tuple(itertools.islice(source, self.groups_per_request))
+            exhausted = len(batch) < self.groups_per_request
+            return batch or None
+
         try:
             while True:
-                while not exhausted and len(pending) < self.concurrency.max_requests_in_flight:
-                    batch = next(batches, None)
+                while len(pending) < self.concurrency.max_requests_in_flight:
+                    batch = next_batch()
                     if batch is None:
-                        exhausted = True
                         break
                     task = asyncio.create_task(
                         self._score_records(
@@ -928,6 +659,7 @@ class RewardClient:
                         )
                     )
                     order[task] = len(order)
+                    sent[task] = batch
                     pending.add(task)
                 if not pending:
                     return
@@ -935,7 +667,17 @@ class RewardClient:
                 failure: BaseException | None = None
                 for task in sorted(done, key=order.__getitem__):
                     del order[task]
+                    batch = sent.pop(task)
                     exc = task.exception()
+                    if isinstance(exc, errors.OverLimit) and len(batch) > 1:
+                        resend.extend(_batched(batch, self._fit(len(batch), exc)))
+                        continue
+                    if isinstance(exc, errors.OverLimit) and served is not None:
+                        yield refused_record(
+                            batch[0], exc, model=served.name, fingerprint=expect_fingerprint or served.fingerprint,
+                            truncation=truncation, kind=kind,
+                        )
+                        continue
                     if exc is not None:
                         failure = failure or exc
                         continue

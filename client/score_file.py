@@ -305,7 +305,10 @@ class ScoreFileWriter(OpenedInWith):
             raise FingerprintMismatch(
                 f"{self.path} holds scores of a different model ({self.model!r}, fingerprint "
                 f"{self.fingerprint!r}{stored_text}) than the server's ({model!r}, fingerprint {fingerprint!r}"
-                f"{server_text}); use another output folder, or --overwrite to discard the stored scores",
+                f"{server_text}). What is stored here ({_groups(len(self._records))}) stays valid for fingerprint "
+                f"{self.fingerprint!r}: to resume it, run the same command again once the server serves that "
+                "checkpoint again (an admin loads it: rmserve models load); to score the server's model, use "
+                "another output folder. --overwrite discards them",
                 field="fingerprint",
                 value=fingerprint,
             )
@@ -372,3 +375,7 @@ class ScoreFileWriter(OpenedInWith):
         while view:
             written = os.write(fd, view)
             view = view[written:]
+
+
+def _groups(n: int) -> str:
+    return f"{n} group" if n == 1 else f"{n} groups"

@@ -37,6 +37,12 @@ from rmserve.errors import DataError, FingerprintMismatch
 from rmserve.schema import Group, GroupKey, ModelInfo, ScoreKind, ScoreRecord, Truncation
 
 
+LIMIT_REFUSALS: frozenset[str] = frozenset({"request_over_limit"})
+"""``ResponseError`` types of groups the server refused for one of its limits (a group whose
+tokens alone exceed the user's budget): the limit may have been raised since, so a rerun sends
+such a group again whatever its options."""
+
+
 def _truncation_text(truncation: Truncation | None) -> str:
     """``left to 512 tokens``, or ``none``."""
     return "none" if truncation is None else f"{truncation.side} to {truncation.max_tokens} tokens"
@@ -125,7 +131,9 @@ class ScoreLog(OpenedInWith):
             overwrite: discard the file's records of another model instead of refusing.
             truncation: the truncation this run asks for. A group that could not be scored
                 (a response with an error) under other options is removed from the file and
-                scored again; under the same options it stays done (the reason has not changed).
+                scored again; under the same options it stays done (the reason has not changed),
+                unless the server refused it for one of its limits (:data:`LIMIT_REFUSALS`),
+                which may have changed: such a group is always scored again.
 
         Returns:
             The counts of :class:`Resumed`.
@@ -148,13 +156,22 @@ class ScoreLog(OpenedInWith):
             self._notes.append(f"--overwrite: discarded {n_before} stored groups of another model")
         resumed = self._file.scored_keys() & self._order.keys()
         n_from_store = self._sync_with_store(model.fingerprint) if self.store is not None else 0
-        stale = {r.key for r in self._file.records if not r.scored and r.truncation != truncation}
+        unscored = [r for r in self._file.records if not r.scored]
+        refused = {r.key for r in unscored if r.first_error.type in LIMIT_REFUSALS}
+        other_options = {r.key for r in unscored if r.truncation != truncation} - refused
+        stale = refused | other_options
         if stale:
             self._file.discard(stale)
-            self._notes.append(
-                f"scoring again {len(stale)} groups that could not be scored under other options "
-                f"(truncation now: {_truncation_text(truncation)})"
-            )
+            if other_options:
+                self._notes.append(
+                    f"scoring again {len(other_options)} groups that could not be scored under other options "
+                    f"(truncation now: {_truncation_text(truncation)})"
+                )
+            if refused:
+                self._notes.append(
+                    f"scoring again {len(refused)} groups the server refused as over a limit of the user "
+                    "(the limit may have been raised since)"
+                )
             n_from_store -= len(stale & self._order.keys() - resumed)
         n_resumed = len(resumed - stale)
         n_extra = sum(1 for key in self._file.scored_keys() if key not in self._order)

@@ -6,7 +6,7 @@ import email.utils
 
 import msgspec
 import pytest
-from rmserve.client.client import error_from_reply, parse_retry_after
+from rmserve.client.errors import error_from_reply, parse_retry_after
 
 from rmserve import errors
 from rmserve.schema import ErrorBody, ErrorDetail, encode

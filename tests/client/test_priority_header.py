@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 from aiohttp import web
-from rmserve.client.client import PRIORITY_HEADER, Retry, RewardClient, Timeouts
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
+from rmserve.client.client import PRIORITY_HEADER, RewardClient
+from rmserve.client.config import Retry, Timeouts
+from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
 from testkit.fakes import FakeEngine, FakeRenderer
 
 
@@ -17,7 +18,7 @@ class PriorityEngine(FakeEngine):
         super().__init__()
         self.priorities: list[int] = []
 
-    async def score_group(self, token_ids, request_id, *, priority=0):
+    async def score_group(self, token_ids, request_id, *, answer_starts=None, priority=0):
         self.priorities.append(priority)
         return await super().score_group(token_ids, request_id, priority=priority)
 
@@ -30,7 +31,7 @@ def _client(http, priority):
 
 
 def test_the_header_name_is_the_one_the_server_reads():
-    from rmserve.server.fair_queue import PRIORITY_HEADER as SERVER_HEADER
+    from rmserve.server.sharing.fair_queue import PRIORITY_HEADER as SERVER_HEADER
 
     assert PRIORITY_HEADER == SERVER_HEADER == "X-RMServe-Priority"
 

@@ -13,9 +13,11 @@ import sqlite3
 
 import pytest
 from aiohttp import web
-from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts, connection_reason
-from rmserve.server import wire
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
+from rmserve.client.client import RewardClient
+from rmserve.client.config import Concurrency, Retry, Timeouts
+from rmserve.client.errors import connection_reason
+from rmserve.server.http import wire
+from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer
 
 from rmserve import __version__, errors
@@ -220,6 +222,53 @@ async def test_retry_after_header_is_honoured(make_client, stub, make_groups, st
     async with make_client() as client:
         await client.score(make_groups(1))
     assert sleeps.delays_s == [7.0, 2.0]
+
+
+async def test_a_retry_after_over_the_cap_is_cut_to_it_with_a_warning(
+    make_client, stub, make_groups, stub_state, sleeps, stub_http, caplog
+):
+    stub_state.failures = [
+        stub.Failure(429, "overloaded", {"Retry-After": "86400"}),  # a day
+        stub.Failure(503, "engine_not_ready", {"Retry-After": "60"}),  # the cap itself: taken as it is
+        stub.Failure(503, "engine_not_ready", {"Retry-After": "Fri, 31 Dec 9999 23:59:59 GMT"}),
+    ]
+    with caplog.at_level("WARNING", logger="rmserve.client"):
+        async with make_client() as client:  # the default cap, 60 s
+            await client.score(make_groups(1))
+    assert sleeps.delays_s == [60.0, 60.0, 60.0]
+    url = stub_http.make_url("/v1/score")
+    warnings = [r.getMessage() for r in caplog.records if r.name == "rmserve.client"]
+    assert warnings[0] == (
+        f"POST {url}: the server asked to wait 86400 s before retrying (Retry-After); waiting 60 s instead, the "
+        "client's cap (max_retry_after_s, --wait-retry-after-s)"
+    )
+    # the HTTP date, some 250 billion seconds away, is cut too; the 60 s equal to the cap is not
+    assert len(warnings) == 2 and warnings[1].startswith(f"POST {url}: the server asked to wait ")
+    assert warnings[1].endswith(" s before retrying (Retry-After); waiting 60 s instead, the client's cap "
+                                "(max_retry_after_s, --wait-retry-after-s)")
+
+
+async def test_the_retry_after_cap_is_a_client_option(make_client, stub, make_groups, stub_state, sleeps, caplog):
+    stub_state.failures = [
+        stub.Failure(429, "overloaded", {"Retry-After": "7"}),
+        stub.Failure(429, "overloaded", {"Retry-After": "3"}),
+    ]
+    with caplog.at_level("WARNING", logger="rmserve.client"):
+        async with make_client(max_retry_after_s=5.0) as client:
+            await client.score(make_groups(1))
+    assert sleeps.delays_s == [5.0, 3.0]  # 7 s cut to 5; 3 s under the cap, as asked
+    warnings = [r.getMessage() for r in caplog.records if r.name == "rmserve.client"]
+    assert len(warnings) == 1
+    assert "asked to wait 7 s before retrying (Retry-After); waiting 5 s instead" in warnings[0]
+
+
+def test_retry_after_cap_default_and_bounds():
+    assert Retry().max_retry_after_s == 60.0
+    assert Retry().retry_after_wait_s(86400.0) == 60.0
+    assert Retry(max_retry_after_s=0.5).retry_after_wait_s(0.25) == 0.25
+    for bad in (0, -1, float("inf"), True):
+        with pytest.raises(ValueError, match=r"Retry.max_retry_after_s must be a finite number > 0"):
+            Retry(max_retry_after_s=bad)
 
 
 async def test_retries_stop_after_max_attempts(make_client, stub, make_groups, stub_state, sleeps):

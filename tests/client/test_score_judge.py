@@ -8,10 +8,11 @@ import sqlite3
 import msgspec
 import pytest
 from testkit.judge_fakes import FakeJudgeEngine, rb2_group, rmbench_group
-from rmserve.client.client import RewardClient, record_from_result, request_group
+from rmserve.client.client import RewardClient
+from rmserve.client.records import record_from_result, request_group
 from rmserve.client.score_file import ScoreFileWriter, read_scores
 from rmserve.client.score_store import SCHEMA_VERSION, ScoreStore
-from rmserve.server.judge_protocols import JudgeOutput, JudgeProtocolConfig, plan_group, score_group
+from rmserve.server.kinds.judge_protocols import JudgeOutput, JudgeProtocolConfig, plan_group, score_group
 
 from rmserve.schema import GroupResult, ModelInfo, ScoreKind, ScoreRecord, encode
 
@@ -47,10 +48,10 @@ def test_num_chosen_and_styles_are_sent_to_a_judge_only():
     judge = encode(request_group(group, judge=True))
     assert judge == plain[:-1] + (
         b',"num_chosen":3,"styles":["concise","detailed_plain","detailed_markdown",'
-        b'"concise","detailed_plain","detailed_markdown"]}'
+        b'"concise","detailed_plain","detailed_markdown"],"benchmark":"rm-bench","domain":"chat"}'
     )
     rb2 = encode(request_group(rb2_group("Math", "2"), judge=True))
-    assert rb2.endswith(b',"num_chosen":1}')
+    assert rb2.endswith(b',"num_chosen":1,"benchmark":"rewardbench2","domain":"Math"}')
 
 
 def test_record_from_result_copies_the_judge():
@@ -137,7 +138,7 @@ def test_a_version_2_store_is_migrated_to_3(tmp_path):
 
 @pytest.fixture
 async def judge_http(aiohttp_client):
-    from rmserve.server.app import STATE_KEY, ServerConfig, create_app
+    from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
 
     engine = FakeJudgeEngine()
     app = create_app(ServerConfig(port=0), engine)

@@ -8,7 +8,8 @@ import sqlite3
 
 import msgspec
 import pytest
-from rmserve.client.client import RewardClient, record_from_result
+from rmserve.client.client import RewardClient
+from rmserve.client.records import record_from_result
 from rmserve.client.score_file import ScoreFileWriter, read_scores
 from rmserve.client.score_log import ScoreLog
 from rmserve.client.score_store import SCHEMA_VERSION, ScoreStore
@@ -198,7 +199,9 @@ def test_a_dpo_score_file_refuses_to_resume_under_another_mode(tmp_path):
     assert str(info.value) == (
         f"{path} holds scores of a different model ('policy-7b', fingerprint 'fp-dpo-ref', dpo (mode reference, "
         "reference 'ref-7b', compat official)) than the server's ('policy-7b', fingerprint 'fp-dpo-avg', dpo (mode avg, "
-        "compat none)); use another output folder, or --overwrite to discard the stored scores"
+        "compat none)). What is stored here (1 group) stays valid for fingerprint 'fp-dpo-ref': to resume it, run the "
+        "same command again once the server serves that checkpoint again (an admin loads it: rmserve models load); "
+        "to score the server's model, use another output folder. --overwrite discards them"
     )
     with ScoreLog(path) as log:  # the same mode resumes
         assert log.resume(reference, groups).n_resumed == 1
@@ -210,7 +213,7 @@ def test_a_classifier_refusal_reads_as_before(tmp_path):
         writer.append(score_record(0))
         with pytest.raises(errors.FingerprintMismatch) as info:
             writer.check_model(model="rm-b", fingerprint="fp-b")
-    assert "fingerprint 'fp-a') than the server's ('rm-b', fingerprint 'fp-b');" in str(info.value)
+    assert "fingerprint 'fp-a') than the server's ('rm-b', fingerprint 'fp-b'). What is stored here (1 group)" in str(info.value)
 
 
 # --- through the wire -----------------------------------------------------------------------

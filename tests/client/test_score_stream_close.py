@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import gc
 
-from rmserve.client.client import Concurrency, RewardClient
+from rmserve.client.client import RewardClient
+from rmserve.client.config import Concurrency
 from testkit.servers import make_groups
 
 from rmserve import errors
