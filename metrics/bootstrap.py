@@ -30,13 +30,13 @@ from rmserve.metrics.rewardbench2 import (
     best_of_n_credit,
     check_groups,
     check_subsets,
+    subset_strata,
     ties_from_sums,
     ties_prompts,
 )
-from rmserve.metrics.rmbench import DOMAIN_PARTS, REPORT_DOMAINS, check_rewards, domain_codes, group_contributions
+from rmserve.metrics.rmbench import DOMAIN_PARTS, REPORT_DOMAINS, check_rewards, domain_codes, domain_strata, group_contributions
 
 from rmserve.errors import DataError
-from rmserve.schema import RB2_SUBSETS, RMBENCH_DOMAINS
 
 RMBENCH_FIGURES: tuple[str, ...] = ("hard", "normal", "easy", "score")
 """Per-domain and overall RM-Bench figures; names are ``<domain>.<figure>`` / ``overall.<figure>``."""
@@ -211,14 +211,7 @@ def _paired(
 def _rmbench_strata(rewards: np.ndarray, domains: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
     rewards, domains = check_rewards(rewards, domains)
     codes = domain_codes(domains)
-    contributions = group_contributions(rewards)
-    names, strata = [], []
-    for k, part in enumerate(RMBENCH_DOMAINS):
-        mask = codes == k
-        if mask.any():
-            names.append(part)
-            strata.append(contributions[mask])
-    return names, strata
+    return domain_strata(codes, group_contributions(rewards))
 
 
 def _rmbench_figure_fn(parts: list[str], sizes: list[int]) -> Callable[[Sequence[np.ndarray]], dict[str, np.ndarray]]:
@@ -299,18 +292,11 @@ def _rb2_strata(
     num_correct = np.asarray(num_correct)
     ids = np.asarray(ids)
     credit, _ = best_of_n_credit(scores, lengths)
-    names, strata = [], []
-    for name in RB2_SUBSETS:
-        mask = subsets == name
-        if not mask.any():
-            continue
-        names.append(name)
-        if name == TIES:
-            table, _ = ties_prompts(scores[mask], lengths[mask], num_correct[mask], ids[mask])
-            strata.append(table.unit_values())
-        else:
-            strata.append(credit[mask][:, None])
-    return names, strata
+
+    def ties_units(mask: np.ndarray) -> np.ndarray:
+        return ties_prompts(scores[mask], lengths[mask], num_correct[mask], ids[mask])[0].unit_values()
+
+    return subset_strata(subsets, credit, ties_units)
 
 
 def _rb2_figure_fn(names: list[str], sizes: list[int]) -> Callable[[Sequence[np.ndarray]], dict[str, np.ndarray]]:

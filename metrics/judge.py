@@ -2,7 +2,7 @@
 
 Pure array functions plus thin adapters from :class:`~rmserve.judge_records.JudgeGroupResult`
 records (no I/O, no printing). The per-group rules (ranking credit, rating credit, pairwise
-cells) are applied where the records are made (``rmserve.server.judge_protocols``); here they
+cells) are applied where the records are made (``rmserve.server.kinds.judge_protocols``); here they
 are aggregated with the classifier path's formulas.
 
 RewardBench 2 (allenai/reward-bench ``scripts/run_generative_v2.py``): a non-Ties subset scores
@@ -34,14 +34,14 @@ failure reasons counted. Direction: lower is better.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from rmserve.judge_records import JUDGE_PROTOCOLS, JudgeGroupResult
-from rmserve.metrics.rewardbench2 import TIES, RB2Result, check_subsets, rb2_from_parts, ties_prompts, ties_score
-from rmserve.metrics.rmbench import NUM_STYLES, RMBenchResult, cell_contributions, domain_codes, rmbench_from_parts
+from rmserve.metrics.rewardbench2 import TIES, RB2Result, check_subsets, rb2_from_parts, subset_strata, ties_prompts, ties_score
+from rmserve.metrics.rmbench import NUM_STYLES, RMBenchResult, cell_contributions, domain_codes, domain_strata, rmbench_from_parts
 from rmserve.schema import RB2_SUBSETS, RMBENCH_DOMAINS
 
 FAILED_RATING = -1.0
@@ -207,18 +207,12 @@ def rb2_judge_strata(
     (:meth:`~rmserve.metrics.rewardbench2.TiesPrompts.unit_values`). The same strata the
     classifier path resamples, so intervals and paired comparisons treat both alike."""
     credit, _, subsets, ties_inputs = _rb2_judge_inputs(credit, subsets, ratings, lengths, num_correct, ids, unscored)
-    names, strata = [], []
-    for name in RB2_SUBSETS:
-        mask = subsets == name
-        if not mask.any():
-            continue
-        names.append(name)
-        if name == TIES:
-            assert ties_inputs is not None
-            strata.append(ties_prompts(*ties_inputs)[0].unit_values())
-        else:
-            strata.append(credit[mask][:, None])
-    return names, strata
+
+    def ties_units(mask: np.ndarray) -> np.ndarray:
+        assert ties_inputs is not None
+        return ties_prompts(*ties_inputs)[0].unit_values()
+
+    return subset_strata(subsets, credit, ties_units)
 
 
 def _judge_cells(
@@ -279,14 +273,7 @@ def rmbench_judge_strata(
     per source domain present, its name and the ``(n_s, 4)`` per-group hard / normal / easy /
     score shares (:func:`~rmserve.metrics.rmbench.cell_contributions`), as the classifier path."""
     cells, codes, _ = _judge_cells(cells, domains, unscored)
-    contributions = cell_contributions(cells)
-    names, strata = [], []
-    for k, part in enumerate(RMBENCH_DOMAINS):
-        mask = codes == k
-        if mask.any():
-            names.append(part)
-            strata.append(contributions[mask])
-    return names, strata
+    return domain_strata(codes, cell_contributions(cells))
 
 
 def parse_failure_rates(
@@ -396,6 +383,29 @@ def rmbench_from_judge(results: Sequence[JudgeGroupResult]) -> RMBenchResult:
     return rmbench_judge_accuracy(cells, domains)
 
 
+def _keyed_records(
+    results: Sequence[JudgeGroupResult | None],
+    benchmark: str,
+    domains: np.ndarray,
+    ids: np.ndarray,
+    unscored: np.ndarray,
+) -> Iterator[tuple[int, JudgeGroupResult, str]]:
+    """Per row ``k`` with a record: ``(k, record, "benchmark/domain/id")``, in row order, each
+    checked (as it is reached) to carry its row's key; a None row sets ``unscored[k]``.
+
+    Raises:
+        ValueError: a record whose key differs from its row's (the group is named).
+    """
+    for k, r in enumerate(results):
+        if r is None:
+            unscored[k] = True
+            continue
+        where = f"{benchmark}/{domains[k]}/{ids[k]}"
+        if (r.benchmark, r.domain, r.id) != (benchmark, str(domains[k]), str(ids[k])):
+            raise ValueError(f"{where}: its judge record is for {r.benchmark}/{r.domain}/{r.id}")
+        yield k, r, where
+
+
 def rb2_judge_rows(
     results: Sequence[JudgeGroupResult | None],
     lengths: np.ndarray,
@@ -427,13 +437,7 @@ def rb2_judge_rows(
     credit = np.full(n, np.nan)
     ratings = np.full((n, width), np.nan)
     unscored = np.zeros(n, dtype=bool)
-    for k, r in enumerate(results):
-        if r is None:
-            unscored[k] = True
-            continue
-        where = f"rewardbench2/{subsets[k]}/{ids[k]}"
-        if (r.benchmark, r.domain, r.id) != ("rewardbench2", str(subsets[k]), str(ids[k])):
-            raise ValueError(f"{where}: its judge record is for {r.benchmark}/{r.domain}/{r.id}")
+    for k, r, where in _keyed_records(results, "rewardbench2", subsets, ids, unscored):
         if r.num_chosen != int(num_correct[k]):
             raise ValueError(f"{where}: judge num_chosen {r.num_chosen} differs from the group's {int(num_correct[k])}")
         if subsets[k] == TIES:
@@ -474,13 +478,7 @@ def rmbench_judge_rows(
         raise ValueError(f"domains and ids must have shape ({n},)")
     cells = np.full((n, NUM_STYLES * NUM_STYLES), np.nan)
     unscored = np.zeros(n, dtype=bool)
-    for k, r in enumerate(results):
-        if r is None:
-            unscored[k] = True
-            continue
-        where = f"rm-bench/{domains[k]}/{ids[k]}"
-        if (r.benchmark, r.domain, r.id) != ("rm-bench", str(domains[k]), str(ids[k])):
-            raise ValueError(f"{where}: its judge record is for {r.benchmark}/{r.domain}/{r.id}")
+    for k, r, where in _keyed_records(results, "rm-bench", domains, ids, unscored):
         if r.cells is None:
             raise ValueError(f"{where}: no pairwise cells (protocol {r.protocol})")
         cells[k] = r.cells
@@ -501,7 +499,11 @@ class JudgeSummary:
             ``pairwise``; the score records' ``mode``), None when not recorded.
         protocols: the protocols of the judge records, in :data:`~rmserve.judge_records.JUDGE_PROTOCOLS`
             order (e.g. ``rb2-ranking`` and ``rb2-rating-ties``).
-        compat: the output readers used (``none`` / ``official``), sorted.
+        compat: the compat values the records were read under (``none`` / ``official``), sorted.
+        readers: the readers that read the calls (``JudgeParse.parser``, e.g. ``rb2-ranking``,
+            ``rb2-ranking-official``, ``rb2-rating``), sorted.
+        thinking: the thinking switches the records were judged with (``on`` / ``off``),
+            sorted; empty when none was set.
         seeds: the distinct seeds the ranking positions were drawn from, sorted (empty when no
             record draws one: the rating and pairwise protocols draw nothing).
         n_groups: groups in the score set.
@@ -523,11 +525,31 @@ class JudgeSummary:
     n_failed: int
     n_truncated: int
     rmserve_protocols: tuple[str, ...]
+    readers: tuple[str, ...] = ()
+    thinking: tuple[str, ...] = ()
 
     @property
     def n_unjudged(self) -> int:
         """Groups the judge could not take (no judge record)."""
         return self.n_groups - self.n_judged
+
+    @property
+    def no_verdicts(self) -> bool:
+        """True when calls were made and not one gave a verdict or rating: every figure is then
+        what the protocols' official code gives a judge that never answers, not a measurement."""
+        return self.n_calls > 0 and self.n_failed == self.n_calls
+
+    def no_verdicts_sentence(self) -> str:
+        """The one sentence said (table and stderr) when :attr:`no_verdicts` holds."""
+        cut = (
+            f"; {self.n_truncated:,} of them were cut at max_tokens (raise --judge-max-tokens)"
+            if self.n_truncated else ""
+        )
+        return (
+            f"no verdict was read from any of the {self.n_calls:,} judge calls{cut}: every figure is what the official "
+            "code gives a judge that never answers, not a measurement of this judge; the calls' text is in the "
+            "score file (judge.calls)"
+        )
 
 
 def judge_summary(results: Sequence[JudgeGroupResult | None], mode: str | None = None) -> JudgeSummary:
@@ -547,4 +569,6 @@ def judge_summary(results: Sequence[JudgeGroupResult | None], mode: str | None =
         n_failed=sum(1 for c in calls if not c.parse.ok),
         n_truncated=sum(1 for c in calls if c.truncated),
         rmserve_protocols=tuple(p for p in protocols if p in RMSERVE_PROTOCOLS),
+        readers=tuple(sorted({c.parse.parser for c in calls})),
+        thinking=tuple(sorted({r.thinking for r in judged if r.thinking is not None})),
     )

@@ -30,6 +30,7 @@ Average = unweighted mean of the subset scores present; ``partial`` names absent
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -440,6 +441,23 @@ def rewardbench2_scores(
     if is_ties.any():
         ties = ties_score(scores[is_ties], lengths[is_ties], num_correct[is_ties], ids[is_ties])
     return rb2_from_parts(credit, has_nan, subsets, ties)
+
+
+def subset_strata(
+    subsets: np.ndarray, credit: np.ndarray, ties_units: Callable[[np.ndarray], np.ndarray]
+) -> tuple[list[str], list[np.ndarray]]:
+    """Bootstrap strata by subset: per subset of :data:`rmserve.schema.RB2_SUBSETS` present in
+    ``subsets`` (``(n,)``), in leaderboard order, its name and per-unit values: the ``(n_s, 1)``
+    rows of ``credit`` (``(n,)``), or for Ties ``ties_units(mask)`` (the per-prompt table of
+    the Ties rows, ``mask`` the ``(n,)`` bool rows of the subset)."""
+    names, strata = [], []
+    for name in RB2_SUBSETS:
+        mask = subsets == name
+        if not mask.any():
+            continue
+        names.append(name)
+        strata.append(ties_units(mask) if name == TIES else credit[mask][:, None])
+    return names, strata
 
 
 def rb2_from_parts(credit: np.ndarray, has_nan: np.ndarray, subsets: np.ndarray, ties: TiesScore | None) -> RB2Result:

@@ -59,6 +59,8 @@ class DomainAccuracy:
         score: mean(hard, normal, easy).
         n_groups: groups pooled into the matrix.
         n_nan_groups: groups with at least one NaN reward (their NaN comparisons count as losses).
+        part_groups: groups per part, aligned with ``parts`` (safety: refuse, response); their
+            sum is ``n_groups``.
     """
 
     domain: str
@@ -70,6 +72,7 @@ class DomainAccuracy:
     score: float
     n_groups: int
     n_nan_groups: int
+    part_groups: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,19 @@ def group_contributions(rewards: np.ndarray) -> np.ndarray:
     column, so these vectors feed the bootstrap (resampled means = counts @ contributions).
     """
     return cell_contributions(style_wins(rewards))
+
+
+def domain_strata(codes: np.ndarray, contributions: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
+    """Bootstrap strata by source domain: per domain of :data:`rmserve.schema.RMBENCH_DOMAINS`
+    present in ``codes`` (``(n,)`` from :func:`domain_codes`), in that order, its name and its
+    rows of ``contributions`` (``(n, k)``)."""
+    names, strata = [], []
+    for k, part in enumerate(RMBENCH_DOMAINS):
+        mask = codes == k
+        if mask.any():
+            names.append(part)
+            strata.append(contributions[mask])
+    return names, strata
 
 
 def cell_contributions(cells: np.ndarray) -> np.ndarray:
@@ -296,6 +312,7 @@ def rmbench_from_parts(cell_sums: np.ndarray, group_counts: np.ndarray, nan_coun
                 score=score,
                 n_groups=n,
                 n_nan_groups=int(nan_counts[idx].sum()),
+                part_groups=tuple(int(group_counts[i]) for i in idx),
             )
         )
     hard, normal, easy, score = combine_domains({d.domain: (d.hard, d.normal, d.easy, d.score) for d in results})

@@ -2,7 +2,7 @@
 
 Input: one :class:`SweepPoint` per checkpoint with its score records per benchmark (read
 from the score store by ``rmserve sweep``). Every figure and interval comes from
-:mod:`rmserve.metrics.report` (the same code as ``rmserve metrics``); this module only
+:mod:`rmserve.metrics.evaluation` (the same code as ``rmserve metrics``); this module only
 arranges them:
 
 - ``sweep.csv`` — one row per checkpoint: step, name, fingerprint, then for every benchmark
@@ -24,16 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rmserve.metrics.inputs import scores_from_records
-from rmserve.metrics.report import (
-    Evaluation,
-    MetricsConfig,
-    compare_scores,
-    evaluate_records,
-    kind_label,
-    result_dict,
-    to_json,
-)
+from rmserve.metrics.comparison import compare_scores
+from rmserve.metrics.evaluation import Evaluation, MetricsConfig, evaluate_records
+from rmserve.metrics.figures import kind_label
+from rmserve.metrics.render_json import result_dict, to_json
+from rmserve.metrics.score_files import scores_from_records
 
 from rmserve.schema import ScoreRecord
 
@@ -105,7 +100,7 @@ def evaluate_points(
     """Evaluate every checkpoint on every benchmark; ``result[i][bench]`` is point i's.
 
     ``excluded``: per benchmark, the domains/subsets the run left out on purpose (``--only``;
-    see :attr:`rmserve.metrics.report.MetricsConfig.excluded`).
+    see :attr:`rmserve.metrics.evaluation.MetricsConfig.excluded`).
 
     Raises:
         rmserve.errors.DataError: invalid records (names the checkpoint and benchmark).
@@ -127,7 +122,7 @@ def find_best(
     points: Sequence[SweepPoint], evaluations: Sequence[Mapping[str, Evaluation]], benchmark: str, config: MetricsConfig
 ) -> Best | None:
     """The checkpoint with the highest :data:`BEST_BY` figure (earliest step on a tie) and the
-    paired-bootstrap difference to the runner-up (:func:`rmserve.metrics.report.compare_scores`,
+    paired-bootstrap difference to the runner-up (:func:`rmserve.metrics.comparison.compare_scores`,
     same resamples applied to both checkpoints' groups). None when no checkpoint has a value.
     """
     figure = BEST_BY[benchmark]
@@ -208,10 +203,16 @@ def sweep_model_label(points: Sequence[SweepPoint], *, width: int = 95) -> str:
 
 
 def curve_figure(
-    points: Sequence[SweepPoint], evaluations: Sequence[Mapping[str, Evaluation]], benchmark: str, figure_name: str
+    points: Sequence[SweepPoint],
+    evaluations: Sequence[Mapping[str, Evaluation]],
+    benchmark: str,
+    figure_name: str,
+    best: int | None = None,
 ) -> Any | None:
     """The matplotlib ``Figure`` of one headline figure against step (drawn, not saved), or None
-    when no checkpoint has a value for it. See :func:`plot_curves`."""
+    when no checkpoint has a value for it; ``best`` (an index into ``points``: the best
+    checkpoint by :data:`BEST_BY`) is marked with a star on the curve and named in the legend.
+    See :func:`plot_curves`."""
     import textwrap
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -236,6 +237,10 @@ def curve_figure(
     # A percentile interval need not be centred on the point, so it is drawn as a band.
     ax.fill_between(steps, lows, highs, alpha=0.25, label=f"{level} % bootstrap interval")
     ax.plot(steps, values, marker="o", label=f"{label} (point estimate)")
+    if best is not None and not math.isnan(values[best]):
+        by = _LABELS.get(BEST_BY[benchmark], BEST_BY[benchmark])
+        ax.plot([steps[best]], [values[best]], marker="*", markersize=16, linestyle="none", color="tab:red",
+                label=f"best checkpoint by {by}: {points[best].name} ({values[best]:.1f} %)")
     ax.legend(loc="best", fontsize="small")
     ax.set_xlabel("training step (from the checkpoint folder name)")
     ax.set_ylabel(f"{label} (% accuracy)")
@@ -254,21 +259,26 @@ def curve_figure(
 
 
 def plot_curves(
-    points: Sequence[SweepPoint], evaluations: Sequence[Mapping[str, Evaluation]], benchmark: str, out_dir: Path
+    points: Sequence[SweepPoint],
+    evaluations: Sequence[Mapping[str, Evaluation]],
+    benchmark: str,
+    out_dir: Path,
+    best: int | None = None,
 ) -> list[Path]:
     """One PNG per headline figure of ``benchmark`` against step, the bootstrap interval as a band.
 
     Per figure: the value (percent) per checkpoint, its bootstrap interval (the evaluations'
     confidence level) as a shaded band, every step as an x tick (up to
     :data:`MAX_STEP_TICKS` checkpoints), the kind of score (classifier, DPO, generative judge;
-    :func:`rmserve.metrics.report.kind_label`) and the domains absent from the data in the title, and
-    the model name(s) and each checkpoint's fingerprint at the foot (:func:`sweep_model_label`).
+    :func:`rmserve.metrics.figures.kind_label`) and the domains absent from the data in the title, and
+    the model name(s) and each checkpoint's fingerprint at the foot (:func:`sweep_model_label`);
+    the ``best`` checkpoint (index into ``points``) starred on every curve.
     Uses matplotlib's Agg canvas (no display). Returns the files written
     (``<benchmark>_<figure>.png``; none for a figure no checkpoint has).
     """
     paths = []
     for figure_name in HEADLINE_FIGURES[benchmark]:
-        fig = curve_figure(points, evaluations, benchmark, figure_name)
+        fig = curve_figure(points, evaluations, benchmark, figure_name, best)
         if fig is None:
             continue
         path = out_dir / f"{benchmark}_{figure_name.replace('.', '-')}.png"
@@ -436,7 +446,8 @@ def write_sweep(
     paths.append(json_path)
 
     for bench in benchmarks:
-        paths += plot_curves(points, evaluations, bench, out)
+        best = bests.get(bench)
+        paths += plot_curves(points, evaluations, bench, out, best.best if best is not None else None)
 
     summary = render_summary(points, evaluations, benchmarks, bests, notes=notes, refused=refused)
     summary_path = out / "summary.md"

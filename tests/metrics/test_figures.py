@@ -11,8 +11,10 @@ import dataclasses
 
 import msgspec
 import pytest
-from rmserve.metrics.report import MetricsConfig, evaluate_files, evaluate_records, heatmap_figure, write_outputs
-from rmserve.metrics.sweep import SweepPoint, curve_figure, evaluate_points
+from rmserve.metrics.evaluation import MetricsConfig, evaluate_files, evaluate_records
+from rmserve.metrics.figures import heatmap_figure
+from rmserve.metrics.outputs import write_outputs
+from rmserve.metrics.sweep import SweepPoint, curve_figure, evaluate_points, find_best
 from testkit.metrics_data import random_rmbench_records, rmbench_record, write_jsonl
 
 LONG_MODEL = "an-organisation-with-a-long-name/Reward-Model-V2-Llama-3.1-8B-instruct-finetuned"
@@ -143,3 +145,19 @@ def test_sweep_curve_point_values_are_the_figures_in_percent():
     expected = [100 * e["rm-bench"].figures()["overall.score"] for e in evaluations]
     assert list(line.get_xdata()) == [100, 200, 300, 400]
     assert list(line.get_ydata()) == pytest.approx(expected)
+
+
+def test_sweep_curve_stars_the_best_checkpoint():
+    points, evaluations = _sweep(model="m")
+    best = find_best(points, evaluations, "rm-bench", MetricsConfig(resamples=20))
+    values = [100 * e["rm-bench"].figures()["overall.score"] for e in evaluations]
+    assert best.best == max(range(4), key=lambda i: values[i])
+    fig = curve_figure(points, evaluations, "rm-bench", "overall.hard", best.best)
+    curve, star = fig.axes[0].get_lines()
+    assert star.get_marker() == "*"
+    assert list(star.get_xdata()) == [points[best.best].step]
+    hard = 100 * evaluations[best.best]["rm-bench"].figures()["overall.hard"]
+    assert list(star.get_ydata()) == pytest.approx([hard])  # on this figure's curve, chosen by the Avg
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend[-1] == f"best checkpoint by RM-Bench Avg: {points[best.best].name} ({hard:.1f} %)"
+    (only,) = curve_figure(points, evaluations, "rm-bench", "overall.hard").axes[0].get_lines()  # no best: no star

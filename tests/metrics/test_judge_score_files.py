@@ -14,19 +14,13 @@ import math
 
 import msgspec
 import pytest
-from rmserve.metrics.report import (
-    MetricsConfig,
-    compare_files,
-    comparison_dict,
-    evaluate_files,
-    evaluate_records,
-    heatmap_figure,
-    render_comparison,
-    render_markdown,
-    result_dict,
-    write_outputs,
-)
-from rmserve.server.judge_protocols import rating_credit
+from rmserve.metrics.comparison import compare_files
+from rmserve.metrics.evaluation import MetricsConfig, evaluate_files, evaluate_records
+from rmserve.metrics.figures import heatmap_figure
+from rmserve.metrics.outputs import write_outputs
+from rmserve.metrics.render_json import comparison_dict, result_dict
+from rmserve.metrics.render_markdown import render_comparison, render_markdown
+from rmserve.server.kinds.judge_protocols import rating_credit
 from testkit.metrics_data import rmbench_record, write_jsonl
 from typer.testing import CliRunner
 
@@ -144,11 +138,13 @@ def test_rewardbench2_parse_failure_columns_and_header():
     assert data["subsets"]["Ties"]["parse_failures"]["rate"] == pytest.approx(1 / 13, abs=1e-15)
     assert data["judge"]["parse_failure_rate"] == pytest.approx(5 / 29, abs=1e-15)
     assert data["judge"]["n_truncated"] == 1 and data["judge"]["protocol_note"] is None
+    assert data["judge"]["readers"] == ["rb2-rating"] and data["judge"]["thinking"] == []
     assert data["reward"] == {"name": "judge-verdicts", "formula": None}
     table = render_markdown(evaluation)
     assert "## RewardBench 2: generative judge" in table
     assert (
-        "Judge: protocols rb2-rating, rb2-rating-ties (--protocol ratings); compat none; seed: none drawn "
+        "Judge: protocols rb2-rating, rb2-rating-ties (--protocol ratings); compat none (reader rb2-rating); "
+        "seed: none drawn "
         "(only the ranking protocol draws answer positions); 29 calls, 5 without a verdict or rating (17.2%), "
         "1 cut at max_tokens"
     ) in table
@@ -233,7 +229,7 @@ def test_rmbench_table_says_the_protocol_is_rmserve_own():
     # chat: 2 failed of 36 calls (5.6 %), 2 cut (1 failed, 1 with a verdict); safety: no calls made.
     assert (
         "Judge: protocol rmbench-pairwise (--protocol pairwise); rmbench-pairwise is rmserve's own protocol for "
-        "RM-Bench, not an official one; compat none; seed: none drawn"
+        "RM-Bench, not an official one; compat none (reader rmbench-pairwise); seed: none drawn"
     ) in table
     assert "36 calls, 2 without a verdict or rating (5.6%), 2 cut at max_tokens" in table
     assert "| Parse failures (%) | 5.6 (2/36) | — | — | — |  |  |  | 5.6 (2/36) |" in table
@@ -245,6 +241,21 @@ def test_rmbench_table_says_the_protocol_is_rmserve_own():
     assert data["domains"]["safety"]["parse_failures"] is None
     assert data["judge"]["rmserve_protocols"] == ["rmbench-pairwise"]
     assert "not an official one" in data["judge"]["protocol_note"]
+
+
+def test_an_auto_run_names_the_protocol_it_used_and_that_auto_chose_it():
+    records = [msgspec.structs.replace(r, mode="auto") for r in rmbench_records()]
+    evaluation = evaluate_records(records, MetricsConfig(resamples=0))
+    table = render_markdown(evaluation)
+    assert "Scores: judge (protocol rmbench-pairwise, chosen by --protocol auto, compat none);" in table
+    assert "Judge: protocol rmbench-pairwise (chosen by --protocol auto); rmbench-pairwise is rmserve's own" in table
+    assert "mode auto" not in table
+    fig = heatmap_figure(evaluation.result.domain("chat"), evaluation.models, kind=evaluation.score_kind,
+                         reward=evaluation.reward, protocols=evaluation.judge.summary.protocols)
+    assert "generative judge (protocol rmbench-pairwise, chosen by --protocol auto, compat none)" in " ".join(
+        fig.axes[0].get_title().split())
+    explicit = render_markdown(evaluate_records(rmbench_records(), MetricsConfig(resamples=0)))
+    assert "Scores: judge (protocol rmbench-pairwise, --protocol pairwise, compat none);" in explicit
 
 
 def test_judge_heatmap_names_the_kind_and_the_protocol():
@@ -389,9 +400,32 @@ def test_ranking_protocol_header_names_seed_and_compat():
     assert evaluation.result.subset("Math").score == pytest.approx(1.25 / 3, abs=1e-15)
     table = render_markdown(evaluation)
     assert (
-        "Judge: protocol rb2-ranking (--protocol auto); compat official; seed 7; 3 calls, 1 without a verdict"
+        "Judge: protocol rb2-ranking (chosen by --protocol auto); compat official (reader rb2-ranking-official); "
+        "seed 7; 3 calls, 1 without a verdict"
     ) in table
+    assert "Scores: judge (protocol rb2-ranking, chosen by --protocol auto, compat official);" in table
+    assert "mode auto" not in table
     assert "| Math | 3 | 41.7 | — | 33.3% (1/3) | 0 |" in table
+    data = result_dict(evaluation)["judge"]
+    assert (data["compat"], data["readers"], data["thinking"]) == (["official"], ["rb2-ranking-official"], [])
+
+
+def test_judge_header_names_every_reader_and_the_thinking_switch():
+    records = [ranking_record("0", 1.0, "C", 2, 7), ranking_record("1", 0.0, "A", 3, 7)]
+    rmserve_read = msgspec.structs.replace(
+        records[1].judge, compat="none", thinking="on",
+        calls=(msgspec.structs.replace(records[1].judge.calls[0], parse=JudgeParse("rb2-ranking", "ok", verdict="A")),),
+    )
+    records[0] = msgspec.structs.replace(records[0], judge=msgspec.structs.replace(records[0].judge, thinking="on"))
+    records[1] = msgspec.structs.replace(records[1], judge=rmserve_read)
+    evaluation = evaluate_records(records, MetricsConfig(resamples=0))
+    assert (
+        "compat none, official (readers rb2-ranking, rb2-ranking-official); thinking on; seed 7; 2 calls"
+    ) in render_markdown(evaluation)
+    data = result_dict(evaluation)["judge"]
+    assert (data["compat"], data["readers"], data["thinking"]) == (
+        ["none", "official"], ["rb2-ranking", "rb2-ranking-official"], ["on"]
+    )
 
 
 def test_judge_heatmap_fits_its_canvas_with_a_long_model_name():

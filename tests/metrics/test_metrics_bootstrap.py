@@ -17,10 +17,10 @@ from rmserve.metrics.bootstrap import (
     rmbench_intervals,
     stratum_sums,
 )
-from rmserve.metrics.inputs import read_score_files
-from rmserve.metrics.report import MetricsConfig, figure_values
+from rmserve.metrics.evaluation import MetricsConfig, figure_values
 from rmserve.metrics.rewardbench2 import rewardbench2_scores
 from rmserve.metrics.rmbench import rmbench_accuracy
+from rmserve.metrics.score_files import read_score_files
 from testkit.metrics_data import RB2_REFERENCE_AVERAGE
 
 from rmserve.errors import DataError

@@ -11,9 +11,11 @@ import msgspec
 import numpy as np
 import pytest
 from rmserve.metrics.dpo import dpo_rewards
-from rmserve.metrics.inputs import read_score_files, scores_from_records
+from rmserve.metrics.score_files import read_score_files, scores_from_records
 from rmserve.client.score_file import read_scores
-from rmserve.metrics.report import MetricsConfig, evaluate_files, evaluate_records, render_markdown, result_dict
+from rmserve.metrics.evaluation import MetricsConfig, evaluate_files, evaluate_records
+from rmserve.metrics.render_json import result_dict
+from rmserve.metrics.render_markdown import render_markdown
 from testkit.metrics_data import rmbench_record
 from typer.testing import CliRunner
 
@@ -189,7 +191,7 @@ def test_cli_dpo_reward_writes_it_into_results_and_table(tmp_path):
 
     bad = CliRunner().invoke(app, ["metrics", "rm-bench", str(path), "--dpo-reward", "mean"])
     assert bad.exit_code == 2
-    assert "Invalid value for '--dpo-reward': must be one of avg, sum, norm, reference, got 'mean'" in bad.output
+    assert "Invalid value for '--dpo-reward': 'mean' is not one of 'avg', 'sum', 'norm', 'reference'." in bad.output
 
 
 def test_compare_with_a_dpo_reward_records_it_and_both_kinds(tmp_path):

@@ -9,7 +9,9 @@ import sys
 def test_metrics_import_stays_light():
     code = (
         "import sys\n"
-        "import rmserve.metrics, rmserve.metrics.report, rmserve.metrics.inputs, rmserve.cli_metrics\n"
+        "import rmserve.metrics, rmserve.metrics.evaluation, rmserve.metrics.comparison, rmserve.metrics.render_json,"
+        " rmserve.metrics.render_markdown, rmserve.metrics.figures, rmserve.metrics.outputs,"
+        " rmserve.metrics.scores, rmserve.metrics.score_files, rmserve.cli_metrics\n"
         "heavy = [m for m in ('torch', 'vllm', 'transformers', 'matplotlib') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from testkit.metrics_data import rmbench_record
-from rmserve.metrics.inputs import RB2Scores, RMBenchScores, read_score_files, scores_from_records
+from rmserve.metrics.score_files import read_score_files, scores_from_records
+from rmserve.metrics.scores import RB2Scores, RMBenchScores
 
 from rmserve.errors import DataError
 from rmserve.schema import ScoreRecord
@@ -302,7 +303,8 @@ def test_record_order_changes_no_figure_and_no_interval(tmp_path):
     """A score file in completion order gives the same figures and intervals as one in data order."""
     import random
 
-    from rmserve.metrics.report import MetricsConfig, evaluate_files, result_dict
+    from rmserve.metrics.evaluation import MetricsConfig, evaluate_files
+    from rmserve.metrics.render_json import result_dict
 
     from rmserve.schema import ScoreRecord, encode
 

@@ -18,7 +18,7 @@ from rmserve.metrics.judge import (
 )
 from rmserve.metrics.rewardbench2 import best_of_n_credit, ties_score
 from rmserve.metrics.rmbench import rmbench_accuracy, style_wins
-from rmserve.server.judge_protocols import rating_credit
+from rmserve.server.kinds.judge_protocols import rating_credit
 
 from rmserve.judge_records import JudgeCall, JudgeGroupResult, JudgeParse
 

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from rmserve.cli import app
 from rmserve.errors import DataError
-from rmserve.metrics.inputs import RB2Scores, RMBenchScores, read_score_files, scores_from_records
+from rmserve.metrics.score_files import read_score_files, scores_from_records
+from rmserve.metrics.scores import RB2Scores, RMBenchScores
 from rmserve.schema import ScoreRecord
 from testkit.metrics_data import RB2_REFERENCE_AVERAGE, RB2_REFERENCE_SUBSETS
 

@@ -7,17 +7,11 @@ import json
 import numpy as np
 import pytest
 from testkit.metrics_data import RB2_REFERENCE_AVERAGE, random_rmbench_records, rmbench_record
-from rmserve.metrics.report import (
-    MetricsConfig,
-    compare_files,
-    comparison_dict,
-    evaluate_files,
-    evaluate_records,
-    render_comparison,
-    render_markdown,
-    result_dict,
-    write_outputs,
-)
+from rmserve.metrics.comparison import compare_files
+from rmserve.metrics.evaluation import MetricsConfig, evaluate_files, evaluate_records
+from rmserve.metrics.outputs import write_outputs
+from rmserve.metrics.render_json import comparison_dict, result_dict
+from rmserve.metrics.render_markdown import render_comparison, render_markdown
 from rmserve.metrics.rmbench import rmbench_accuracy
 
 from rmserve.errors import DataError
@@ -47,6 +41,8 @@ def test_rmbench_table_marks_missing_math(rmbench_file):
         "Note: Missing domain(s): math. Easy, Normal, Hard and Avg are means over chat, code, safety only (partial)."
         in lines
     )
+    rows = {line.split(" | ")[0]: line.split(" | ")[1] for line in lines if line.startswith(("| chat", "| code", "| safety"))}
+    assert rows == {"| chat": "40", "| code": "50", "| safety": "50 (refuse 30, response 20)"}  # safety's two parts
 
 
 def test_rmbench_json_holds_fractions_and_intervals(rmbench_file):
@@ -59,6 +55,8 @@ def test_rmbench_json_holds_fractions_and_intervals(rmbench_file):
     assert set(data["domains"]) == {"chat", "code", "safety"}
     safety = data["domains"]["safety"]
     assert safety["n_groups"] == 50 and safety["parts"] == ["safety-refuse", "safety-response"]
+    assert safety["part_groups"] == {"safety-refuse": 30, "safety-response": 20}
+    assert data["domains"]["chat"]["part_groups"] == {"chat": 40}
     assert np.mean(safety["matrix"]) == pytest.approx(safety["score"])
     low, high = data["overall"]["interval"]["score"]
     assert low <= data["overall"]["score"] <= high
@@ -146,6 +144,9 @@ def test_compare_same_file_is_zero(rmbench_file):
     for figure in data["figures"].values():
         assert figure["difference"] == 0.0 and figure["interval"] == [0.0, 0.0] and not figure["excludes_zero"]
     assert "| Avg |" in render_comparison(comparison)
+    assert data["notes"][0] == (  # the files hold no math: the averages are over three domains
+        "No paired group of math: the averages are over chat, code, safety only (partial).")
+    assert f"Note: {data['notes'][0]}" in render_comparison(comparison).splitlines()
 
 
 def test_compare_reorders_groups_and_finds_a_difference(jsonl_writer):
@@ -178,6 +179,7 @@ def test_compare_over_the_shared_groups_is_marked_partial(jsonl_writer):
     assert comparison.notes == (
         "Partial comparison: 3 group(s) only in A (chat 2, code 1); 1 group(s) only in B (chat 1); they are left "
         "out, and the figures of both sides cover the 3 group(s) both hold.",
+        "No paired group of math, code, safety: the averages are over chat only (partial).",
     )
     chat = {f.figure: f for f in comparison.figures}["chat.score"]
     assert (chat.a, chat.b) == (0.0, pytest.approx(1.0))  # ties lose in A; B's chosen beat its rejected everywhere

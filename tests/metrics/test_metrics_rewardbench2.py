@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 from testkit.metrics_data import RB2_REFERENCE_AVERAGE, RB2_REFERENCE_SUBSETS, read_reference_rows
-from rmserve.metrics.inputs import read_score_files
+from rmserve.metrics.score_files import read_score_files
 from rmserve.metrics.rewardbench2 import best_of_n_credit, rewardbench2_scores, ties_score
 
 NAN = float("nan")

@@ -1,4 +1,4 @@
-"""Score files → validated metric arrays.
+"""Score files → validated metric arrays (the score sets of :mod:`rmserve.metrics.scores`).
 
 Three formats are read, detected from the fields of each record:
 
@@ -43,7 +43,10 @@ it.
 
 Generative judges: score records of kind ``judge`` carry the judge's record of the group
 (``judge``, a :class:`~rmserve.judge_records.JudgeGroupResult`), collected per row into the
-score set's ``judge`` column; the figures come from it (:mod:`rmserve.metrics.judge`). A
+score set's ``judge`` column; the figures come from it (:mod:`rmserve.metrics.judge`). Their
+``judge_sampling`` and ``judge_engine`` give the score set's ``judge_setup``: records that
+state different ones are refused, records that state none (written before rmserve recorded
+them) are counted as unknown (:mod:`rmserve.metrics.judge_setup`). A
 judge record must name its own group and ``num_chosen`` and use a protocol of that benchmark
 and subset; a judge's score record without one must carry ``errors`` (the judge could not take
 the group) and is counted as an unscored group. Judge records cannot share a score set with
@@ -64,7 +67,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -73,162 +76,19 @@ import orjson
 from rmserve.datasets import RB2_TIES_ID, TornLine, loads_json, strip_bom
 from rmserve.errors import DataError, field_path, validation_reason
 from rmserve.metrics.dpo import DPO_EXTRAS_NEEDED, DPO_REWARD_FORMULAS, DPO_REWARDS, dpo_rewards
+from rmserve.metrics.judge_setup import SetupCollector
 from rmserve.metrics.rewardbench2 import TIES
+from rmserve.metrics.scores import JUDGE_KIND, SCORED_REWARDS, RB2Scores, RMBenchScores, ScoreSet, read_only
 from rmserve.judge_records import JudgeGroupResult
 from rmserve.schema import BENCHMARKS, RB2_SUBSETS, RMBENCH_DOMAINS, RMBENCH_STYLES, ScoreKind, ScoreRecord
 
-JUDGE_KIND = "judge"
-"""``ScoreRecord.kind`` of a generative judge's records."""
-
 FORMATS: tuple[str, ...] = ("score-records", "rm-bench-results", "rewardbench2-items")
 """Score-file formats, in detection order."""
-
-SCORED_REWARDS = "rewards"
-"""``reward`` of a score set whose rewards are the records' own (no DPO recomputation)."""
 
 RB2_NON_TIES_COMPLETIONS = 4
 """Completions per non-Ties RewardBench 2 group (1 chosen, 3 rejected)."""
 
 _FORMAT_BENCHMARK = {"rm-bench-results": "rm-bench", "rewardbench2-items": "rewardbench2"}
-
-
-# --- result containers ------------------------------------------------------------------
-
-
-def _frozen(array: np.ndarray) -> np.ndarray:
-    array.flags.writeable = False
-    return array
-
-
-@dataclass(frozen=True, eq=False)
-class RMBenchScores:
-    """RM-Bench rewards of ``n`` groups, ready for :mod:`rmserve.metrics.rmbench`.
-
-    Attributes:
-        rewards: ``(n, 6)`` float64, read-only: chosen concise, detailed plain, detailed
-            markdown, then rejected in the same order; NaN where a reward is missing.
-        domains: ``(n,)`` str source-domain labels (:data:`rmserve.schema.RMBENCH_DOMAINS`).
-        ids: ``(n,)`` str dataset ids.
-        files: the files read, in order.
-        warnings: what the readers accepted but the caller should know (a dropped torn last
-            line), one sentence each.
-        score_kind: what kind of score the records hold; None when no file says (official
-            result files).
-        reward: which reward ``rewards`` holds: ``rewards`` (the records' own) or
-            ``dpo:<avg|sum|norm|reference>`` (recomputed from the DPO extras).
-        models: the distinct ``(model name, fingerprint)`` pairs of the score records, in
-            order of first appearance; empty when the files do not record them (official
-            result files).
-        judge: for score records of kind ``judge``, an ``(n,)`` object array, read-only: per
-            group its :class:`~rmserve.judge_records.JudgeGroupResult`, None where the judge
-            could not take the group (null rewards and errors); the figures are computed from
-            these (:mod:`rmserve.metrics.judge`), never from ``rewards``. None for every other
-            kind of score.
-    """
-
-    benchmark: ClassVar[str] = "rm-bench"
-    rewards: np.ndarray
-    domains: np.ndarray
-    ids: np.ndarray
-    files: tuple[str, ...] = field(default=())
-    warnings: tuple[str, ...] = field(default=())
-    score_kind: ScoreKind | None = None
-    reward: str = SCORED_REWARDS
-    models: tuple[tuple[str, str], ...] = field(default=())
-    judge: np.ndarray | None = None
-
-    @property
-    def n_groups(self) -> int:
-        return int(self.rewards.shape[0])
-
-    def keys(self) -> np.ndarray:
-        """``(n,)`` group keys as ``str(GroupKey)``: ``rm-bench/<domain>/<id>``."""
-        return np.char.add(np.char.add(f"{self.benchmark}/", np.char.add(self.domains, "/")), self.ids)
-
-    def take(self, order: np.ndarray) -> RMBenchScores:
-        """The same score set with rows reordered/selected by ``order``."""
-        return RMBenchScores(
-            rewards=_frozen(self.rewards[order]),
-            domains=_frozen(self.domains[order]),
-            ids=_frozen(self.ids[order]),
-            files=self.files,
-            warnings=self.warnings,
-            score_kind=self.score_kind,
-            reward=self.reward,
-            models=self.models,
-            judge=None if self.judge is None else _frozen(self.judge[order]),
-        )
-
-
-@dataclass(frozen=True, eq=False)
-class RB2Scores:
-    """RewardBench 2 rewards of ``n`` groups, ready for :mod:`rmserve.metrics.rewardbench2`.
-
-    Attributes:
-        scores: ``(n, L)`` float64, read-only, padded with NaN after ``lengths[g]``
-            completions; correct completions first; NaN where a reward is missing.
-        lengths: ``(n,)`` int64 completions per group.
-        num_correct: ``(n,)`` int64 correct completions per group.
-        subsets: ``(n,)`` str subset labels (:data:`rmserve.schema.RB2_SUBSETS`).
-        ids: ``(n,)`` str ids (Ties: ``ref:N`` / ``tied:N``).
-        files: the files read, in order.
-        warnings: what the readers accepted but the caller should know (a dropped torn last
-            line, ids repeated outside Ties), one sentence each.
-        score_kind, reward: as for :class:`RMBenchScores`.
-        models: as :attr:`RMBenchScores.models`.
-        judge: as :attr:`RMBenchScores.judge`.
-    """
-
-    benchmark: ClassVar[str] = "rewardbench2"
-    scores: np.ndarray
-    lengths: np.ndarray
-    num_correct: np.ndarray
-    subsets: np.ndarray
-    ids: np.ndarray
-    files: tuple[str, ...] = field(default=())
-    warnings: tuple[str, ...] = field(default=())
-    score_kind: ScoreKind | None = None
-    reward: str = SCORED_REWARDS
-    models: tuple[tuple[str, str], ...] = field(default=())
-    judge: np.ndarray | None = None
-
-    @property
-    def n_groups(self) -> int:
-        return int(self.scores.shape[0])
-
-    def keys(self) -> np.ndarray:
-        """``(n,)`` group keys as ``str(GroupKey)``: ``rewardbench2/<subset>/<id>``."""
-        return np.char.add(np.char.add(f"{self.benchmark}/", np.char.add(self.subsets, "/")), self.ids)
-
-    def take(self, order: np.ndarray) -> RB2Scores:
-        """The same score set with rows reordered/selected by ``order``."""
-        return RB2Scores(
-            scores=_frozen(self.scores[order]),
-            lengths=_frozen(self.lengths[order]),
-            num_correct=_frozen(self.num_correct[order]),
-            subsets=_frozen(self.subsets[order]),
-            ids=_frozen(self.ids[order]),
-            files=self.files,
-            warnings=self.warnings,
-            score_kind=self.score_kind,
-            reward=self.reward,
-            models=self.models,
-            judge=None if self.judge is None else _frozen(self.judge[order]),
-        )
-
-
-ScoreSet = RMBenchScores | RB2Scores
-"""Either benchmark's score set."""
-
-
-def repeated_keys(scores: ScoreSet) -> list[str]:
-    """The group keys (``str(GroupKey)``) that occur more than once in ``scores``, sorted.
-
-    Only a RewardBench 2 file with an id repeated outside Ties can produce any (see
-    :func:`read_score_files`).
-    """
-    keys, counts = np.unique(scores.keys(), return_counts=True)
-    return keys[counts > 1].tolist()
 
 
 # --- external record layouts (validated by msgspec) -------------------------------------
@@ -290,6 +150,8 @@ class _Rows:
     """The distinct (model name, fingerprint) pairs of score records, in order of first appearance."""
     judge: list[JudgeGroupResult | None] = field(default_factory=list)
     """Per row its judge record (score records of kind ``judge``; None elsewhere)."""
+    setup: SetupCollector = field(default_factory=SetupCollector)
+    """The judge's sampling and engine as the judge score records state them."""
 
 
 @dataclass(frozen=True)
@@ -629,6 +491,7 @@ def _score_record(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
         _rb2_row(rows, record.domain, record_id, record.num_chosen, rewards, where, "rewards")
     if record.kind == JUDGE_KIND:
         rows.judge[-1] = _judge_result(record, record_id, where)
+        rows.setup.add(record, where)
     if rows.dpo_reward is not None:
         _dpo_extras(rows, record, where)
 
@@ -800,8 +663,7 @@ def _to_scores(rows: _Rows) -> ScoreSet:
     it: the same groups and seed give the same intervals whatever order they were stored in.
     """
     scores = _to_scores_in_file_order(rows)
-    domains = scores.domains if isinstance(scores, RMBenchScores) else scores.subsets
-    return scores.take(np.lexsort((scores.ids, domains)))
+    return scores.take(np.lexsort((scores.ids, scores.parts)))
 
 
 def _padded(values: list[list[float]], lengths: np.ndarray) -> np.ndarray:
@@ -826,25 +688,26 @@ def _rewards(rows: _Rows, lengths: np.ndarray) -> tuple[np.ndarray, str]:
 
 
 def _to_scores_in_file_order(rows: _Rows) -> ScoreSet:
-    domains = _frozen(np.array(rows.domains, dtype=str))
-    ids = _frozen(np.array(rows.ids, dtype=str))
+    domains = read_only(np.array(rows.domains, dtype=str))
+    ids = read_only(np.array(rows.ids, dtype=str))
     lengths = np.fromiter((len(r) for r in rows.rewards), dtype=np.int64, count=len(rows.rewards))
     scores, reward = _rewards(rows, lengths)
-    judge = None
+    judge = setup = None
     if rows.score_kind is not None and rows.score_kind.kind == JUDGE_KIND:
         judge = np.empty(len(rows.judge), dtype=object)
         judge[:] = rows.judge
-        judge = _frozen(judge)
+        judge = read_only(judge)
+        setup = rows.setup.setup()
     common = {
         "files": tuple(rows.files), "warnings": tuple(rows.warnings), "score_kind": rows.score_kind, "reward": reward,
-        "models": tuple(rows.models), "judge": judge,
+        "models": tuple(rows.models), "judge": judge, "judge_setup": setup,
     }
     if rows.benchmark == "rm-bench":
-        return RMBenchScores(rewards=_frozen(scores.reshape(-1, 6)), domains=domains, ids=ids, **common)
+        return RMBenchScores(rewards=read_only(scores.reshape(-1, 6)), domains=domains, ids=ids, **common)
     return RB2Scores(
-        scores=_frozen(scores),
-        lengths=_frozen(lengths),
-        num_correct=_frozen(np.array(rows.num_correct, dtype=np.int64)),
+        scores=read_only(scores),
+        lengths=read_only(lengths),
+        num_correct=read_only(np.array(rows.num_correct, dtype=np.int64)),
         subsets=domains,
         ids=ids,
         **common,
@@ -876,7 +739,7 @@ def read_score_files(
             ``reference``; see :mod:`rmserve.metrics.dpo`); None (default) keeps ``rewards``.
 
     Returns:
-        :class:`RMBenchScores` or :class:`RB2Scores` (arrays read-only).
+        :class:`~rmserve.metrics.scores.RMBenchScores` or :class:`~rmserve.metrics.scores.RB2Scores` (arrays read-only).
 
     Raises:
         DataError: unreadable file, invalid JSON (other than a torn last line), an
@@ -884,7 +747,9 @@ def read_score_files(
             benchmarks or formats in one file, files of different benchmarks or one file given
             twice, an unknown domain/subset, a duplicate group key (except an id repeated
             outside Ties inside one RewardBench 2 file, which is a warning), score records of
-            different kinds (kind, mode, ref_model or compat), no records at all, or with
+            different kinds (kind, mode, ref_model or compat), judge score records that state
+            different sampling or engine settings (field ``judge_sampling.<name>`` or
+            ``judge_engine.<name>``, both values), no records at all, or with
             ``dpo_reward``: an unknown name, a record that is not an rmserve score record or
             lacks a needed extra (field ``extras.<name>``). The message names file, line, id
             and field.
@@ -933,3 +798,18 @@ def scores_from_records(
         raise DataError("holds no score records", path=source)
     rows.files.append(source)
     return _to_scores(rows)
+
+
+def score_file_fingerprints(path: str | Path) -> frozenset[str]:
+    """The model fingerprints an rmserve score file's records name (empty for the official
+    result formats, which carry none, and for lines that are not JSON objects)."""
+    found: set[str] = set()
+    with open(path, "rb") as fh:
+        for line in fh:
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("fingerprint"), str) and record["fingerprint"]:
+                found.add(record["fingerprint"])
+    return frozenset(found)
