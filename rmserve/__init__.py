@@ -19,7 +19,7 @@ def _map_source_tree() -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     here = os.path.dirname(os.path.abspath(__file__))
     if os.path.isfile(os.path.join(root, "pyproject.toml")) and os.path.isfile(
-        os.path.join(root, "server", "protocol.py")
+        os.path.join(root, "server", "__init__.py")
     ) and not os.path.isdir(os.path.join(here, "server")):
         __path__.append(root)  # type: ignore[name-defined]  # noqa: F821
 

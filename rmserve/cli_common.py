@@ -26,14 +26,17 @@
         (benchmark data, score files given to ``metrics``)
   3     the run finished, but some groups could not be scored (recorded in the score file,
         counted as the official code counts them, named on stderr); ``--strict`` stops at
-        the first such group with 1 instead
+        the first such group with 1 instead. Also a judge's run from which not one verdict
+        was read (its figures measure nothing)
   130   interrupted (Ctrl-C); what was scored so far is kept
+  143   stopped by SIGTERM (after stopping what it started); what was scored so far is kept
   ===== ====================================================================================
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import contextvars
 import dataclasses
 import enum
@@ -44,12 +47,12 @@ import re
 import textwrap
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperArgument, TyperCommand
 
 from rmserve.errors import DataError, RMServeError, plain_reason
 
@@ -66,6 +69,8 @@ EXIT_UNSCORED = 3
 
 EXIT_INTERRUPTED = 130
 """Exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
+EXIT_TERMINATED = 143
+"""Exit status of a command stopped by SIGTERM (128 + SIGTERM), after its cleanup ran."""
 
 
 # --- attribute docstrings → help ------------------------------------------------------------
@@ -120,8 +125,21 @@ def with_default(text: str, default: str) -> str:
     return f"{text}  [default: {default}]" if text else f"[default: {default}]"
 
 
-def field_help(cls: type, name: str, *, flag: str | None = None) -> str:
+_SNAKE = re.compile(r"(?<![\w.$/-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w-])")
+"""A snake_case word: how a config field is named in a docstring."""
+
+
+def flags_for_fields(text: str, flags: Mapping[str, str]) -> str:
+    """``text`` with each config field it names (a snake_case word among ``flags``) written
+    as the flag that sets it (``fair_share`` → ``--fair-share``): help names what a user types."""
+    return _SNAKE.sub(lambda m: flags.get(m.group(0), m.group(0)), text)
+
+
+def field_help(cls: type, name: str, *, flag: str | None = None, flags: Mapping[str, str] | None = None) -> str:
     """Help text of a dataclass field: its attribute docstring as plain text, with its default.
+
+    ``flags`` (field name → flag) turns the fields the docstring names into their flags
+    (:func:`flags_for_fields`).
 
     The default is written ``[default: X]`` (:func:`with_default`). It comes from the
     docstring's "None = X." clause or "Default: X." sentence when it has one (both are taken
@@ -131,6 +149,8 @@ def field_help(cls: type, name: str, *, flag: str | None = None) -> str:
     option, default ``--`` + the name with dashes).
     """
     text = plain_text(attribute_docs(cls).get(name, ""))
+    if flags:
+        text = flags_for_fields(text, flags)
     said: str | None = None
     for pattern in (_NONE_MEANS, _DEFAULT_SENTENCE):
         match = pattern.search(text)
@@ -161,6 +181,17 @@ HELP_NAME_COLUMN = 30
 """Widest option column in ``--help``; a longer option name gets its help on the next line."""
 
 
+def table_lines(header: Iterable[str], rows: Iterable[Iterable[str]]) -> list[str]:
+    """A tab-separated table as lines: ``header`` first, then one line per row, in order."""
+    return ["\t".join(line) for line in (header, *rows)]
+
+
+def print_table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> None:
+    """Print :func:`table_lines` of ``header`` and ``rows`` to stdout, one line each."""
+    for line in table_lines(header, rows):
+        typer.echo(line)
+
+
 def write_rows(formatter: Any, rows: list[tuple[str, str]]) -> None:
     """Write (option, help) rows as a two-column list that wraps the help at the formatter's
     width. Lines break at spaces only, never inside a word or after a hyphen, so option
@@ -186,6 +217,166 @@ _RUNNING: contextvars.ContextVar[Any] = contextvars.ContextVar("rmserve_running_
 """The click context of the :class:`Command` running now (None outside one)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class DeprecatedFlag:
+    """An old spelling of an option, still accepted: ``old`` is read as ``new`` (with one
+    warning line on stderr) by the commands named in ``commands`` that have ``new``."""
+
+    old: str
+    new: str
+    commands: tuple[str, ...]
+    """Command names (``eval``, ``load`` …) where ``old`` meant ``new``."""
+
+
+DEPRECATED_FLAGS: tuple[DeprecatedFlag, ...] = (
+    DeprecatedFlag("--ready-timeout-s", "--wait-ready-s", ("eval",)),
+    DeprecatedFlag("--startup-timeout-s", "--wait-ready-s", ("run",)),
+    DeprecatedFlag("--server-wait-s", "--wait-ready-s", ("sweep",)),
+    DeprecatedFlag("--timeout-s", "--wait-request-s", ("eval", "run", "sweep")),
+    DeprecatedFlag("--timeout-s", "--wait-load-s", ("load",)),
+    DeprecatedFlag("--load-timeout-s", "--wait-load-s", ("sweep",)),
+    DeprecatedFlag("--max-retry-after-s", "--wait-retry-after-s", ("eval", "run", "sweep", "list", "load", "release")),
+    DeprecatedFlag("--max-in-flight", "--max-inflight-groups", ("eval", "run", "sweep")),
+    DeprecatedFlag("--url", "--server", ("list", "load", "release")),
+    DeprecatedFlag("--swap-wait-s", "--wait-swap-s", ("serve",)),
+    DeprecatedFlag("--swap-drain-timeout-s", "--wait-drain-s", ("serve",)),
+    DeprecatedFlag("--kind", "--head", ("demo-model",)),
+)
+"""Old option spellings that keep working (hidden from ``--help``). Waits and timeouts are
+named ``--wait-<what is waited for>-s``; a server is ``--server URL`` everywhere."""
+
+
+def deprecation_line(old: str, new: str) -> str:
+    """The one line printed (stderr) when a deprecated spelling is used."""
+    return f"warning: {old} is deprecated; use {new}"
+
+
+def _renamed(command: Any, args: list[str]) -> list[str]:
+    """``args`` with the deprecated spellings of ``command``'s options replaced by the new
+    flags (``--old V`` and ``--old=V``), one warning line each; nothing after ``--``."""
+    flags = {opt for param in command.params if param.param_type_name == "option" for opt in param.opts}
+    renames = {d.old: d.new for d in DEPRECATED_FLAGS if command.name in d.commands and d.new in flags}
+    if not renames:
+        return args
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i:]
+        flag, eq, value = arg.partition("=")
+        if flag in renames and flag not in flags:
+            typer.echo(deprecation_line(flag, renames[flag]), err=True)
+            arg = f"{renames[flag]}{eq}{value}"
+        out.append(arg)
+    return out
+
+
+def commands_with_flag(root: Any, flag: str) -> list[str]:
+    """The commands under ``root`` (a click group) that take option ``flag``, as typed after
+    ``rmserve`` (``eval``, ``models load``), in the order ``--help`` lists them."""
+    found: list[str] = []
+
+    def walk(command: Any, path: list[str]) -> None:
+        subcommands = getattr(command, "commands", None)
+        if subcommands is not None:
+            for name, sub in subcommands.items():
+                walk(sub, [*path, name])
+            return
+        if any(not getattr(param, "hidden", False) and (flag in param.opts or flag in getattr(param, "secondary_opts", ()))
+               for param in command.params):
+            found.append(" ".join(path))
+
+    walk(root, [])
+    return found
+
+
+FOREIGN_FLAG_TIPS: Mapping[tuple[str, str], str] = {
+    ("run", "eval"): "rmserve run starts a server of its own; to score on a running server use rmserve eval --server URL",
+    ("eval", "serve"): (
+        "rmserve eval talks to a running server, whose engine options are given to rmserve serve; "
+        "rmserve run starts a server with them and evaluates in one command"
+    ),
+    ("sweep", "serve"): (
+        "rmserve sweep loads each checkpoint into a running server, whose engine options are given to rmserve serve"
+    ),
+}
+"""Why an option of another command does not belong here, by (this command, a command that has
+the option): the two ways of scoring (a server started here, or one already running) are the
+commonest mix-up."""
+
+
+def foreign_flag_message(command_path: str, flag: str, owners: list[str]) -> str:
+    """The error for ``flag`` given to ``command_path`` (``rmserve run``) that only ``owners``
+    (other commands, as from :func:`commands_with_flag`) take: which commands take it and, for a
+    known mix-up (:data:`FOREIGN_FLAG_TIPS`), why it does not belong here."""
+    here = command_path.split(" ", 1)[1] if " " in command_path else command_path
+    where = ", ".join(f"rmserve {name}" for name in owners)
+    message = f"No such option: {flag} (it is an option of {where}, not of rmserve {here})"
+    for owner in owners:
+        tip = FOREIGN_FLAG_TIPS.get((here, owner))
+        if tip:
+            return f"{message}. {tip}."
+    return f"{message}."
+
+
+PLACEHOLDER_BY_TYPE = {"INT": "N", "INTEGER": "N"}
+"""Placeholder of an option without its own metavar, by click type name (others must name one)."""
+
+
+def _plain_placeholders(params: Iterable[Any]) -> None:
+    """Placeholders that say what goes there: an argument is shown by its name alone (``FILE...``,
+    no ``<list[Path]>``, no braces in the usage line), a choice option by its choices
+    (``rm-bench|rewardbench2``), an integer option without a metavar as ``N``."""
+    for param in params:
+        if param.param_type_name == "argument":
+            if not isinstance(param, PlainArgument) and isinstance(param, TyperArgument):
+                param.__class__ = PlainArgument
+            continue
+        if param.param_type_name != "option" or param.metavar is not None or param.is_flag:
+            continue
+        choices = option_choices(param)
+        if choices:
+            param.metavar = "|".join(choices)
+        elif _value_type_name(param) in PLACEHOLDER_BY_TYPE:
+            param.metavar = PLACEHOLDER_BY_TYPE[_value_type_name(param)]
+
+
+def option_choices(param: Any) -> tuple[str, ...] | None:
+    """The values a choice option takes, as typed (None for any other parameter).
+
+    Typer ≥ 0.29 describes a parameter's type in ``type_descriptor``; older typer in click's
+    ``type`` (a ``click.Choice``)."""
+    desc = getattr(param, "type_descriptor", None)
+    if desc is not None:
+        raw = desc.choices if desc.is_choice else None
+    else:
+        raw = getattr(getattr(param, "type", None), "choices", None)
+    return tuple(str(getattr(c, "value", c)) for c in raw) if raw else None
+
+
+def _value_type_name(param: Any) -> str:
+    """``INT``, ``FLOAT``, ``STR``… for a parameter's value type (either typer generation)."""
+    desc = getattr(param, "type_descriptor", None)
+    if desc is not None:
+        annotation = desc.annotation
+        return getattr(annotation, "__name__", str(annotation)).upper()
+    return str(getattr(getattr(param, "type", None), "name", "")).upper()
+
+
+class PlainArgument(TyperArgument):
+    """An argument shown by its metavar alone: ``FILE...`` in help, ``FILE...`` / ``[MODEL]`` in usage."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:  # noqa: D102 - typer's hook
+        return None
+
+    def _rich_display_name(self) -> str:
+        name = self.display_name_raw
+        return f"{name}..." if self.nargs != 1 else name
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return f"{name}..." if self.nargs != 1 else name
+
+
 class Command(TyperCommand):
     """Every ``rmserve`` command: plain-text help in sections, plain error messages.
 
@@ -196,6 +387,10 @@ class Command(TyperCommand):
     * A bad option value is reported without the prefix the validation library puts before
       a validator's message (:func:`rmserve.errors.plain_reason`).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _plain_placeholders(self.params)
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
         """Arguments, then one section per help panel, in the order the parameters come."""
@@ -222,11 +417,20 @@ class Command(TyperCommand):
             _RUNNING.reset(token)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        """click's parsing; a bad parameter (:class:`typer.BadParameter`) loses the validation library's prefix."""
+        """click's parsing of ``args`` with deprecated spellings renamed (:data:`DEPRECATED_FLAGS`);
+        a bad parameter (:class:`typer.BadParameter`) loses the validation library's prefix."""
         try:
-            return super().parse_args(ctx, args)
+            return super().parse_args(ctx, _renamed(self, args))
         except typer.BadParameter as exc:
             exc.message = plain_reason(exc.message)
+            raise
+        except Exception as exc:
+            # click's NoSuchOption, from the click typer carries (its own copy in typer ≥ 0.29)
+            flag = getattr(exc, "option_name", None) if type(exc).__name__ == "NoSuchOption" else None
+            owners = commands_with_flag(ctx.find_root().command, flag) if flag else []
+            if owners:
+                exc.message = foreign_flag_message(ctx.command_path, flag, owners)  # type: ignore[attr-defined]
+                exc.possibilities = None  # type: ignore[attr-defined]
             raise
 
 
@@ -249,6 +453,10 @@ class EngineOption:
     """The field's type without ``None`` (``int``, ``float``, ``str``, ``Path``, ``bool`` or a ``Literal``)."""
     help: str
     """The field's attribute docstring (with its default)."""
+    metavar: str | None = None
+    """What goes after the flag in ``--help`` (None for a switch or a ``Literal``: its choices)."""
+    choices: tuple[str, ...] | None = None
+    """The values a ``str`` field takes (:data:`ENGINE_CHOICES`), checked by the command line."""
 
     @property
     def is_switch(self) -> bool:
@@ -258,9 +466,10 @@ class EngineOption:
     def annotation(self) -> Any:
         """The typer parameter annotation: optional, default None = "not given" (the config default applies)."""
         names = f"{self.flag}/--no-{self.flag[2:]}" if self.is_switch else self.flag
+        value_type = typing.Literal[self.choices] if self.choices else self.value_type  # type: ignore[valid-type]
         return Annotated[
-            typing.Optional[self.value_type],  # noqa: UP007 - typer needs a typing-level optional here
-            typer.Option(names, help=self.help, show_default=False, rich_help_panel=ENGINE_PANEL),
+            typing.Optional[value_type],  # noqa: UP007 - typer needs a typing-level optional here
+            typer.Option(names, help=self.help, show_default=False, rich_help_panel=ENGINE_PANEL, metavar=self.metavar),
         ]
 
     def argv(self, value: object) -> list[str]:
@@ -283,6 +492,52 @@ def _without_none(hint: Any) -> Any:
     return hint
 
 
+ENGINE_METAVARS: dict[str, str] = {
+    "ref_model": "MODEL",
+    "judge_url": "URL",
+    "judge_model": "NAME",
+    "judge_api_key_env": "VAR",
+    "gpu_memory_utilization": "FRACTION",
+    "kv_cache_memory_bytes": "BYTES",
+    "chat_template": "FILE",
+    "served_model_name": "NAME",
+    "cpu_threads_bind": "CPUS",
+}
+"""Placeholder of each engine option that is not an integer (``N``), a switch or a choice."""
+
+ENGINE_CHOICES: dict[str, tuple[str, ...]] = {"dtype": ("auto", "float32", "bfloat16", "float16")}
+"""Engine options typed ``str`` that take one of a few values (``dtype``: :data:`rmserve.server.config.DTYPES`)."""
+
+
+def config_flags() -> dict[str, str]:
+    """Config field → the flag that sets it, for every engine option and every ``serve``
+    option whose flag is not the field name with dashes (what :func:`flags_for_fields` writes)."""
+    from rmserve.server.config import EngineConfig
+
+    flags = {f.name: "--" + f.name.replace("_", "-") for f in dataclasses.fields(EngineConfig) if f.name != "model"}
+    return {**flags, **SERVE_FLAGS}
+
+
+SERVE_FLAGS: dict[str, str] = {
+    "host": "--host",
+    "port": "--port",
+    "max_body_bytes": "--max-body-bytes",
+    "max_inflight_groups": "--max-inflight-groups",
+    "swap_wait_s": "--wait-swap-s",
+    "swap_drain_timeout_s": "--wait-drain-s",
+    "result_cache_groups": "--result-cache-groups",
+    "users_file": "--users-file",
+    "insecure_no_auth": "--insecure-no-auth",
+    "fair_share": "--fair-share",
+    "engine_concurrency_groups": "--engine-concurrency-groups",
+    "engine_window_tokens": "--engine-window-tokens",
+    "fair_share_quantum_tokens": "--fair-share-quantum-tokens",
+    "fair_share_interactive_boost": "--fair-share-interactive-boost",
+    "lease_idle_s": "--lease-idle-s",
+}
+"""``ServerConfig`` field → its ``rmserve serve`` flag."""
+
+
 @functools.cache
 def engine_options() -> tuple[EngineOption, ...]:
     """Every ``EngineConfig`` field but ``model``, in declaration order, as an option.
@@ -301,12 +556,24 @@ def engine_options() -> tuple[EngineOption, ...]:
         value_type = _without_none(hints[field.name])
         if not (value_type in (int, float, str, bool, Path) or typing.get_origin(value_type) is typing.Literal):
             raise TypeError(f"EngineConfig.{field.name}: type {value_type!r} has no command line form")
+        is_literal = typing.get_origin(value_type) is typing.Literal
+        choices = ENGINE_CHOICES.get(field.name)
+        if value_type in (bool,) or is_literal or choices:
+            metavar = None
+        elif field.name in ENGINE_METAVARS:
+            metavar = ENGINE_METAVARS[field.name]
+        elif value_type is int:
+            metavar = "N"
+        else:
+            raise TypeError(f"EngineConfig.{field.name}: no placeholder in ENGINE_METAVARS for its {value_type!r} values")
         options.append(
             EngineOption(
                 name=field.name,
                 flag="--" + field.name.replace("_", "-"),
                 value_type=value_type,
-                help=field_help(EngineConfig, field.name),
+                help=field_help(EngineConfig, field.name, flags=config_flags()),
+                metavar=metavar,
+                choices=choices,
             )
         )
     return tuple(options)
@@ -359,6 +626,50 @@ def with_engine_options(command: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
+def with_option_group(placeholder: str, group: Mapping[str, tuple[Any, Any]]) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Give a typer command a group of options shared with other commands, in one place.
+
+    ``group`` maps each parameter name to its ``(annotation, default)`` (the annotation an
+    ``Annotated[..., typer.Option(...)]``). The command declares a keyword-only parameter
+    ``placeholder``; typer sees the group's parameters at its position instead (so ``--help``
+    lists them there, in ``group``'s order) and the command receives their values as one dict
+    (name → value) under ``placeholder``.
+
+    Raises:
+        TypeError: the command has no ``placeholder`` parameter, or one of its own clashes
+            with a name of the group.
+    """
+
+    def decorate(command: Callable[..., T]) -> Callable[..., T]:
+        signature = inspect.signature(command, eval_str=True)
+        if placeholder not in signature.parameters:
+            raise TypeError(f"{command.__name__} has no {placeholder} parameter")
+        clash = set(signature.parameters) & set(group)
+        if clash:
+            raise TypeError(f"{command.__name__}: parameters {sorted(clash)} clash with the {placeholder} options")
+        params: list[inspect.Parameter] = []
+        for param in signature.parameters.values():
+            if param.name != placeholder:
+                params.append(param)
+                continue
+            params.extend(
+                inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+                for name, (annotation, default) in group.items()
+            )
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> T:
+            values = {name: kwargs.pop(name) for name in group}
+            return command(**kwargs, **{placeholder: values})
+
+        del wrapper.__wrapped__  # typer must see the signature below, not the command's
+        wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return decorate
+
+
 MODEL_HELP_JUDGE_URL = (
     "May be left out with --kind judge --judge-url URL --judge-model NAME (a judge behind an "
     "OpenAI-compatible endpoint)."
@@ -390,6 +701,32 @@ def model_argument(model: str | None, engine_options: Mapping[str, object]) -> s
             param_hint="'MODEL'",
         )
     return str(judge_model)
+
+
+def check_model_sources(config: Any, *, files: bool = True) -> None:
+    """Before any engine starts, tell each model path of an engine config (``model``, a DPO
+    ``ref_model``) from a hub id and, with ``files``, check a folder's files with the kind's
+    rules (:func:`rmserve.server.swaps.checkpoints.check_model_source`; without ``files``
+    only :func:`~rmserve.server.swaps.checkpoints.model_folder`, for a launcher whose child
+    ``rmserve serve`` checks the files); a judge behind ``--judge-url`` names a model at the
+    endpoint and is not checked here.
+
+    Raises:
+        ValueError: a path-like model that does not exist, a file, or a folder that breaks a
+            rule; the message starts with the field (``model`` / ``ref_model``).
+    """
+    from rmserve.server.swaps.checkpoints import check_model_source, model_folder
+
+    def check(model: str, field: str) -> None:
+        if files:
+            check_model_source(model, config.kind, field)
+        else:
+            model_folder(model, field)
+
+    if getattr(config, "judge_url", None) is None:
+        check(config.model, "model")
+    if getattr(config, "ref_model", None) is not None:
+        check(config.ref_model, "ref_model")
 
 
 # --- admin token ----------------------------------------------------------------------------
@@ -436,6 +773,38 @@ def exit_code(exc: BaseException, *, own_files: Iterable[Path | str | None] = ()
     return EXIT_ERROR
 
 
+@contextlib.contextmanager
+def sigterm_exits() -> Iterator[Callable[[], bool]]:
+    """While active (main thread, SIGTERM at its default), SIGTERM stops the program as Ctrl-C
+    does: the SIGINT handler in force is called (an asyncio runner's cancels its main task and
+    raises ``KeyboardInterrupt`` once the loop has unwound; the default one raises it where the
+    program is), so the ``finally`` blocks run (a server started here is stopped, the score file
+    closed) and no task is left holding an exception nobody reads. Yields a callable that says
+    whether SIGTERM was received, so :func:`guarded` can tell it from Ctrl-C. Elsewhere, or under
+    another SIGTERM handler, nothing changes (the callable says False)."""
+    import signal
+    import threading
+
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield lambda: False
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        received.append(signum)
+        on_sigint = signal.getsignal(signal.SIGINT)
+        if callable(on_sigint):
+            on_sigint(signal.SIGINT, frame)
+        else:  # SIGINT ignored or at SIG_DFL: still stop here
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield lambda: bool(received)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def error_line(exc: RMServeError, *, with_type: bool = True) -> str:
     """One line for stderr: ``error: TYPE: MESSAGE (field F)`` (whitespace folded)."""
     message = " ".join(str(exc).split())
@@ -473,11 +842,16 @@ def guarded(
     def kept_now() -> str | None:
         return kept() if callable(kept) else kept
 
+    terminated: Callable[[], bool] = lambda: False
     try:
-        return call()
+        with sigterm_exits() as terminated:
+            return call()
     except KeyboardInterrupt:
         where_kept = kept_now()
         where = f"; scored groups are kept in {where_kept}; run again to resume" if where_kept else ""
+        if terminated():
+            typer.echo(f"terminated (SIGTERM){where}", err=True)
+            raise typer.Exit(EXIT_TERMINATED) from None
         typer.echo(f"interrupted{where}", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except RMServeError as exc:
@@ -497,7 +871,8 @@ def guarded(
 def _blamed_option(message: str) -> tuple[str, str] | None:
     """(option, rest of the message) when ``message`` starts by naming an option of the
     running command, as its flag (``--bench 'x' is …``) or as its config field
-    (``resamples must be …``, ``ServerConfig.port is …``); None otherwise (or outside a command)."""
+    (``resamples must be …``, ``ServerConfig.port is …``), or an argument by its name
+    (``model: …`` → ``MODEL``); None otherwise (or outside a command)."""
     ctx = _RUNNING.get()
     if ctx is None:
         return None
@@ -506,12 +881,33 @@ def _blamed_option(message: str) -> tuple[str, str] | None:
     if re.fullmatch(r"[A-Z]\w*\.\w+", head):  # "ServerConfig.port is …": the field of a config
         head = head.split(".")[1]
     for param in ctx.command.params:
+        if param.param_type_name == "argument":  # "model: …" blames MODEL
+            shown = param.metavar or param.name.upper()
+            if head in (param.name, shown.lower()) and sep:
+                return shown, rest
+            continue
         if param.param_type_name != "option" or not param.opts:
             continue
         flag = param.opts[0]
-        if head in (flag, param.name) and sep:
+        if (head in (flag, param.name) or FIELD_PARAMS.get(head) == param.name) and sep:
             return flag, rest[len("is ") :] if rest.startswith("is ") else rest
     return None
+
+
+FIELD_PARAMS: dict[str, str] = {
+    "max_in_flight": "max_inflight_groups",
+    "timeout_s": "wait_request_s",
+    "ready_timeout_s": "wait_ready_s",
+    "startup_timeout_s": "wait_ready_s",
+    "server_wait_s": "wait_ready_s",
+    "load_timeout_s": "wait_load_s",
+    "max_retry_after_s": "wait_retry_after_s",
+    "swap_wait_s": "wait_swap_s",
+    "swap_drain_timeout_s": "wait_drain_s",
+    "kind": "head",
+}
+"""Config field → the command parameter that sets it, where the two are named differently (a
+message naming the field is reported against the option, :func:`bad_parameter`)."""
 
 
 def bad_parameter(call: Callable[[], T]) -> T:
@@ -571,10 +967,41 @@ TruncationOpt = Annotated[
 ]
 MaxTokensOpt = Annotated[
     Optional[int],
-    typer.Option("--max-tokens",
+    typer.Option("--max-tokens", metavar="N",
                  help="Length each sequence is cut to, with --truncation (from 2 to the model's max length).",
                  show_default=False),
 ]
+WaitRetryAfterOpt = Annotated[
+    float,
+    typer.Option("--wait-retry-after-s", metavar="SECONDS",
+                 help="Longest wait taken from a server's Retry-After before a retry, seconds; a longer one is cut "
+                 "to it, with a warning naming both."),
+]
+"""``--wait-retry-after-s`` of every command that talks to a server (default
+:data:`rmserve.client.config.DEFAULT_MAX_RETRY_AFTER_S`, 60; write it ``60``, not ``60.0``)."""
+
+ServerOpt = Annotated[
+    str,
+    typer.Option("--server", metavar="URL", help="Scoring server base URL, e.g. http://127.0.0.1:8000.",
+                 show_default=False),
+]
+"""``--server URL`` of every command that talks to one running server."""
+
+WaitRequestOpt = Annotated[
+    float, typer.Option("--wait-request-s", metavar="SECONDS", help="Longest wait for the reply to one scoring request, seconds.")
+]
+"""``--wait-request-s`` of ``eval``, ``run`` and ``sweep``."""
+
+WaitLoadOpt = Annotated[
+    float, typer.Option("--wait-load-s", metavar="SECONDS", help="Longest wait for one checkpoint load, seconds.")
+]
+"""``--wait-load-s`` of ``sweep`` and ``models load``."""
+
+WAIT_READY_HELP = (
+    "Longest wait for a server to be ready (its /health answering 200: the model loaded), seconds."
+)
+"""Help of ``--wait-ready-s`` (``eval``, ``run``, ``sweep``)."""
+
 StrictOpt = Annotated[
     bool,
     typer.Option("--strict", help="Stop at the first group that cannot be scored (exit 1) instead of finishing "

@@ -24,6 +24,10 @@ from rmserve.cli_common import (
     MODEL_HELP_JUDGE_URL,
     Command,
     EXIT_UNSCORED,
+    ServerOpt,
+    WAIT_READY_HELP,
+    WaitRequestOpt,
+    WaitRetryAfterOpt,
     MaxTokensOpt,
     Side,
     StrictOpt,
@@ -41,6 +45,7 @@ from rmserve.cli_common import (
     resamples_help,
     with_default,
     with_engine_options,
+    with_option_group,
 )
 
 
@@ -75,6 +80,7 @@ def _eval_config(
     wait_for_server: bool = False,
     token: str | None = None,
     priority: PriorityHint = PriorityHint.interactive,
+    max_retry_after_s: float = 60,
 ):
     from rmserve.pipelines.evaluate import EvalConfig
 
@@ -102,6 +108,7 @@ def _eval_config(
             wait_for_server=wait_for_server,
             token=token,
             priority=priority.value,
+            max_retry_after_s=max_retry_after_s,
         )
     )
 
@@ -138,9 +145,9 @@ def _call(fn, config, *, scores_path: Path, store_path: Path | None = None):
 
 
 def _render(result, *, as_json: bool, quiet: bool) -> None:
-    from rmserve.metrics.report import to_json
+    from rmserve.metrics.render_json import to_json
 
-    for note in result.notes:
+    for note in result.notes[result.notes_shown:]:
         typer.echo(f"note: {note}", err=True)
     if not quiet:
         typer.echo(
@@ -151,30 +158,39 @@ def _render(result, *, as_json: bool, quiet: bool) -> None:
             err=True,
         )
     typer.echo(to_json(result.results) if as_json else result.table_md.rstrip("\n"))
+    judge = result.evaluation.judge
+    if judge is not None and judge.summary.no_verdicts:
+        typer.echo(f"error: {judge.summary.no_verdicts_sentence()}", err=True)
+        raise typer.Exit(EXIT_UNSCORED)
     if result.unscored is not None and result.unscored.count:
         raise typer.Exit(EXIT_UNSCORED)
 
 
 BenchOpt = Annotated[Bench, typer.Option("--bench", help="Benchmark to score.", show_default=False)]
 DataOpt = Annotated[
-    str, typer.Option("--data", help="Benchmark data: file or folder path, or hub dataset id.", show_default=False)
+    str,
+    typer.Option("--data", metavar="DATA", help="Benchmark data: file or folder path, or hub dataset id.",
+                 show_default=False),
 ]
 OutOpt = Annotated[
     Path,
     typer.Option(
-        "--out", help="Output folder (scores.jsonl resumes; results.json, table.md, heatmaps).", show_default=False
+        "--out", metavar="DIR", help="Output folder (scores.jsonl resumes; results.json, table.md, heatmaps).",
+        show_default=False,
     ),
 ]
-MaxInFlightOpt = Annotated[int, typer.Option("--max-in-flight", help="Most groups sent and not yet answered (1–4096).")]
+MaxInflightOpt = Annotated[
+    int, typer.Option("--max-inflight-groups", metavar="N", help="Most groups sent and not yet answered (1–4096).")
+]
 GroupsPerRequestOpt = Annotated[int, typer.Option("--groups-per-request", help="Groups per POST /v1/score.")]
-TimeoutOpt = Annotated[float, typer.Option("--timeout-s", help="Limit of one scoring request, seconds.")]
 OnlyOpt = Annotated[
     Optional[list[str]],
-    typer.Option("--only", help=only_help(), show_default=False),
+    typer.Option("--only", metavar="NAME", help=only_help(), show_default=False),
 ]
 ModelOpt = Annotated[
     Optional[str],
-    typer.Option("--model", help=with_default("Model name to request.", "the server's only model"), show_default=False),
+    typer.Option("--model", metavar="NAME", help=with_default("Model name to request.", "the server's only model"),
+                 show_default=False),
 ]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Discard stored scores of a different model.")]
 FsyncOpt = Annotated[bool, typer.Option("--fsync", help="fsync the score file after every group.")]
@@ -186,6 +202,7 @@ StoreOpt = Annotated[
     Optional[Path],
     typer.Option(
         "--store",
+        metavar="FILE",
         help=with_default(
             "Score store (SQLite) shared across runs: groups stored for the server's model fingerprint are not "
             "sent again, new ones are added.",
@@ -195,43 +212,58 @@ StoreOpt = Annotated[
     ),
 ]
 NoStoreOpt = Annotated[bool, typer.Option("--no-store", help="Use no score store, even when $RMSERVE_STORE is set.")]
+SCORING_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "overwrite": (OverwriteOpt, False),
+    "fsync": (FsyncOpt, False),
+    "quiet": (QuietOpt, False),
+    "as_json": (JsonOpt, False),
+    "resamples": (ResamplesOpt, 1000),
+    "seed": (SeedOpt, 0),
+    "store": (StoreOpt, None),
+    "no_store": (NoStoreOpt, False),
+    "truncation": (TruncationOpt, None),
+    "max_tokens": (MaxTokensOpt, None),
+    "strict": (StrictOpt, False),
+    "wait_retry_after_s": (WaitRetryAfterOpt, 60),
+}
+"""The options ``eval`` and ``run`` share (name → annotation, default), given to both by
+:func:`~rmserve.cli_common.with_option_group` as ``scoring``."""
+
+
+def _scoring_settings(scoring: dict[str, Any]) -> dict[str, Any]:
+    """The :func:`_eval_config` keywords of the :data:`SCORING_OPTIONS` values (``--store`` /
+    ``--no-store`` made one store path; ``--json`` left out, it is the printing's)."""
+    skip = ("as_json", "store", "no_store", "wait_retry_after_s")
+    settings = {name: value for name, value in scoring.items() if name not in skip}
+    return {
+        **settings,
+        "store": _store_path(scoring["store"], scoring["no_store"]),
+        "max_retry_after_s": scoring["wait_retry_after_s"],
+    }
+
+
+@with_option_group("scoring", SCORING_OPTIONS)
 def eval_command(
-    server: Annotated[
-        str,
-        typer.Option(
-            "--server", help="Scoring server base URL, e.g. http://127.0.0.1:8000.", show_default=False
-        ),
-    ],
+    server: ServerOpt,
     bench: BenchOpt,
     data: DataOpt,
     out: OutOpt,
-    max_in_flight: MaxInFlightOpt = 32,
+    max_inflight_groups: MaxInflightOpt = 32,
     groups_per_request: GroupsPerRequestOpt = 1,
-    timeout_s: TimeoutOpt = 900.0,
-    ready_timeout_s: Annotated[
-        float, typer.Option("--ready-timeout-s", help="How long to wait for /health, seconds.")
-    ] = 600.0,
+    wait_request_s: WaitRequestOpt = 900,
+    wait_ready_s: Annotated[float, typer.Option("--wait-ready-s", metavar="SECONDS", help=WAIT_READY_HELP)] = 600,
     wait_for_server: Annotated[
         bool,
         typer.Option(
             "--wait-for-server",
-            help="Wait (up to --ready-timeout-s) for a server that does not accept connections yet. Without it, "
+            help="Wait (up to --wait-ready-s) for a server that does not accept connections yet. Without it, "
             "a refused connection fails after a few seconds.",
         ),
     ] = False,
     only: OnlyOpt = None,
     model: ModelOpt = None,
-    overwrite: OverwriteOpt = False,
-    fsync: FsyncOpt = False,
-    quiet: QuietOpt = False,
-    as_json: JsonOpt = False,
-    resamples: ResamplesOpt = 1000,
-    seed: SeedOpt = 0,
-    store: StoreOpt = None,
-    no_store: NoStoreOpt = False,
-    truncation: TruncationOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    strict: StrictOpt = False,
+    *,
+    scoring: dict[str, Any],
     token_file: TokenFileOpt = None,
     priority: Annotated[PriorityHint, typer.Option("--priority", help=PRIORITY_HELP)] = PriorityHint.interactive,
 ) -> None:
@@ -243,17 +275,17 @@ def eval_command(
     from rmserve.pipelines.evaluate import evaluate
 
     config = _eval_config(
-        server_url=server, bench=bench, data=data, out=out, max_in_flight=max_in_flight,
-        groups_per_request=groups_per_request, timeout_s=timeout_s, ready_timeout_s=ready_timeout_s,
-        only=only, model=model, overwrite=overwrite, fsync=fsync, quiet=quiet, resamples=resamples, seed=seed,
-        store=_store_path(store, no_store), truncation=truncation, max_tokens=max_tokens, strict=strict,
+        server_url=server, bench=bench, data=data, out=out, max_in_flight=max_inflight_groups,
+        groups_per_request=groups_per_request, timeout_s=wait_request_s, ready_timeout_s=wait_ready_s,
+        only=only, model=model, **_scoring_settings(scoring),
         wait_for_server=wait_for_server, token=read_client_token(token_file), priority=priority,
     )
     result = _call(evaluate, config, scores_path=config.out_dir / "scores.jsonl", store_path=config.store)
-    _render(result, as_json=as_json, quiet=quiet)
+    _render(result, as_json=scoring["as_json"], quiet=scoring["quiet"])
 
 
 @with_engine_options
+@with_option_group("scoring", SCORING_OPTIONS)
 def run_command(
     model_path: Annotated[
         Optional[str],
@@ -264,24 +296,16 @@ def run_command(
     data: DataOpt,
     out: OutOpt,
     engine_options: dict[str, Any],
-    startup_timeout_s: Annotated[
-        float, typer.Option("--startup-timeout-s", help="How long the model may take to load, seconds.")
-    ] = 1800.0,
-    max_in_flight: MaxInFlightOpt = 32,
+    wait_ready_s: Annotated[
+        float,
+        typer.Option("--wait-ready-s", metavar="SECONDS",
+                     help="Longest wait for the server started here to be ready (its model loaded), seconds."),
+    ] = 1800,
+    max_inflight_groups: MaxInflightOpt = 32,
     groups_per_request: GroupsPerRequestOpt = 1,
-    timeout_s: TimeoutOpt = 900.0,
+    wait_request_s: WaitRequestOpt = 900,
     only: OnlyOpt = None,
-    overwrite: OverwriteOpt = False,
-    fsync: FsyncOpt = False,
-    quiet: QuietOpt = False,
-    as_json: JsonOpt = False,
-    resamples: ResamplesOpt = 1000,
-    seed: SeedOpt = 0,
-    store: StoreOpt = None,
-    no_store: NoStoreOpt = False,
-    truncation: TruncationOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    strict: StrictOpt = False,
+    scoring: dict[str, Any],
 ) -> None:
     """Start a server for MODEL, score a benchmark on it, stop it, print the table.
 
@@ -291,20 +315,19 @@ def run_command(
     from rmserve.pipelines.launch import RunConfig, ServeOptions, run
 
     evaluation = _eval_config(
-        server_url=None, bench=bench, data=data, out=out, max_in_flight=max_in_flight,
-        groups_per_request=groups_per_request, timeout_s=timeout_s, ready_timeout_s=startup_timeout_s,
-        only=only, model=None, overwrite=overwrite, fsync=fsync, quiet=quiet, resamples=resamples, seed=seed,
-        store=_store_path(store, no_store), truncation=truncation, max_tokens=max_tokens, strict=strict,
+        server_url=None, bench=bench, data=data, out=out, max_in_flight=max_inflight_groups,
+        groups_per_request=groups_per_request, timeout_s=wait_request_s, ready_timeout_s=wait_ready_s,
+        only=only, model=None, **_scoring_settings(scoring),
     )
     config = bad_parameter(
         lambda: RunConfig(
             serve=ServeOptions(model=model_argument(model_path, engine_options), engine_options=engine_options,
-                               startup_timeout_s=startup_timeout_s),
+                               startup_timeout_s=wait_ready_s),
             evaluation=evaluation,
         )
     )
     result = _call(run, config, scores_path=evaluation.out_dir / "scores.jsonl", store_path=evaluation.store)
-    _render(result, as_json=as_json, quiet=quiet)
+    _render(result, as_json=scoring["as_json"], quiet=scoring["quiet"])
 
 
 def register(app: typer.Typer) -> None:

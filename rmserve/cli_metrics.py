@@ -1,6 +1,6 @@
 """``rmserve metrics …``: benchmark figures from score files.
 
-Each command parses its options into a :class:`rmserve.metrics.report.MetricsConfig`, calls
+Each command parses its options into a :class:`rmserve.metrics.evaluation.MetricsConfig`, calls
 one library function and renders the result (Markdown on stdout, or JSON with ``--json``).
 Score records of a generative judge are evaluated from their verdicts, with parse-failure
 rates in the tables (:mod:`rmserve.metrics.judge`); records of different kinds of score in
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import typer
 
@@ -48,15 +48,26 @@ RB2FilesArg = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the JSON result only.")]
-OutOpt = Annotated[
+RMBenchOutOpt = Annotated[
     Path | None,
-    typer.Option("--out", help="Folder for results.json, table.md and (RM-Bench) heatmap PNGs.", show_default=False),
+    typer.Option("--out", metavar="DIR", help="Folder for results.json, table.md and the heatmap PNGs.",
+                 show_default=False),
+]
+RB2OutOpt = Annotated[
+    Path | None,
+    typer.Option("--out", metavar="DIR", help="Folder for results.json and table.md.", show_default=False),
 ]
 ResamplesOpt = Annotated[int, typer.Option("--resamples", help=resamples_help(0))]
 SeedOpt = Annotated[int, typer.Option("--seed", help=SEED_HELP)]
-ConfidenceOpt = Annotated[float, typer.Option("--confidence", help="Interval coverage, in (0, 1).")]
+ConfidenceOpt = Annotated[
+    float, typer.Option("--confidence", metavar="FRACTION", help="Interval coverage, in (0, 1).")
+]
+RMBENCH_DOMAIN_CHOICES = ("chat", "math", "code", "safety-refuse", "safety-response")
+"""``--domain`` values: :data:`rmserve.schema.RMBENCH_DOMAINS` (spelled out: the CLI imports no metrics code)."""
+DPO_REWARD_CHOICES = ("avg", "sum", "norm", "reference")
+"""``--dpo-reward`` values: :data:`rmserve.metrics.dpo.DPO_REWARDS`."""
 DomainOpt = Annotated[
-    str | None,
+    Literal[RMBENCH_DOMAIN_CHOICES] | None,  # type: ignore[valid-type]
     typer.Option(
         "--domain",
         help=with_default(
@@ -66,7 +77,7 @@ DomainOpt = Annotated[
     ),
 ]
 DpoRewardOpt = Annotated[
-    str | None,
+    Literal[DPO_REWARD_CHOICES] | None,  # type: ignore[valid-type]
     typer.Option(
         "--dpo-reward",
         help="Recompute a DPO run's rewards from its score records' extras instead of using the rewards as scored: "
@@ -76,15 +87,13 @@ DpoRewardOpt = Annotated[
     ),
 ]
 BenchOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--bench", help=with_default("Expected benchmark: rm-bench or rewardbench2.", "detected"), show_default=False
-    ),
+    Literal["rm-bench", "rewardbench2"] | None,
+    typer.Option("--bench", help=with_default("Expected benchmark.", "detected"), show_default=False),
 ]
 
 
 def _config(**kwargs):
-    from rmserve.metrics.report import MetricsConfig
+    from rmserve.metrics.evaluation import MetricsConfig
 
     return bad_parameter(lambda: MetricsConfig(**kwargs))
 
@@ -96,7 +105,9 @@ def _guard(call: Callable[[], T]) -> T:
 
 
 def _emit(evaluation, as_json: bool, out: Path | None) -> None:
-    from rmserve.metrics.report import render_markdown, result_dict, to_json, write_outputs
+    from rmserve.metrics.outputs import write_outputs
+    from rmserve.metrics.render_json import result_dict, to_json
+    from rmserve.metrics.render_markdown import render_markdown
 
     if out is not None:
         try:
@@ -111,7 +122,7 @@ def _emit(evaluation, as_json: bool, out: Path | None) -> None:
 def rm_bench(
     files: RMBenchFilesArg,
     as_json: JsonOpt = False,
-    out: OutOpt = None,
+    out: RMBenchOutOpt = None,
     resamples: ResamplesOpt = 1000,
     seed: SeedOpt = 0,
     confidence: ConfidenceOpt = 0.95,
@@ -119,7 +130,7 @@ def rm_bench(
     dpo_reward: DpoRewardOpt = None,
 ) -> None:
     """RM-Bench accuracy: Chat | Math | Code | Safety | Easy | Normal | Hard | Avg."""
-    from rmserve.metrics.report import evaluate_files
+    from rmserve.metrics.evaluation import evaluate_files
 
     config = _config(
         resamples=resamples, seed=seed, confidence=confidence, domain=domain, benchmark="rm-bench", dpo_reward=dpo_reward
@@ -131,14 +142,14 @@ def rm_bench(
 def rewardbench2(
     files: RB2FilesArg,
     as_json: JsonOpt = False,
-    out: OutOpt = None,
+    out: RB2OutOpt = None,
     resamples: ResamplesOpt = 1000,
     seed: SeedOpt = 0,
     confidence: ConfidenceOpt = 0.95,
     dpo_reward: DpoRewardOpt = None,
 ) -> None:
     """RewardBench 2 scores: Factuality | Precise IF | Math | Safety | Focus | Ties | Avg."""
-    from rmserve.metrics.report import evaluate_files
+    from rmserve.metrics.evaluation import evaluate_files
 
     config = _config(
         resamples=resamples, seed=seed, confidence=confidence, benchmark="rewardbench2", dpo_reward=dpo_reward
@@ -163,7 +174,9 @@ def compare(
     dpo_reward: DpoRewardOpt = None,
 ) -> None:
     """Paired difference B − A per figure over the same groups, with its bootstrap interval."""
-    from rmserve.metrics.report import compare_files, comparison_dict, render_comparison, to_json
+    from rmserve.metrics.comparison import compare_files
+    from rmserve.metrics.render_json import comparison_dict, to_json
+    from rmserve.metrics.render_markdown import render_comparison
 
     if bench is not None and bench not in BENCHMARKS:
         raise typer.BadParameter(f"{bench!r} is not one of {', '.join(map(repr, BENCHMARKS))}.", param_hint="'--bench'")

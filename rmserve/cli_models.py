@@ -27,10 +27,14 @@ import typer
 from rmserve.cli_common import (
     EXIT_ERROR,
     Command,
+    ServerOpt,
+    WaitLoadOpt,
+    WaitRetryAfterOpt,
     bad_parameter,
     error_line,
     guarded,
     read_admin_token,
+    table_lines,
     with_default,
 )
 from rmserve.cli_users import TOKEN_ENV, TokenFileOpt, read_client_token
@@ -60,14 +64,11 @@ FORCE_HINT = (
 )
 """Printed after a load refused for another user's lease or pinned work (without ``--force``)."""
 
-UrlOpt = Annotated[
-    str,
-    typer.Option("--url", "--server", help="Scoring server base URL, e.g. http://127.0.0.1:8000.", show_default=False),
-]
 AdminTokenFileOpt = Annotated[
     Optional[Path],
     typer.Option(
         "--admin-token-file",
+        metavar="FILE",
         help=with_default(
             "File holding the admin token of a server started with --admin-token-file (no users file).",
             "the token in $RMSERVE_ADMIN_TOKEN, else the token of --token-file",
@@ -96,20 +97,27 @@ def lease_columns(info: ModelInfo) -> tuple[str, str]:
 def list_rows(models: tuple[ModelInfo, ...]) -> list[str]:
     """The lines ``rmserve models list`` prints: the header (:data:`LIST_COLUMNS`), then one
     tab-separated line per model, in the server's order; fingerprints are printed whole."""
-    lines = ["\t".join(LIST_COLUMNS)]
-    for info in models:
-        holder, since = lease_columns(info)
-        lines.append("\t".join((info.name, info.fingerprint, info.kind, holder, since)))
-    return lines
+    return table_lines(LIST_COLUMNS, ((info.name, info.fingerprint, info.kind, *lease_columns(info)) for info in models))
 
 
-def _client(url: str, token: str | None) -> RewardClient:
+def _client(url: str, token: str | None, max_retry_after_s: float) -> RewardClient:
+    """A client of the server at ``url`` (``--server``) waiting at most ``max_retry_after_s``
+    (``--wait-retry-after-s``) on a Retry-After.
+
+    Raises:
+        typer.BadParameter: a bad wait or URL, blamed on its option.
+    """
     from rmserve.client.client import RewardClient
+    from rmserve.client.config import Retry
 
     try:
-        return RewardClient(url, token=token)
+        retry = Retry(max_retry_after_s=max_retry_after_s)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="'--url'") from None
+        raise typer.BadParameter(str(exc), param_hint="'--wait-retry-after-s'") from None
+    try:
+        return RewardClient(url, token=token, retry=retry)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--server'") from None
 
 
 def _swap_token(admin_token_file: Path | None, token: str | None) -> str:
@@ -135,14 +143,19 @@ def _run(make: Any) -> Any:
 
 
 @models_app.command("list", cls=Command, short_help="List the served models, their fingerprints and leases.")
-def list_command(url: UrlOpt, token_file: TokenFileOpt = None, as_json: JsonOpt = False) -> None:
+def list_command(
+    server: ServerOpt,
+    token_file: TokenFileOpt = None,
+    as_json: JsonOpt = False,
+    wait_retry_after_s: WaitRetryAfterOpt = 60,
+) -> None:
     """List the models a server scores with: name, fingerprint, kind, lease holder and since when (UTC).
 
     A model nobody holds shows - in both lease columns.
     """
     from rmserve.schema import ModelList, encode
 
-    client = _client(url, read_client_token(token_file))
+    client = _client(server, read_client_token(token_file), wait_retry_after_s)
 
     async def fetch():
         async with client:
@@ -163,7 +176,7 @@ def load_command(
     path: Annotated[str, typer.Argument(metavar="PATH", help="Checkpoint folder as the server sees it (under one of "
                                         "its --checkpoint-root folders; an absolute path is safest).",
                                         show_default=False)],
-    url: UrlOpt,
+    server: ServerOpt,
     force: Annotated[
         bool,
         typer.Option("--force", help="Swap even though another user holds the lease or has pinned work in flight "
@@ -171,13 +184,14 @@ def load_command(
     ] = False,
     model: Annotated[
         Optional[str],
-        typer.Option("--model", help=with_default("Served model the checkpoint replaces (a server with several).",
+        typer.Option("--model", metavar="NAME", help=with_default("Served model the checkpoint replaces (a server with several).",
                                                   "the server's only model"), show_default=False),
     ] = None,
-    timeout_s: Annotated[float, typer.Option("--timeout-s", help="Limit of the whole load, seconds.")] = 1800.0,
+    wait_load_s: WaitLoadOpt = 1800,
     token_file: TokenFileOpt = None,
     admin_token_file: AdminTokenFileOpt = None,
     as_json: JsonOpt = False,
+    wait_retry_after_s: WaitRetryAfterOpt = 60,
 ) -> None:
     """Load the checkpoint folder PATH as NAME on a running server; print the model now served and the swap kind.
 
@@ -188,14 +202,14 @@ def load_command(
 
     token = read_client_token(token_file)
     swap_token = _swap_token(admin_token_file, token)
-    if not timeout_s > 0:
-        raise typer.BadParameter(f"{timeout_s:g}; it must be > 0 seconds", param_hint="'--timeout-s'")
-    client = _client(url, token)
+    if not wait_load_s > 0:
+        raise typer.BadParameter(f"{wait_load_s:g}; it must be > 0 seconds", param_hint="'--wait-load-s'")
+    client = _client(server, token, wait_retry_after_s)
 
     async def load():
         async with client:
             return await client.load_checkpoint_reply(
-                name, path, admin_token=swap_token, timeout_s=timeout_s, force=force, model=model
+                name, path, admin_token=swap_token, timeout_s=wait_load_s, force=force, model=model
             )
 
     def call():
@@ -224,14 +238,15 @@ def load_command(
 @models_app.command("release", cls=Command, short_help="End your lease on a served model.")
 def release_command(
     name: Annotated[str, typer.Argument(metavar="NAME", help="The served model whose lease ends.", show_default=False)],
-    url: UrlOpt,
+    server: ServerOpt,
     token_file: TokenFileOpt = None,
     admin_token_file: AdminTokenFileOpt = None,
+    wait_retry_after_s: WaitRetryAfterOpt = 60,
 ) -> None:
     """End the lease on the served model NAME (its holder or an admin), so another user may load a checkpoint."""
     token = read_client_token(token_file)
     swap_token = _swap_token(admin_token_file, token)
-    client = _client(url, token)
+    client = _client(server, token, wait_retry_after_s)
 
     async def release():
         async with client:

@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import typer
 
@@ -15,6 +15,8 @@ from rmserve.cli_common import (
     MODEL_HELP_JUDGE_URL,
     Command,
     bad_parameter,
+    check_model_sources,
+    config_flags,
     field_help,
     model_argument,
     read_admin_token,
@@ -31,9 +33,9 @@ PARENT_POLL_S = 0.5
 
 
 def _server_help(field: str) -> str:
-    from rmserve.server.app import ServerConfig
+    from rmserve.server.http.app import ServerConfig
 
-    return field_help(ServerConfig, field)
+    return field_help(ServerConfig, field, flags=config_flags())
 
 
 def _given(**options: object) -> dict[str, object]:
@@ -120,17 +122,20 @@ def serve_command(
             "--model",
             metavar="NAME=PATH[,KEY=VALUE]",
             help="Serve several models from this server (repeat per model; instead of MODEL): one engine each, "
-            "chosen by the request's model. KEY: gpu_memory_utilization or kv_cache_memory_bytes for that model "
+            "chosen by the request's model. KEY: gpu-memory-utilization or kv-cache-memory-bytes for that model "
             "alone; without one, a model gets an even share of --gpu-memory-utilization (and of "
             "--kv-cache-memory-bytes when given). Engines start one after another; the other engine options "
             "apply to every model.",
             show_default=False,
         ),
     ] = None,
-    host: Annotated[Optional[str], typer.Option("--host", help=_server_help("host"), show_default=False)] = None,
-    port: Annotated[Optional[int], typer.Option("--port", help=_server_help("port"), show_default=False)] = None,
+    host: Annotated[
+        Optional[str], typer.Option("--host", metavar="ADDRESS", help=_server_help("host"), show_default=False)
+    ] = None,
+    port: Annotated[Optional[int], typer.Option("--port", metavar="PORT", help=_server_help("port"), show_default=False)] = None,
     max_body_bytes: Annotated[
-        Optional[int], typer.Option("--max-body-bytes", help=_server_help("max_body_bytes"), show_default=False)
+        Optional[int],
+        typer.Option("--max-body-bytes", metavar="BYTES", help=_server_help("max_body_bytes"), show_default=False),
     ] = None,
     max_inflight_groups: Annotated[
         Optional[int],
@@ -140,6 +145,7 @@ def serve_command(
         Optional[Path],
         typer.Option(
             "--admin-token-file",
+            metavar="FILE",
             help=with_default(
                 "File holding the admin token for POST /v1/models/load.",
                 "the token in $RMSERVE_ADMIN_TOKEN; neither: the endpoint is disabled",
@@ -149,21 +155,23 @@ def serve_command(
     ] = None,
     checkpoint_root: Annotated[
         Optional[list[Path]],
-        typer.Option("--checkpoint-root", help="Folder checkpoint swaps may load from (repeatable).", show_default=False),
+        typer.Option("--checkpoint-root", metavar="DIR", help="Folder checkpoint swaps may load from (repeatable).",
+                     show_default=False),
     ] = None,
-    swap_wait_s: Annotated[
-        Optional[float], typer.Option("--swap-wait-s", help=_server_help("swap_wait_s"), show_default=False)
-    ] = None,
-    swap_drain_timeout_s: Annotated[
+    wait_swap_s: Annotated[
         Optional[float],
-        typer.Option("--swap-drain-timeout-s", help=_server_help("swap_drain_timeout_s"), show_default=False),
+        typer.Option("--wait-swap-s", metavar="SECONDS", help=_server_help("swap_wait_s"), show_default=False),
+    ] = None,
+    wait_drain_s: Annotated[
+        Optional[float],
+        typer.Option("--wait-drain-s", metavar="SECONDS", help=_server_help("swap_drain_timeout_s"), show_default=False),
     ] = None,
     result_cache_groups: Annotated[
         Optional[int],
         typer.Option("--result-cache-groups", help=_server_help("result_cache_groups"), show_default=False),
     ] = None,
     users_file: Annotated[
-        Optional[Path], typer.Option("--users-file", help=_server_help("users_file"), show_default=False)
+        Optional[Path], typer.Option("--users-file", metavar="FILE", help=_server_help("users_file"), show_default=False)
     ] = None,
     insecure_no_auth: Annotated[
         bool, typer.Option("--insecure-no-auth", help=_server_help("insecure_no_auth"), show_default=False)
@@ -191,24 +199,33 @@ def serve_command(
     fair_share_interactive_boost: Annotated[
         Optional[float],
         typer.Option(
-            "--fair-share-interactive-boost", help=_server_help("fair_share_interactive_boost"), show_default=False
+            "--fair-share-interactive-boost", metavar="FACTOR", help=_server_help("fair_share_interactive_boost"),
+            show_default=False,
         ),
     ] = None,
     lease_idle_s: Annotated[
-        Optional[float], typer.Option("--lease-idle-s", help=_server_help("lease_idle_s"), show_default=False)
+        Optional[float],
+        typer.Option("--lease-idle-s", metavar="SECONDS", help=_server_help("lease_idle_s"), show_default=False),
+    ] = None,
+    policy_template: Annotated[
+        Optional[str],
+        typer.Option("--policy-template", metavar="NAME|FILE", help=_server_help("policy_template"),
+                     show_default=False),
     ] = None,
     log_level: Annotated[
-        str,
+        Literal[LOG_LEVELS],  # type: ignore[valid-type]
         typer.Option(
             "--log-level",
-            help=f"Least severe log level written to stderr for rmserve's own loggers: {', '.join(LOG_LEVELS)} "
-            "(other libraries: warning and above).",
+            case_sensitive=False,
+            help="Least severe log level written to stderr for rmserve's own loggers (other libraries: warning and "
+            "above).",
         ),
     ] = "info",
     parent_pid: Annotated[
         Optional[int],
         typer.Option(
             "--parent-pid",
+            metavar="PID",
             help="Shut down cleanly once this process is gone (rmserve run passes its own pid).",
             show_default=False,
         ),
@@ -218,8 +235,8 @@ def serve_command(
 
     The listener starts at once (/health answers 503 while the model loads); the URL is printed when the model is ready. SIGINT/SIGTERM shut down cleanly.
     """  # noqa: E501 - typer keeps docstring line breaks in --help
-    from rmserve.server.app import ServerConfig
-    from rmserve.server.serve import configure_logging, serve, serve_node
+    from rmserve.server.http.app import ServerConfig
+    from rmserve.server.http.serve import configure_logging, serve, serve_node
 
     if log_level.lower() not in LOG_LEVELS:
         raise typer.BadParameter(f"{log_level!r} is not one of {', '.join(LOG_LEVELS)}", param_hint="'--log-level'")
@@ -236,6 +253,8 @@ def serve_command(
             engine_configs = node_engine_configs(EngineConfig(model=specs[0].path, **engine_options), specs)
         else:
             engine_configs = [EngineConfig(model=model_argument(model, engine_options), **engine_options)]
+        for engine_config in engine_configs:  # a missing folder or a bad config.json, before any engine starts
+            check_model_sources(engine_config)
         server_config = ServerConfig(
             **_given(
                 host=host,
@@ -245,8 +264,8 @@ def serve_command(
                 served_model_name=engine_options.get("served_model_name"),
                 admin_token=read_admin_token(admin_token_file),
                 checkpoint_roots=tuple(str(root) for root in checkpoint_root) if checkpoint_root else None,
-                swap_wait_s=swap_wait_s,
-                swap_drain_timeout_s=swap_drain_timeout_s,
+                swap_wait_s=wait_swap_s,
+                swap_drain_timeout_s=wait_drain_s,
                 result_cache_groups=result_cache_groups,
                 users_file=str(users_file) if users_file is not None else None,
                 insecure_no_auth=insecure_no_auth or None,
@@ -256,6 +275,7 @@ def serve_command(
                 fair_share_quantum_tokens=fair_share_quantum_tokens,
                 fair_share_interactive_boost=fair_share_interactive_boost,
                 lease_idle_s=lease_idle_s,
+                policy_template=policy_template,
             )
         )
         if parent_pid is not None:
@@ -277,6 +297,7 @@ def demo_model_command(
         Path,
         typer.Option(
             "--corpus",
+            metavar="PATH",
             help="Tokenizer training text: a file or folder (.json/.jsonl benchmark records, .txt, .md).",
             show_default=False,
         ),
@@ -289,11 +310,13 @@ def demo_model_command(
     vocab: Annotated[int, typer.Option("--vocab", help="Tokenizer vocabulary target (300 to 65536).")] = 2000,
     seed: Annotated[int, typer.Option("--seed", help="Weight seed; same seed and corpus give identical files.")] = 0,
     max_len: Annotated[int, typer.Option("--max-len", help="Max positions / tokenizer model_max_length (≥ 16).")] = 4096,
-    kind: Annotated[
-        str,
+    head: Annotated[
+        Literal["reward", "causal"],
         typer.Option(
-            "--kind",
-            help="reward: a one-label classifier; causal: a causal LM (a DPO policy or reference; two seeds make a pair).",
+            "--head",
+            help="reward: a one-label reward head (LlamaForSequenceClassification, for serve --kind classifier or "
+            "length); causal: a language-model head (LlamaForCausalLM: a DPO policy or reference, or a judge, for "
+            "--kind dpo or judge; two seeds make a pair).",
         ),
     ] = "reward",
 ) -> None:
@@ -307,7 +330,7 @@ def demo_model_command(
     config = bad_parameter(
         lambda: DemoModelConfig(
             layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-            intermediate=intermediate, vocab=vocab, seed=seed, max_len=max_len, kind=kind,
+            intermediate=intermediate, vocab=vocab, seed=seed, max_len=max_len, kind=head,
         )
     )
     banner = "!" * 78
@@ -315,7 +338,8 @@ def demo_model_command(
     report = guarded(lambda: bad_parameter(lambda: build_demo_model(out, corpus, config)), input_option="--corpus")
     typer.echo(
         f"wrote {report.path}: {report.num_parameters:,} parameters, vocab {report.vocab_size}, "
-        f"head dim {report.head_dim}, weights sha256 {report.weights_sha256[:16]}"
+        f"head dim {report.head_dim}, weights sha256 {report.weights_sha256[:16]}",
+        err=True,  # a status line: stdout is left empty
     )
     typer.secho("RANDOM WEIGHTS: the rewards of this model mean nothing.", fg=typer.colors.RED, bold=True, err=True)
 

@@ -19,6 +19,10 @@ from rmserve.cli_users import TokenFileOpt, read_client_token
 from rmserve.cli_common import (
     Command,
     EXIT_UNSCORED,
+    WAIT_READY_HELP,
+    WaitLoadOpt,
+    WaitRequestOpt,
+    WaitRetryAfterOpt,
     MaxTokensOpt,
     StrictOpt,
     TruncationOpt,
@@ -88,20 +92,27 @@ def parse_data(benches: list[str], data: list[str]) -> tuple[tuple[str, str], ..
 def sweep_command(
     server: Annotated[
         list[str],
-        typer.Option("--server", help="Scoring server URL (repeatable; groups go to the least busy).", show_default=False),
+        typer.Option("--server", metavar="URL", help="Scoring server base URL, e.g. http://127.0.0.1:8000 (repeatable; "
+                     "groups go to the least busy).", show_default=False),
     ],
     bench: Annotated[
-        str, typer.Option("--bench", help="Benchmarks, comma-separated: rm-bench,rewardbench2.", show_default=False)
+        str,
+        typer.Option("--bench", metavar="BENCH[,BENCH]",
+                     help="Benchmarks to score, comma-separated: rm-bench, rewardbench2 or rm-bench,rewardbench2.",
+                     show_default=False),
     ],
     data: Annotated[
         list[str],
         typer.Option(
-            "--data", help="Benchmark data: PATH for one benchmark, else BENCH=PATH per benchmark (repeatable).",
+            "--data", metavar="[BENCH=]DATA",
+            help="Benchmark data (file or folder path, or hub dataset id): DATA for one benchmark, else BENCH=DATA per "
+            "benchmark (repeatable).",
             show_default=False,
         ),
     ],
     out: Annotated[
-        Path, typer.Option("--out", help="Output folder: sweep.csv, sweep.json, summary.md, plots.", show_default=False)
+        Path, typer.Option("--out", metavar="DIR", help="Output folder: sweep.csv, sweep.json, summary.md, plots.",
+                           show_default=False)
     ],
     checkpoint_args: Annotated[
         Optional[list[str]],
@@ -115,6 +126,7 @@ def sweep_command(
         Optional[list[str]],
         typer.Option(
             "--checkpoints",
+            metavar="DIR|GLOB",
             help="Checkpoint folder or glob such as 'runs/x/step-*' (repeatable); sorted by step.",
             show_default=False,
         ),
@@ -123,6 +135,7 @@ def sweep_command(
         Optional[Path],
         typer.Option(
             "--store",
+            metavar="FILE",
             help=with_default(
                 "SQLite score store; scores are kept there as they arrive.",
                 "$RMSERVE_STORE when set, else ~/.local/share/rmserve/scores.sqlite",
@@ -134,23 +147,26 @@ def sweep_command(
         Optional[Path],
         typer.Option(
             "--admin-token-file",
+            metavar="FILE",
             help=with_default("File holding the servers' admin token.", "the token in $RMSERVE_ADMIN_TOKEN"),
             show_default=False,
         ),
     ] = None,
-    max_in_flight: Annotated[
-        int, typer.Option("--max-in-flight", help="Most groups outstanding per server (1–4096).")
+    max_inflight_groups: Annotated[
+        int, typer.Option("--max-inflight-groups", metavar="N", help="Most groups outstanding per server (1–4096).")
     ] = 32,
-    timeout_s: Annotated[float, typer.Option("--timeout-s", help="Limit of one scoring request, seconds.")] = 900.0,
-    load_timeout_s: Annotated[
-        float, typer.Option("--load-timeout-s", help="Limit of one checkpoint load, seconds.")
-    ] = 1800.0,
-    server_wait_s: Annotated[
-        float, typer.Option("--server-wait-s", help="How long to wait for a server that stopped answering, seconds.")
-    ] = 600.0,
+    wait_request_s: WaitRequestOpt = 900,
+    wait_load_s: WaitLoadOpt = 1800,
+    wait_ready_s: Annotated[
+        float,
+        typer.Option("--wait-ready-s", metavar="SECONDS",
+                     help=f"{WAIT_READY_HELP[:-1]}, at the start (with --wait-for-server) and for a server that stopped "
+                     "answering."),
+    ] = 600,
+    wait_retry_after_s: WaitRetryAfterOpt = 60,
     only: Annotated[
         Optional[list[str]],
-        typer.Option("--only", help=only_help(), show_default=False),
+        typer.Option("--only", metavar="NAME", help=only_help(), show_default=False),
     ] = None,
     resamples: Annotated[int, typer.Option("--resamples", help=resamples_help(1))] = 1000,
     seed: Annotated[int, typer.Option("--seed", help=SEED_HELP)] = 0,
@@ -159,7 +175,7 @@ def sweep_command(
         bool,
         typer.Option(
             "--wait-for-server",
-            help="At the start, wait (up to --server-wait-s) for a server that does not accept connections yet. "
+            help="At the start, wait (up to --wait-ready-s) for a server that does not accept connections yet. "
             "Without it, a refused connection fails after a few seconds.",
         ),
     ] = False,
@@ -176,7 +192,7 @@ def sweep_command(
     """  # noqa: E501 - typer keeps docstring line breaks in --help
     from rmserve.client.score_store import default_store_path
     from rmserve.errors import FingerprintMismatch
-    from rmserve.metrics.report import to_json
+    from rmserve.metrics.render_json import to_json
     from rmserve.pipelines.sweep import SweepConfig, SweepTally, order_checkpoints, sweep
 
     token = read_client_token(token_file)
@@ -194,10 +210,11 @@ def sweep_command(
             store=store or default_store_path(),
             admin_token=read_admin_token(admin_token_file) or token,  # users file: an admin's own token
             token=token,
-            max_in_flight=max_in_flight,
-            timeout_s=timeout_s,
-            load_timeout_s=load_timeout_s,
-            server_wait_s=server_wait_s,
+            max_in_flight=max_inflight_groups,
+            timeout_s=wait_request_s,
+            load_timeout_s=wait_load_s,
+            server_wait_s=wait_ready_s,
+            max_retry_after_s=wait_retry_after_s,
             only=tuple(only) if only else None,
             resamples=resamples,
             seed=seed,

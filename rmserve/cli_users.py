@@ -1,6 +1,6 @@
 """``rmserve users add | list | remove``: the users file of a shared server.
 
-The file format is described in :mod:`rmserve.server.auth`. ``add`` prints the new user's token
+The file format is described in :mod:`rmserve.server.sharing.auth`. ``add`` prints the new user's token
 once, on stdout alone (so ``rmserve users add bob --users-file F > bob.token`` keeps it in a
 file); the users file keeps only its salted hash.
 """
@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rmserve.cli_common import Command
+from rmserve.cli_common import Command, print_table
 
 users_app = typer.Typer(
     name="users",
@@ -37,6 +37,7 @@ UsersFileOpt = Annotated[
     Path,
     typer.Option(
         "--users-file",
+        metavar="FILE",
         help="The users file (JSON Lines; created by the first add, readable by its owner only).",
         show_default=False,
     ),
@@ -71,7 +72,9 @@ def add_command(
     users_file: UsersFileOpt,
     role: Annotated[RoleChoice, typer.Option("--role", help="scorer: score and read; admin: also swap checkpoints.")]
     = RoleChoice.scorer,
-    weight: Annotated[float, typer.Option("--weight", help="Share of the engine under contention (> 0).")] = 1.0,
+    weight: Annotated[
+        float, typer.Option("--weight", metavar="WEIGHT", help="Share of the engine under contention (> 0).")
+    ] = 1,
     max_inflight_groups: Annotated[
         Optional[int],
         typer.Option("--max-inflight-groups", help="Groups this user may have in flight (≥ 1). [default: no cap]",
@@ -84,12 +87,12 @@ def add_command(
     ] = None,
     expires: Annotated[
         Optional[str],
-        typer.Option("--expires", help="Time the token stops working, with a zone (2027-03-31T00:00:00Z). "
+        typer.Option("--expires", metavar="TIME", help="Time the token stops working, with a zone (2027-03-31T00:00:00Z). "
                      "[default: never]", show_default=False),
     ] = None,
 ) -> None:
     """Add a user with a new token; the token is printed once (stdout) and never stored."""
-    from rmserve.server.auth import UsersFileError, add_user
+    from rmserve.server.sharing.auth import UsersFileError, add_user
 
     try:
         token, line = add_user(
@@ -109,19 +112,22 @@ def add_command(
 @users_app.command("list", cls=Command, short_help="List the users and their limits.")
 def list_command(users_file: UsersFileOpt) -> None:
     """List the users: name, role, weight, limits, expiry (never a token or hash)."""
-    from rmserve.server.auth import UsersFileError, read_users_file
+    from rmserve.server.sharing.auth import UsersFileError, read_users_file
 
     try:
         lines = read_users_file(users_file)
     except UsersFileError as exc:
         raise _fail(exc) from None
-    typer.echo("name\trole\tweight\tmax_inflight_groups\ttokens_per_minute\texpires")
-    for line in lines:
-        expires = line.expires.isoformat() if line.expires is not None else "never"
-        typer.echo(
-            f"{line.name}\t{line.role}\t{line.weight:g}\t{line.max_inflight_groups or '-'}\t"
-            f"{line.tokens_per_minute or '-'}\t{expires}"
-        )
+    print_table(
+        ("name", "role", "weight", "max_inflight_groups", "tokens_per_minute", "expires"),
+        (
+            (
+                line.name, line.role, f"{line.weight:g}", f"{line.max_inflight_groups or '-'}",
+                f"{line.tokens_per_minute or '-'}", line.expires.isoformat() if line.expires is not None else "never",
+            )
+            for line in lines
+        ),
+    )
 
 
 @users_app.command("remove", cls=Command, short_help="Remove a user.")
@@ -130,7 +136,7 @@ def remove_command(
     users_file: UsersFileOpt,
 ) -> None:
     """Remove a user (its token stops working once the server reads the file again: SIGHUP or a restart)."""
-    from rmserve.server.auth import UsersFileError, remove_user
+    from rmserve.server.sharing.auth import UsersFileError, remove_user
 
     try:
         removed = remove_user(users_file, name)
@@ -148,6 +154,7 @@ TokenFileOpt = Annotated[
     Optional[Path],
     typer.Option(
         "--token-file",
+        metavar="FILE",
         help="File holding your token for a server started with --users-file (from rmserve users add). "
         f"[default: the token in ${TOKEN_ENV}; neither: no token is sent]",
         show_default=False,

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from rmserve.schema import ErrorBody, ErrorDetail
+from rmserve.schema import ErrorBody, ErrorDetail, LimitDetail
 
 
 class RMServeError(Exception):
@@ -26,7 +26,8 @@ class RMServeError(Exception):
         message: what went wrong (the exception text).
         field: path of the offending value (``groups[3].responses[1]``), or None.
         value, limit: the offending value and the bound it broke, where one applies (kept
-            in the process; only ``type``, ``message`` and ``field`` travel on the wire).
+            in the process; only ``type``, ``message`` and ``field`` travel on the wire, and
+            for :class:`OverLimit` its limit).
         retry_after_s: for a retryable error read from a server reply, the wait in seconds
             the reply's ``Retry-After`` header asked for; None when it had none, and on
             errors raised locally.
@@ -52,6 +53,20 @@ class RMServeError(Exception):
         self.limit = limit
         self.retry_after_s = retry_after_s
 
+    def __init_subclass__(
+        cls, *, type: str | None = None, status: int | None = None, retryable: bool | None = None, **kwargs: Any
+    ) -> None:
+        """Set a subclass's ``type``, ``status`` and ``retryable`` from its class keywords
+        (``class Forbidden(ClientFault, type="forbidden", status=403)``); one left out is
+        inherited."""
+        super().__init_subclass__(**kwargs)
+        if type is not None:
+            cls.type = type
+        if status is not None:
+            cls.status = status
+        if retryable is not None:
+            cls.retryable = retryable
+
     def to_wire(self) -> ErrorBody:
         """The error reply's body record: ``{"error": {"type", "message", "field"}}``."""
         return ErrorBody(error=ErrorDetail(type=self.type, message=self.message, field=self.field))
@@ -60,145 +75,139 @@ class RMServeError(Exception):
 # --- client faults: the request is wrong; retrying the same request cannot succeed -------
 
 
-class ClientFault(RMServeError):
+class ClientFault(RMServeError, type="invalid_request", status=400):
     """The caller sent something invalid (4xx). Never retried."""
-
-    type = "invalid_request"
-    status = 400
 
 
 class InvalidRequest(ClientFault):
     """Malformed JSON or a schema violation (400)."""
 
 
-class Unauthorized(ClientFault):
+class Unauthorized(ClientFault, type="unauthorized", status=401):
     """Missing or wrong admin token (401)."""
 
-    type = "unauthorized"
-    status = 401
 
-
-class Forbidden(ClientFault):
+class Forbidden(ClientFault, type="forbidden", status=403):
     """A path or action outside what the server allows (403)."""
 
-    type = "forbidden"
-    status = 403
 
-
-class Conflict(ClientFault):
+class Conflict(ClientFault, type="conflict", status=409):
     """The action conflicts with the server's state (409): another checkpoint swap is in
     progress, or the checkpoint's architecture/tokenizer differs from the loaded model's."""
 
-    type = "conflict"
-    status = 409
 
-
-class InvalidCheckpoint(ClientFault):
+class InvalidCheckpoint(ClientFault, type="invalid_checkpoint", status=422):
     """A checkpoint folder that cannot be served, found from its files before any engine
     touches it (422): unreadable or wrong config (architecture, label count), no tokenizer
     files, no weights or a missing shard."""
 
-    type = "invalid_checkpoint"
-    status = 422
 
-
-class ModelNotFound(ClientFault):
+class ModelNotFound(ClientFault, type="model_not_found", status=404):
     """The request named a model this server does not serve (404)."""
 
-    type = "model_not_found"
-    status = 404
 
-
-class SequenceTooLong(ClientFault):
+class SequenceTooLong(ClientFault, type="sequence_too_long", status=413):
     """A tokenized sequence exceeds the model's max length and no truncation was asked (413)."""
 
-    type = "sequence_too_long"
-    status = 413
 
-
-class BodyTooLarge(ClientFault):
+class BodyTooLarge(ClientFault, type="body_too_large", status=413):
     """The request body exceeds the server's size limit (413)."""
 
-    type = "body_too_large"
-    status = 413
+
+class OverLimit(ClientFault, type="request_over_limit", status=413):
+    """The request alone holds more than one of its user's or the server's limits allows at
+    once — more prompt tokens than the user's whole ``tokens_per_minute``, more groups than a
+    ``max_inflight_groups`` — so it can never be admitted, however long it waits (413, no
+    ``Retry-After``). The fix is smaller requests (fewer groups each) or a larger limit.
+
+    Unlike other errors its limit travels on the wire (``error.limit``, a
+    :class:`~rmserve.schema.LimitDetail`), so a client can split the request to fit.
+
+    Args:
+        message: names the limit, its value, what the request holds and the fix.
+        limit_name: :attr:`~rmserve.schema.LimitDetail.name` (``user.tokens_per_minute`` …).
+        unit: ``tokens`` or ``groups``.
+        limit: the limit, in ``unit``.
+        value: what the request holds, in ``unit``.
+        field: the offending field (``groups``).
+
+    A reply without ``error.limit`` (another server) gives ``limit_name`` and ``unit`` None.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit_name: str | None = None,
+        unit: str | None = None,
+        limit: int | None = None,
+        value: int | None = None,
+        field: str | None = "groups",
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message, field=field, value=value, limit=limit, retry_after_s=retry_after_s)
+        self.limit_name = limit_name
+        self.unit = unit
+
+    def to_wire(self) -> ErrorBody:
+        """``{"error": {"type", "message", "field", "limit": {"name", "unit", "limit", "requested"}}}``
+        (``limit`` left out when the error does not know it)."""
+        if self.limit_name is None or self.unit is None or self.limit is None or self.value is None:
+            return super().to_wire()
+        detail = LimitDetail(name=self.limit_name, unit=self.unit, limit=self.limit, requested=self.value)
+        return ErrorBody(error=ErrorDetail(type=self.type, message=self.message, field=self.field, limit=detail))
 
 
 # --- server faults ----------------------------------------------------------------------
 
 
-class ServerFault(RMServeError):
+class ServerFault(RMServeError, type="internal_error", status=500):
     """The server could not do the work (5xx)."""
 
-    type = "internal_error"
-    status = 500
 
-
-class EngineNotReady(ServerFault):
+class EngineNotReady(ServerFault, type="engine_not_ready", status=503, retryable=True):
     """The engine is loading, swapping or shutting down (503); retry later."""
 
-    type = "engine_not_ready"
-    status = 503
-    retryable = True
 
-
-class Overloaded(ServerFault):
+class Overloaded(ServerFault, type="overloaded", status=429, retryable=True):
     """Too many requests in flight (429); retry later."""
 
-    type = "overloaded"
-    status = 429
-    retryable = True
 
-
-class EngineError(ServerFault):
+class EngineError(ServerFault, type="engine_error"):
     """The engine failed on a request (500)."""
 
-    type = "engine_error"
 
-
-class ConnectionFailed(ServerFault):
+class ConnectionFailed(ServerFault, type="connection_failed", status=503, retryable=True):
     """The client could not reach the server, or a reply did not arrive in time (retryable).
 
     Raised by the client only (never sent on the wire) once its retries are spent; the
     transport error is chained as ``__cause__``.
     """
 
-    type = "connection_failed"
-    status = 503
-    retryable = True
 
-
-class FingerprintMismatch(RMServeError):
+class FingerprintMismatch(RMServeError, type="fingerprint_mismatch", status=409):
     """Stored scores belong to a different model than the server now serves (409).
 
     Raised by the client when resuming a score file, or when the server's model changes
     during a run. Never retried.
     """
 
-    type = "fingerprint_mismatch"
-    status = 409
-
 
 # --- offline data faults ----------------------------------------------------------------
 
 
-class GroupNotScored(RMServeError):
+class GroupNotScored(RMServeError, type="group_not_scored", status=422):
     """A group the server answered with a response it could not score, under ``--strict``
     (client-side: the run stops after recording the group). Without ``--strict`` such a group
     is counted as the official code counts it and the run goes on."""
 
-    type = "group_not_scored"
-    status = 422
 
-
-class DataError(RMServeError):
+class DataError(RMServeError, type="data_error", status=400):
     """A dataset or score file is invalid. The message names file, line or record index, id and field.
 
     ``line`` is a 1-based line of a text file (JSONL); ``record`` a 0-based index into a list
     of records (JSON array, parquet).
     """
-
-    type = "data_error"
-    status = 400
 
     def __init__(
         self,
@@ -244,6 +253,7 @@ _WIRE_TYPES: dict[str, type[RMServeError]] = {
         ModelNotFound,
         SequenceTooLong,
         BodyTooLarge,
+        OverLimit,
         EngineNotReady,
         Overloaded,
         EngineError,
@@ -268,7 +278,8 @@ def from_wire(status: int, body: bytes, *, retry_after_s: float | None = None) -
         retry_after_s: the reply's ``Retry-After`` in seconds, or None; kept on the error.
 
     Returns:
-        The error, with ``status`` set to the reply's. The class is chosen by
+        The error, with ``status`` set to the reply's (an :class:`OverLimit` also with its
+        ``error.limit``). The class is chosen by
         ``error.type`` when the body is an ``ErrorBody`` of a known type, else by status:
         429 → :class:`Overloaded`, 503 → :class:`EngineNotReady` (both retryable), other
         4xx → :class:`ClientFault`, else :class:`ServerFault`. The message and field are the
@@ -301,6 +312,9 @@ def from_wire(status: int, body: bytes, *, retry_after_s: float | None = None) -
         else:
             cls = ServerFault
     exc = cls(message, field=field, retry_after_s=retry_after_s)
+    if isinstance(exc, OverLimit) and detail is not None and detail.limit is not msgspec.UNSET:
+        exc.limit_name, exc.unit = detail.limit.name, detail.limit.unit
+        exc.limit, exc.value = detail.limit.limit, detail.limit.requested
     exc.status = status
     return exc
 

@@ -24,6 +24,8 @@ import hashlib
 from pathlib import Path
 
 from rmserve.errors import ServerFault
+from rmserve.judge_records import JUDGE_READER_VERSION
+from rmserve.schema import DPO_KIND, JUDGE_KIND, LENGTH_KIND, JudgeSampling
 
 FINGERPRINT_HEX_CHARS = 16
 TOKENIZER_FILES: tuple[str, ...] = (
@@ -135,26 +137,41 @@ def dpo_fingerprint(policy: str, reference: str | None, mode: str, compat: str =
     if (mode == "reference") != (reference is not None):
         raise ValueError(f"reference: mode {mode!r} {'needs' if mode == 'reference' else 'takes no'} reference fingerprint")
     digest = hashlib.sha256()
-    for label, value in (("kind", "dpo"), ("policy", policy), ("reference", reference or ""), ("mode", mode), ("compat", compat)):
+    for label, value in (("kind", DPO_KIND), ("policy", policy), ("reference", reference or ""), ("mode", mode), ("compat", compat)):
         data = value.encode()
         digest.update(label.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
     return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
 
 
 def judge_fingerprint(
-    model: str, *, protocol: str, max_tokens: int, seed: int, compat: str = "none", system_prompt: bool = True
+    model: str,
+    *,
+    protocol: str,
+    max_tokens: int,
+    seed: int,
+    compat: str = "none",
+    system_prompt: bool = True,
+    thinking: str | None = None,
+    sampling: JudgeSampling | None = None,
 ) -> str:
     """Fingerprint of a generative judge: the judge model's fingerprint (from
     :func:`model_fingerprint`, or what an endpoint engine reports for its model) hashed with
-    every setting that changes its verdicts.
+    every setting that changes its verdicts and the version of the readers' rules
+    (:data:`rmserve.judge_records.JUDGE_READER_VERSION`).
 
     Args:
         model: the judge model's fingerprint.
         protocol: the protocol choice (``auto``, ``ranking``, ``ratings``, ``pairwise``).
         max_tokens: generated tokens per call at most (an output cut there reads differently).
         seed: the seed of the ranking positions.
-        compat: ``none`` or ``official`` (the rating reader).
+        compat: ``none`` or ``official`` (which readers read the outputs).
         system_prompt: whether the ranking instructions go in a system message.
+        thinking: the thinking switch (``on`` / ``off``), or None when not set; a section
+            ``thinking`` is hashed only when set.
+        sampling: how the calls are decoded (None: the default :class:`~rmserve.schema.JudgeSampling`,
+            greedy). Its temperature and top_p are hashed (``repr`` of the floats) when they
+            differ from greedy's 0 and 1, so every judge fingerprint made before they were
+            recorded (all greedy) keeps its value; its ``max_tokens`` is ``max_tokens``'s to cover.
 
     Returns:
         :data:`FINGERPRINT_HEX_CHARS` hex characters; differs from every single-model and DPO
@@ -169,14 +186,52 @@ def judge_fingerprint(
         raise ValueError(f"max_tokens ({max_tokens}) must be ≥ 1 and seed ({seed}) ≥ 0")
     digest = hashlib.sha256()
     for label, value in (
-        ("kind", "judge"),
+        ("kind", JUDGE_KIND),
         ("model", model),
         ("protocol", protocol),
         ("max_tokens", str(int(max_tokens))),
         ("seed", str(int(seed))),
         ("compat", compat),
         ("system_prompt", "1" if system_prompt else "0"),
+        ("readers", str(JUDGE_READER_VERSION)),
+        *((("thinking", thinking),) if thinking is not None else ()),
+        *_sampling_sections(sampling or JudgeSampling()),
     ):
         data = value.encode()
+        digest.update(label.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
+
+
+def _sampling_sections(sampling: JudgeSampling) -> list[tuple[str, str]]:
+    """The fingerprint sections of a judge's sampling: none for greedy's temperature 0 and
+    top_p 1, else both values."""
+    if sampling.temperature == 0 and sampling.top_p == 1:
+        return []
+    return [("temperature", repr(float(sampling.temperature))), ("top_p", repr(float(sampling.top_p)))]
+
+
+def length_fingerprint(model: str | Path, sign: str) -> str:
+    """Fingerprint of the length baseline: every tokenizer file of ``model`` (folder or hub id;
+    see :data:`TOKENIZER_FILES`), the hub snapshot commit for a hub id, and the sign
+    (``longest`` or ``shortest``), hashed together; no weights or config are read.
+
+    Returns:
+        :data:`FINGERPRINT_HEX_CHARS` hex characters; differs from every other kind's, so a
+        length score never shares a key with a model's.
+
+    Raises:
+        ServerFault: the model cannot be resolved, or has none of :data:`TOKENIZER_FILES`.
+        ValueError: ``sign`` is neither ``longest`` nor ``shortest``.
+    """
+    if sign not in ("longest", "shortest"):
+        raise ValueError(f"sign: {sign!r} is not one of longest, shortest")
+    folder, revision = resolve_model_dir(model)
+    files = [(name, folder / name) for name in TOKENIZER_FILES if (folder / name).is_file()]
+    if not files:
+        raise ServerFault(f"model {str(model)!r} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)})")
+    digest = hashlib.sha256()
+    sections = [("kind", LENGTH_KIND.encode()), *((f"tokenizer:{name}", path.read_bytes()) for name, path in files),
+                ("revision", (revision or "").encode()), ("sign", sign.encode())]
+    for label, data in sections:
         digest.update(label.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
     return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]

@@ -5,16 +5,17 @@ dataset -> :class:`Group` -> (wire) :class:`ScoreRequest` -> server -> :class:`S
 
 All records are frozen ``msgspec.Struct`` types: they validate on decode and cannot be
 mutated by later stages. Every JSON body on HTTP is one of these records, on both sides: the
-server encodes replies in ``rmserve.server.wire`` (error bodies through
+server encodes replies in ``rmserve.server.http.wire`` (error bodies through
 :meth:`rmserve.errors.RMServeError.to_wire`), the client decodes them into the same types
 (error bodies through :func:`rmserve.errors.from_wire`), and no body is built as a dict.
 The score file and the score store write each :class:`ScoreRecord` with :func:`encode`
-(the metrics' ``results.json`` is a report, not a wire body, and is built in ``metrics.report``).
+(the metrics' ``results.json`` is a report, not a wire body, and is built in ``metrics.render_json``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 import msgspec
@@ -31,6 +32,20 @@ RMBENCH_DOMAINS: tuple[str, ...] = ("chat", "math", "code", "safety-refuse", "sa
 
 RMBENCH_STYLES: tuple[str, ...] = ("concise", "detailed_plain", "detailed_markdown")
 """RM-Bench response styles, in release order, for both chosen and rejected."""
+
+ModelKind = Literal["classifier", "dpo", "judge", "length"]
+"""What kind of reward model is served, and so what kind of score a reward is: a sequence
+classifier (a reward head's logit), a DPO policy scored by its implicit reward (log-probabilities
+of the answer under the policy, minus a reference's), a generative judge (a chat model that
+ranks, rates or compares the answers in text), or the length baseline (the response's token
+count, or its negative). Each kind is one module of ``rmserve.server.kinds``."""
+
+CLASSIFIER_KIND: ModelKind = "classifier"
+DPO_KIND: ModelKind = "dpo"
+JUDGE_KIND: ModelKind = "judge"
+LENGTH_KIND: ModelKind = "length"
+MODEL_KINDS: tuple[ModelKind, ...] = (CLASSIFIER_KIND, DPO_KIND, JUDGE_KIND, LENGTH_KIND)
+"""Every :data:`ModelKind`, in the order the CLI lists them."""
 
 RB2_SUBSETS: tuple[str, ...] = ("Factuality", "Precise IF", "Math", "Safety", "Focus", "Ties")
 """RewardBench 2 subsets in leaderboard column order."""
@@ -117,10 +132,13 @@ class Truncation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class RequestGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """One group on the wire: exactly one of ``messages`` or ``prompt`` (a single user turn).
 
-    ``num_chosen`` (how many leading responses are chosen) and ``styles`` are needed by a
-    generative judge, whose prompts depend on which answer is correct; a judge server also
-    reads the benchmark and subset from ``id`` (``benchmark/domain/id``, see :class:`GroupKey`).
-    Other kinds ignore them, and the client sends them only to a judge.
+    ``num_chosen`` (how many leading responses are chosen), ``styles``, ``benchmark`` and
+    ``domain`` (the benchmark's subset or domain the group comes from) are needed by a
+    generative judge, whose prompts depend on which answer is correct and on the benchmark's
+    protocol. Other kinds ignore them, and the client sends them only to a judge. A judge
+    server still reads the benchmark and domain from an ``id`` of the form
+    ``benchmark/domain/id`` (see :class:`GroupKey`) when both fields are absent; that form is
+    deprecated and read for one more release (the server logs a warning).
     """
 
     id: str
@@ -129,6 +147,8 @@ class RequestGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
     prompt: str | None = None
     num_chosen: int | None = None
     styles: tuple[str, ...] | None = None
+    benchmark: str | None = None
+    domain: str | None = None
 
 
 class ScoreRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -143,13 +163,18 @@ class ScoreRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
     mixes models within a run. Left out of the JSON when None (any model scores it)."""
 
 
-RESPONSE_ERROR_TYPES: tuple[str, ...] = ("sequence_too_long", "non_finite_reward", "no_answer_tokens", "unsupported_group")
+RESPONSE_ERROR_TYPES: tuple[str, ...] = (
+    "sequence_too_long", "non_finite_reward", "no_answer_tokens", "unsupported_group", "request_over_limit",
+)
 """Why one response of a group could not be scored (``ResponseError.type``):
 ``sequence_too_long`` — its sequence is longer than the model's max length and no truncation
 was asked (for a judge: a judge prompt leaves no room to generate); ``non_finite_reward`` — the
 model gave NaN or ±inf for it; ``no_answer_tokens`` — a DPO implicit reward had no answer token
 to sum over; ``unsupported_group`` — a generative judge's protocol cannot take the group (a
-multi-turn conversation, or not the number of responses or styles the protocol shows)."""
+multi-turn conversation, or not the number of responses or styles the protocol shows);
+``request_over_limit`` — written by the client, never sent by a server: the group alone costs
+more than the user's whole ``tokens_per_minute`` budget, so the server refused it (413
+``request_over_limit``) and no request holding it can ever be admitted."""
 
 
 class ResponseError(msgspec.Struct, frozen=True):
@@ -162,6 +187,83 @@ class ResponseError(msgspec.Struct, frozen=True):
 
     type: str
     message: str
+
+
+class JudgeSampling(msgspec.Struct, frozen=True):
+    """How a generative judge decodes every call: the sampling settings its figures depend on.
+
+    Defined once here and used by every judge engine (the vLLM ``SamplingParams``, the
+    transformers ``generate`` settings, the OpenAI-compatible request body), by the fingerprint
+    (:func:`rmserve.fingerprint.judge_fingerprint`) and by the records that carry it
+    (:class:`ModelInfo`, :class:`GroupResult`, :class:`ScoreRecord`). The defaults are the
+    official RewardBench 2 settings of its vLLM judge runs: greedy decoding (temperature 0,
+    top_p 1) and at most 2,048 generated tokens per call (``SamplingParams(max_tokens=2048)``;
+    its API paths use 2,048 for OpenAI ranking, 1,024 for Anthropic ranking and API ratings).
+
+    Attributes:
+        temperature: sampling temperature (≥ 0; 0 = greedy).
+        top_p: nucleus-sampling mass kept, in (0, 1] (1 = the whole distribution).
+        max_tokens: generated tokens per call at most (≥ 1).
+
+    Raises:
+        ValueError: a field outside its range (naming it, the value and the limit).
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name}: {value!r} must be a finite number")
+        if self.temperature < 0:
+            raise ValueError(f"temperature: {self.temperature!r} must be ≥ 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: {self.top_p!r} must lie in (0, 1]")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens: {self.max_tokens!r} must be an integer ≥ 1")
+
+    @property
+    def greedy(self) -> bool:
+        """True for greedy decoding (temperature 0; top_p then changes nothing)."""
+        return self.temperature == 0
+
+
+class JudgeEngineInfo(msgspec.Struct, frozen=True):
+    """What produced a generative judge's texts, beside the model and its settings.
+
+    Attributes:
+        engine: ``vllm`` (embedded vLLM), ``hf`` (transformers ``generate``) or ``openai`` (an
+            OpenAI-compatible endpoint); other names for other engines.
+        version: ``vllm``: vLLM's version; ``hf``: transformers' version; ``openai``: the model
+            id the endpoint answered the start-up probe call with (a hosted API names the
+            snapshot behind an alias there), with the ``root`` its model list gives when that
+            differs (``id (root /models/x)``). None: unknown.
+        batch_invariant: whether a call's output is independent of the other calls the engine
+            runs beside it (batch size and composition): True, False, or None when unknown.
+            Greedy texts of an engine that is not batch-invariant can change with the load.
+        batch_invariant_note: why (one sentence, e.g. that vLLM's batch-invariant mode is off).
+    """
+
+    engine: str
+    version: str | None = None
+    batch_invariant: bool | None = None
+    batch_invariant_note: str = ""
+
+
+JUDGE_SETUP_FIELDS: tuple[tuple[str, str], ...] = (
+    ("judge_sampling", "temperature"),
+    ("judge_sampling", "top_p"),
+    ("judge_sampling", "max_tokens"),
+    ("judge_engine", "engine"),
+    ("judge_engine", "version"),
+    ("judge_engine", "batch_invariant"),
+)
+"""The fields of a judge's set-up that its figures depend on, as (record field, attribute):
+score sets and comparisons whose records differ in one of them are refused
+(``rmserve.metrics``). ``batch_invariant_note`` is an explanation and is not compared."""
 
 
 JUDGE_REWARDS_DOC = (
@@ -198,6 +300,15 @@ class GroupResult(msgspec.Struct, frozen=True, omit_defaults=True):
     prefix-cache hits of the calls showing it (a call's count split evenly over the responses
     it shows, the remainder one token each to the first shown), so their sums are the calls'
     totals; generated tokens are per call in ``judge.calls``.
+
+    ``from_result_cache`` is true (and only then sent) when the server answered the group from
+    its result cache: the same model scored the same rendered group before, and this answer is
+    that one (no engine work; a client leaves such groups out of its throughput).
+
+    ``judge_sampling`` and
+    ``judge_engine`` (generative judges only, every group, judged or not): how the judge
+    decoded and what decoded (:class:`JudgeSampling`, :class:`JudgeEngineInfo`), as the
+    server's ``GET /v1/models`` reports them; None when its engine does not say.
     """
 
     id: str
@@ -208,6 +319,9 @@ class GroupResult(msgspec.Struct, frozen=True, omit_defaults=True):
     extras: dict[str, tuple[float | int | str | None, ...]] | None = None
     errors: tuple[ResponseError | None, ...] | None = None
     judge: JudgeGroupResult | None = None
+    from_result_cache: bool = False
+    judge_sampling: JudgeSampling | None = None
+    judge_engine: JudgeEngineInfo | None = None
 
 
 class ScoreResponse(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -231,14 +345,20 @@ class ModelInfo(msgspec.Struct, frozen=True):
 
     For kind ``judge``, ``mode`` is the protocol choice (``auto``, ``ranking``, ``ratings``,
     ``pairwise``), ``judge_max_tokens`` the generated tokens per call at most and
-    ``judge_seed`` the seed of the ranking positions; the fingerprint then covers the judge
+    ``judge_seed`` the seed of the ranking positions, ``judge_thinking`` the chat template's
+    thinking switch (``on`` / ``off``; UNSET when not set); ``compat`` says which readers read
+    the outputs; the fingerprint then covers the judge
     model and every setting that changes verdicts (:func:`rmserve.fingerprint.judge_fingerprint`).
-    The two ``judge_*`` fields are ``msgspec.UNSET`` for other kinds and then left out of the
-    JSON, so other kinds' replies are unchanged (:meth:`judge_settings` reads them).
+    ``judge_sampling`` is how every call is decoded (:class:`JudgeSampling`; the fingerprint
+    covers it) and ``judge_engine`` what decodes it (:class:`JudgeEngineInfo`: engine, version,
+    batch invariance), both as the judge engine reports them. The ``judge_*`` fields are
+    ``msgspec.UNSET`` for other kinds (and for a judge engine that does not report them) and
+    then left out of the JSON, so other kinds' replies are unchanged (:meth:`judge_settings`
+    reads the first two).
 
     ``lease_holder`` names the user whose checkpoint load holds the model's lease and
     ``lease_since`` the Unix time (seconds) it was taken; both ``msgspec.UNSET`` (left out of
-    the JSON) while nobody holds it (:mod:`rmserve.server.leases`).
+    the JSON) while nobody holds it (:mod:`rmserve.server.sharing.leases`).
     """
 
     name: str
@@ -248,12 +368,15 @@ class ModelInfo(msgspec.Struct, frozen=True):
     engine: str
     swap_count: int = 0
     last_swap_time: float | None = None
-    kind: str = "classifier"
+    kind: ModelKind = CLASSIFIER_KIND
     mode: str | None = None
     ref_model: str | None = None
     compat: str = "none"
     judge_max_tokens: int | msgspec.UnsetType = msgspec.UNSET
     judge_seed: int | msgspec.UnsetType = msgspec.UNSET
+    judge_thinking: str | msgspec.UnsetType = msgspec.UNSET
+    judge_sampling: JudgeSampling | msgspec.UnsetType = msgspec.UNSET
+    judge_engine: JudgeEngineInfo | msgspec.UnsetType = msgspec.UNSET
     lease_holder: str | msgspec.UnsetType = msgspec.UNSET
     lease_since: float | msgspec.UnsetType = msgspec.UNSET
 
@@ -321,6 +444,207 @@ class HealthReply(msgspec.Struct, frozen=True):
     version: str = ""
 
 
+class LimitDetail(msgspec.Struct, frozen=True):
+    """The limit a request broke on its own (``error.limit`` of a 413 ``request_over_limit``).
+
+    Attributes:
+        name: which limit: ``user.tokens_per_minute`` (the user's prompt-token budget per
+            minute), ``user.max_inflight_groups`` (the user's groups in flight) or
+            ``server.max_inflight_groups`` (the model's ``--max-inflight-groups``).
+        unit: what it counts: ``tokens`` or ``groups``.
+        limit: the limit's value, in ``unit``.
+        requested: what the request alone holds, in ``unit`` (more than ``limit``).
+    """
+
+    name: str
+    unit: str
+    limit: int
+    requested: int
+# --- vLLM-compatible pooling routes (``POST /classify``, ``POST /pooling``) ---------------------
+
+ActivationApplied = Literal["none", "sigmoid"]
+"""What a vLLM-compatible reply's values are: ``none`` — the raw reward logit; ``sigmoid`` —
+σ(logit) = 1 / (1 + e^(−logit)), vLLM's default activation for a one-label classifier."""
+
+
+class ClassifyRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Body of ``POST /classify``: the fields of vLLM's classification request (text form)
+    that rmserve honours; each input is scored as it is, without a chat template.
+
+    Attributes:
+        input: one text, a list of texts, one token-id list, or a list of token-id lists
+            (one list of one kind; checked by the server, which names ``input[i]``).
+        model: the served model's name (None: the only model).
+        truncate_prompt_tokens: keep at most this many tokens of each input (``-1``: the
+            model's max length); None: an input over the max length is not scored.
+        truncation_side: which end a cut removes tokens from (``left`` keeps the end);
+            None: the tokenizer's ``truncation_side`` (``right`` when it has none).
+        use_activation: vLLM ≥ 0.11's switch; False answers raw logits.
+        activation: the older vLLM name of the same switch (verl sends it); False answers
+            raw logits. With neither False the values are σ(logit), as vLLM answers.
+        add_special_tokens: tokenize texts with the tokenizer's special tokens (BOS), as
+            vLLM does by default; ignored for token-id inputs.
+        user, request_id: carried for vLLM clients; ``request_id`` names the reply's ``id``.
+        priority: vLLM's scheduling priority; only 0 (rmserve's fair queue orders requests,
+            see the ``X-RMServe-Priority`` header).
+    """
+
+    input: str | list[str | int | list[int]]
+    model: str | None = None
+    truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    use_activation: bool | None = None
+    activation: bool | None = None
+    add_special_tokens: bool = True
+    user: str | None = None
+    request_id: str | None = None
+    priority: int = 0
+
+
+class PoolingRequest(ClassifyRequest, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Body of ``POST /pooling``: :class:`ClassifyRequest`'s fields plus vLLM's pooling ones,
+    of which rmserve serves one value each: ``task`` None or ``classify`` (the sequence
+    classifier's one pooled value), ``encoding_format`` ``float``, ``dimensions`` None."""
+
+    task: str | None = None
+    encoding_format: str = "float"
+    dimensions: int | None = None
+
+
+class PromptTokensDetails(msgspec.Struct, frozen=True):
+    """``usage.prompt_tokens_details``: prompt tokens served from the prefix cache."""
+
+    cached_tokens: int
+
+
+class PoolingUsage(msgspec.Struct, frozen=True):
+    """``usage`` of a vLLM-compatible reply: tokens of the inputs sent to the engine."""
+
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class PoolingNote(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The ``rmserve`` member of a vLLM-compatible reply (vLLM clients ignore it): which
+    activation the values carry, the served fingerprint, and the tokens cut per input when
+    ``truncate_prompt_tokens`` was given."""
+
+    activation: ActivationApplied
+    fingerprint: str
+    truncated_tokens: tuple[int, ...] | None = None
+
+
+class ClassifyData(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One input's entry in a ``POST /classify`` reply (vLLM's fields, plus ``error``).
+
+    ``probs`` holds one value per class (the served classifier has one): σ(logit) or the raw
+    logit (see :class:`PoolingNote`); null, with ``error``, for an input that was not scored
+    (over the max length, a non-finite reward). ``label`` is the checkpoint's ``id2label``
+    name of the largest value (null when unknown or not scored)."""
+
+    index: int
+    label: str | None
+    probs: tuple[float, ...] | None
+    num_classes: int
+    error: ResponseError | None = None
+
+
+class ClassifyResponse(msgspec.Struct, frozen=True):
+    """Body of a successful ``POST /classify`` reply: vLLM's fields plus ``rmserve``."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    data: tuple[ClassifyData, ...]
+    usage: PoolingUsage
+    rmserve: PoolingNote
+
+
+class PoolingData(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One input's entry in a ``POST /pooling`` reply: ``data`` is the pooled output, one value
+    per class (null, with ``error``, for an input that was not scored)."""
+
+    index: int
+    object: str
+    data: tuple[float, ...] | None
+    error: ResponseError | None = None
+
+
+class PoolingResponse(msgspec.Struct, frozen=True):
+    """Body of a successful ``POST /pooling`` reply: vLLM's fields plus ``rmserve``."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    data: tuple[PoolingData, ...]
+    usage: PoolingUsage
+    rmserve: PoolingNote
+
+
+# --- OpenRLHF's remote reward model (``POST /get_reward``) -------------------------------------
+
+
+class GetRewardRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Body of ``POST /get_reward``, as OpenRLHF's remote-RM client sends it.
+
+    Attributes:
+        query: one text per sample: prompt + response as the policy's tokenizer decodes them
+            (its chat template applied, special tokens kept).
+        prompts: per sample, the prompt text (OpenRLHF sends it; used to split prompt and
+            response where the query starts with it); None or the same length as ``query``.
+        labels: per sample, the dataset label (OpenRLHF sends it; a reward model does not use
+            it; any JSON value); None or the same length as ``query``.
+        model: the model to score with, on a server of several (OpenRLHF sends none).
+    """
+
+    query: list[str]
+    prompts: list[str | None] | None = None
+    labels: list[msgspec.Raw] | None = None
+    model: str | None = None
+
+
+class GetRewardNote(msgspec.Struct, frozen=True):
+    """The ``rmserve`` member of a ``POST /get_reward`` reply (OpenRLHF reads only ``rewards``,
+    ``scores`` and ``extra_logs``).
+
+    Attributes:
+        template: how the queries became the reward model's input: ``re-templated
+            FAMILY→rm`` (conversation recovered from the policy's template, rendered with the
+            RM's) or ``passed through`` (tokenized as sent, no BOS added).
+        model: the served model's name.
+        fingerprint: the served model's fingerprint.
+        num_tokens: per query, the tokens the reward model scored.
+    """
+
+    template: str
+    model: str
+    fingerprint: str
+    num_tokens: tuple[int, ...]
+
+
+class GetRewardResponse(msgspec.Struct, frozen=True):
+    """Body of a successful ``POST /get_reward`` reply (OpenRLHF's ``serve_rm`` fields plus
+    ``rmserve``).
+
+    Attributes:
+        rewards: one raw reward per query (the reward head's logit, as ``/v1/score`` gives).
+        scores: the same values (OpenRLHF's own server sends its rewards again; its trainer
+            logs them as ``score`` and its dynamic filtering reads them).
+        extra_logs: name → one number per query, which OpenRLHF logs per sample: ``rm_tokens``,
+            the tokens the reward model scored (as floats).
+        rmserve: :class:`GetRewardNote`.
+    """
+
+    rewards: tuple[float, ...]
+    scores: tuple[float, ...]
+    extra_logs: dict[str, tuple[float, ...]]
+    rmserve: GetRewardNote
+
+
 class ErrorDetail(msgspec.Struct, frozen=True):
     """The ``error`` member of an error reply.
 
@@ -332,15 +656,19 @@ class ErrorDetail(msgspec.Struct, frozen=True):
             applies. Decodes as ``""`` when a (foreign) reply leaves it out.
         field: path of the offending request value (e.g. ``groups[2].responses[1]``), or
             None. Always written, as ``null`` when None.
+        limit: for ``request_over_limit`` only, the limit the request broke and what it held
+            (:class:`LimitDetail`), so a client can split it; left out of the JSON otherwise.
     """
 
     type: str
     message: str = ""
     field: str | None = None
+    limit: LimitDetail | msgspec.UnsetType = msgspec.UNSET
 
 
 class ErrorBody(msgspec.Struct, frozen=True):
-    """Body of every non-200 reply except ``GET /health``: ``{"error": {"type", "message", "field"}}``."""
+    """Body of every non-200 reply except ``GET /health``: ``{"error": {"type", "message", "field"}}``
+    (and ``limit`` for a ``request_over_limit``)."""
 
     error: ErrorDetail
 
@@ -350,7 +678,7 @@ class ScoreKind(msgspec.Struct, frozen=True, omit_defaults=True):
     ``compat`` of the :class:`ModelInfo` it started with (see there), as every
     :class:`ScoreRecord` of the run carries them. Defaults describe a classifier."""
 
-    kind: str = "classifier"
+    kind: ModelKind = CLASSIFIER_KIND
     mode: str | None = None
     ref_model: str | None = None
     compat: str = "none"
@@ -360,15 +688,28 @@ class ScoreKind(msgspec.Struct, frozen=True, omit_defaults=True):
         """The score kind of a server's model."""
         return cls(kind=info.kind, mode=info.mode, ref_model=info.ref_model, compat=info.compat)
 
-    def describe(self) -> str:
+    def describe(self, *, name: str | None = None, mode_word: str = "mode", protocols: Sequence[str] = ()) -> str:
         """Words for messages and report headers: ``classifier``, or e.g. ``dpo (mode reference,
-        reference 'ref-7b', compat none)``."""
-        parts = [f"mode {self.mode}"] if self.mode is not None else []
+        reference 'ref-7b', compat none)``.
+
+        ``name`` replaces the kind's name at the front (e.g. ``DPO implicit reward``) and
+        ``mode_word`` the word before the mode (e.g. ``--protocol`` for a judge); the compat is
+        left out only for a classifier of compat ``none``. ``protocols`` (a judge's, as its
+        records name them) come first, and the mode then says how they were chosen:
+        ``judge (protocol rmbench-pairwise, chosen by --protocol auto, compat none)``.
+        """
+        parts = [f"{mode_word} {self.mode}"] if self.mode is not None else []
+        if protocols:
+            chosen = [] if self.mode is None else [
+                f"chosen by {mode_word} {self.mode}" if self.mode == "auto" else f"{mode_word} {self.mode}"
+            ]
+            parts = [f"protocol{'s' if len(protocols) > 1 else ''} {', '.join(protocols)}", *chosen]
         if self.ref_model is not None:
             parts.append(f"reference {self.ref_model!r}")
-        if self.kind != "classifier" or self.compat != "none":
+        if self.kind != CLASSIFIER_KIND or self.compat != "none":
             parts.append(f"compat {self.compat}")
-        return f"{self.kind} ({', '.join(parts)})" if parts else self.kind
+        name = self.kind if name is None else name
+        return f"{name} ({', '.join(parts)})" if parts else name
 
 
 class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -394,8 +735,10 @@ class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
             copied unchanged): name → one value per response, response order. For ``kind``
             ``dpo``: ``policy_logp`` (sum of the policy's answer-token log-probs, nats),
             ``ref_logp`` (the reference's; null when reference-free), ``policy_logp_norm``
-            (L2 norm of the policy's per-token log-probs) and ``answer_tokens`` (count).
-            None (omitted) when the engine sent none, as for classifiers.
+            (L2 norm of the policy's per-token log-probs), ``answer_tokens`` (count) and
+            ``bos`` (what the sequence starts with: ``template``, ``bos-prepended (official)``
+            or ``eos-as-bos (official)``). None (omitted) when the engine sent none, as for
+            classifiers.
         kind: what kind of score ``rewards`` are, copied from the :class:`ModelInfo` the run
             started with: ``classifier`` (default; a reward head's logits) or ``dpo`` (a DPO
             policy's implicit reward).
@@ -406,8 +749,12 @@ class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
         judge: kind ``judge`` only: the judge's calls and the group's score under its
             protocol (:attr:`GroupResult.judge`, copied unchanged); ``rewards`` are then
             per-response summaries (:data:`JUDGE_REWARDS_DOC`) and ``mode`` is the protocol.
+        judge_sampling, judge_engine: kind ``judge`` only: how the judge decoded and what
+            decoded (:attr:`GroupResult.judge_sampling`, :attr:`GroupResult.judge_engine`,
+            copied unchanged). None (omitted) in records written before rmserve recorded
+            them: their settings are unknown (the metrics say so).
 
-    The last six are omitted when at their defaults, so a classifier's record encodes
+    The last eight are omitted when at their defaults, so a classifier's record encodes
     exactly as before they existed.
     """
 
@@ -425,11 +772,13 @@ class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     errors: tuple[ResponseError | None, ...] | None = None
     truncation: Truncation | None = None
     extras: dict[str, tuple[float | int | str | None, ...]] | None = None
-    kind: str = "classifier"
+    kind: ModelKind = CLASSIFIER_KIND
     mode: str | None = None
     ref_model: str | None = None
     compat: str = "none"
     judge: JudgeGroupResult | None = None
+    judge_sampling: JudgeSampling | None = None
+    judge_engine: JudgeEngineInfo | None = None
 
     @property
     def key(self) -> GroupKey:

@@ -10,7 +10,7 @@
 - ``no_blocking_calls`` (autouse in ``tests/server/``, fast tests only): blockbuster raises
   :class:`blockbuster.BlockingError` when server code blocks the event loop (file, socket,
   sleep, lock or sqlite calls made on the loop thread).
-- ``vllm_engine`` (session, slow): one started :class:`~rmserve.server.engine.VLLMEngine` over
+- ``vllm_engine`` (session, slow): one started :class:`~rmserve.server.engines.vllm_engine.VLLMEngine` over
   the demo model (25–60 s to start on 2 CPU cores). It lives on the session event loop: tests
   that use it must run there, e.g. ``pytestmark = pytest.mark.asyncio(loop_scope="session")``.
 """
@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from rmserve.client.client import Concurrency, Retry, RewardClient, Timeouts
+from rmserve.client.client import RewardClient
+from rmserve.client.config import Concurrency, Retry, Timeouts
 from testkit import fakes, wire_stub
 from testkit.shared_data import shared_data_dir
 from testkit.servers import BIG_MAX_MODEL_LEN, SleepRecorder, ThreadedServer, make_groups, write_rmbench_data
@@ -101,7 +102,7 @@ async def vllm_engine(demo_model_dir: Path):
     Shared by the whole session (engine start is the expensive part); shut down at the end.
     """
     from rmserve.server.config import EngineConfig
-    from rmserve.server.engine import VLLMEngine
+    from rmserve.server.engines.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(
         EngineConfig(
@@ -145,7 +146,7 @@ def no_blocking_calls(request: pytest.FixtureRequest) -> Iterator[None]:
     with blockbuster_ctx("rmserve.server") as detector:
         # Config validation checks that checkpoint roots are folders. A server builds its
         # config once, before the loop starts; tests build it inside async test bodies.
-        for module in ("server/app.py", "server/config.py"):
+        for module in ("server/http/app.py", "server/config.py"):
             detector.functions["os.stat"].can_block_in(module, "__post_init__")
         for function in detector.functions.values():
             # A module's first import (the server imports some lazily, e.g. prometheus_client
@@ -153,10 +154,10 @@ def no_blocking_calls(request: pytest.FixtureRequest) -> Iterator[None]:
             function.can_block_in("<frozen importlib._bootstrap>", "_find_and_load")
             # One stat and resolve of the loaded checkpoint folder when an engine reports what
             # it loaded (start, reload, restart), before the model serves.
-            function.can_block_in("server/protocol.py", "local_checkpoint")
+            function.can_block_in("server/engines/protocol.py", "local_checkpoint")
             # Checkpoint swaps (admin only, rare) resolve the requested folder and read its
             # small config and tokenizer files on the loop before draining.
-            function.can_block_in("server/swap.py", {"resolve_checkpoint", "plan_swap"})
+            function.can_block_in("server/swaps/swap.py", {"resolve_checkpoint", "plan_swap"})
             # The fake engines read a checkpoint's config inline where a real engine loads
             # weights in a worker thread; that read belongs to the fake, not to the server.
             function.can_block_in("testkit/fakes.py", {"reload_weights", "restart"})
@@ -205,13 +206,15 @@ def make_client(stub_http, sleeps):
         groups_per_request: int = 1,
         max_attempts: int = 4,
         timeouts: Timeouts = Timeouts(connect_s=5, sock_read_s=30, total_s=30, probe_s=5),
+        max_retry_after_s: float = 60.0,
     ) -> RewardClient:
         return RewardClient(
             str(stub_http.make_url("")),
             session=stub_http.session,
             timeouts=timeouts,
             concurrency=Concurrency(max_groups_in_flight=max_groups_in_flight, groups_per_request=groups_per_request),
-            retry=Retry(max_attempts=max_attempts, base_delay_s=0.25, max_delay_s=2.0, jitter=0.0),
+            retry=Retry(max_attempts=max_attempts, base_delay_s=0.25, max_delay_s=2.0, jitter=0.0,
+                        max_retry_after_s=max_retry_after_s),
             sleep=sleeps,
         )
 
@@ -228,7 +231,7 @@ def scoring_server():
     """The server's real app (``create_app`` over :class:`testkit.fakes.FakeEngine` and
     :class:`~testkit.fakes.FakeRenderer`) listening in a thread; yields ``(url, count_scored_groups)``.
     """
-    from rmserve.server.app import ServerConfig, create_app
+    from rmserve.server.http.app import ServerConfig, create_app
 
     model = ModelInfo(name="fake-rm", max_model_len=BIG_MAX_MODEL_LEN, dtype="float32", fingerprint="fp-fake-1", engine="fake")
     engine = fakes.FakeEngine(model=model)

@@ -40,7 +40,7 @@ def test_trie_bound_by_hand():
 
 
 def test_length_sorted_batches_by_hand():
-    from rmserve.server.batching import length_sorted_batches
+    from rmserve.server.engines.batching import length_sorted_batches
 
     # Longest first (ties in input order): 1 (10), 3 (10), 2 (5), 0 (3), 4 (1).
     # [1, 3] pads to 2 × 10 = 20 ≤ 20; adding 2 would be 3 × 10 = 30. [2, 0, 4] is 3 × 5 = 15.
@@ -56,7 +56,7 @@ def test_length_sorted_batches_by_hand():
 def test_length_sorted_rewards_equal_unpadded_forward():
     """Batched, padded scoring equals one unpadded forward per sequence (float32)."""
     import torch
-    from rmserve.server.engine_hf import length_sorted_rewards
+    from rmserve.server.engines.hf_engine import length_sorted_rewards
 
     gpu = _load("gpu_throughput")
     model = gpu.build_model("tiny", "float32", "cpu", pad_id=0, bos_id=1, eos_id=2, seed=3)
@@ -167,7 +167,7 @@ def test_benchmark_engine_options_come_from_the_serve_declaration():
 
     throughput = _load("throughput")
     spec = {
-        "model": "/m", "dtype": "float32", "max_model_len": 512, "block_size": 32, "kv_cache_memory_bytes": None,
+        "model": "org/m", "dtype": "float32", "max_model_len": 512, "block_size": 32, "kv_cache_memory_bytes": None,
         "enforce_eager": True, "max_num_batched_tokens": 256, "batch_size": 8, "max_groups_in_flight": 32,
         "token_ids": [], "work_dir": "/tmp/w",
     }
@@ -176,9 +176,9 @@ def test_benchmark_engine_options_come_from_the_serve_declaration():
         "engine": "vllm", "dtype": "float32", "max_model_len": 512, "block_size": 32, "enforce_eager": True,
         "max_num_batched_tokens": 256,
     }
-    argv = ServeOptions(model="/m", engine_options=throughput.engine_options(spec)).argv("127.0.0.1", 7)
+    argv = ServeOptions(model="org/m", engine_options=throughput.engine_options(spec)).argv("127.0.0.1", 7)
     assert argv[4:] == [
-        "/m", "--host", "127.0.0.1", "--port", "7", "--engine", "vllm", "--dtype", "float32", "--max-model-len", "512",
+        "org/m", "--host", "127.0.0.1", "--port", "7", "--engine", "vllm", "--dtype", "float32", "--max-model-len", "512",
         "--block-size", "32", "--enforce-eager", "--max-num-batched-tokens", "256", "--parent-pid", str(os.getpid()),
     ]
     assert throughput._engine_config(spec, prefix_caching=False).enable_prefix_caching is False
@@ -219,13 +219,13 @@ def _judge_group():
 
 
 def _judge_outputs(texts, completion_tokens=32, cached=0):
-    from rmserve.server.judge_protocols import JudgeOutput
+    from rmserve.server.kinds.judge_protocols import JudgeOutput
 
     return [JudgeOutput(t, 100 + k, completion_tokens, "stop", cached) for k, t in enumerate(texts)]
 
 
 def test_judge_differences_and_scores_by_hand():
-    from rmserve.server.judge_protocols import JudgeProtocolConfig
+    from rmserve.server.kinds.judge_protocols import JudgeProtocolConfig
 
     throughput = _load("throughput")
     group = _judge_group()
@@ -250,7 +250,7 @@ def test_judge_differences_and_scores_by_hand():
 
 
 def test_judge_summary_and_target_by_hand():
-    from rmserve.server.judge_protocols import JudgeProtocolConfig
+    from rmserve.server.kinds.judge_protocols import JudgeProtocolConfig
 
     throughput = _load("throughput")
     group = _judge_group()
@@ -273,39 +273,40 @@ def test_judge_summary_and_target_by_hand():
     loaded = throughput.summarize_judge("d", result, 2**20, scores, None, (3.5, 12.25))
     assert (loaded["load_avg_1min_start"], loaded["load_avg_1min_end"]) == (3.5, 12.25)
     assert throughput.load_text(loaded) == "3.50 → 12.25"
-    d_target, c_target = (t[3] for t in throughput.JUDGE_TARGETS)
-    assert throughput.judge_ratios({"a": {"groups_per_s": 0.5}, "c": {"groups_per_s": 1.25}}) == [
-        {"target": c_target, "value": 2.5, "threshold": 3.0, "holds": False}
+    d_a, d_b = (t[3] for t in throughput.JUDGE_TARGETS)
+    assert d_a.startswith("(d)/(a) completed groups/s ≥ 0.9×") and "offline batch" in d_a
+    assert throughput.judge_ratios({"a": {"groups_per_s": 0.5}, "d": {"groups_per_s": 0.4}}) == [
+        {"target": d_a, "value": 0.8, "threshold": 0.9, "holds": False}
     ]
-    # d/a first (the product's target), then c/a
+    # d/a first (the product's target, against the official offline batch), then d/b
     assert throughput.judge_ratios(
-        {"a": {"groups_per_s": 0.5}, "c": {"groups_per_s": 2.0}, "d": {"groups_per_s": 1.5}}
+        {"a": {"groups_per_s": 1.6}, "b": {"groups_per_s": 0.5}, "c": {"groups_per_s": 2.0}, "d": {"groups_per_s": 1.5}}
     ) == [
-        {"target": d_target, "value": 3.0, "threshold": 3.0, "holds": True},
-        {"target": c_target, "value": 4.0, "threshold": 3.0, "holds": True},
+        {"target": d_a, "value": 0.9375, "threshold": 0.9, "holds": True},
+        {"target": d_b, "value": 3.0, "threshold": 3.0, "holds": True},
     ]
     assert throughput.judge_ratios({"a": {"groups_per_s": 0.5}}) == []
 
 
 def test_judge_arguments():
     throughput = _load("throughput")
-    args = throughput.parse_args(["--kind", "judge", "--model", "/m", "--judge-max-tokens", "32"])
-    assert (args.path_list, args.judge_max_tokens, args.judge_seed) == (["a", "c", "d"], 32, 0)
+    args = throughput.parse_args(["--kind", "judge", "--model", "org/m", "--judge-max-tokens", "32"])
+    assert (args.path_list, args.judge_max_tokens, args.judge_seed) == (["a", "b", "c", "d"], 32, 0)
     assert (args.bench, args.protocol, args.data) == ("rm-bench", "auto", throughput.DEFAULT_DATA)
-    rb2 = throughput.parse_args(["--kind", "judge", "--model", "/m", "--bench", "rewardbench2", "--data", "/d.jsonl",
+    rb2 = throughput.parse_args(["--kind", "judge", "--model", "org/m", "--bench", "rewardbench2", "--data", "/d.jsonl",
                                  "--protocol", "ratings", "--domains", "Ties,Focus", "--paths", "a,d"])
     assert (rb2.bench, rb2.protocol, rb2.data, rb2.domain_list, rb2.path_list) == (
         "rewardbench2", "ratings", Path("/d.jsonl"), ["Ties", "Focus"], ["a", "d"])
-    assert throughput.parse_args(["--kind", "judge", "--model", "/m"]).judge_max_tokens == 2048
+    assert throughput.parse_args(["--kind", "judge", "--model", "org/m"]).judge_max_tokens == 2048
     with pytest.raises(SystemExit):
-        throughput.parse_args(["--kind", "judge", "--model", "/m", "--paths", "b"])
+        throughput.parse_args(["--kind", "judge", "--model", "org/m", "--paths", "e"])
     with pytest.raises(SystemExit):
-        throughput.parse_args(["--model", "/m", "--judge-max-tokens", "32"])
+        throughput.parse_args(["--model", "org/m", "--judge-max-tokens", "32"])
     for bad in (
-        ["--model", "/m", "--protocol", "ratings"],  # a classifier has no protocol
-        ["--kind", "judge", "--model", "/m", "--bench", "rewardbench2"],  # no --data
-        ["--model", "/m", "--bench", "rewardbench2", "--data", "/d.jsonl"],  # not a judge
-        ["--kind", "judge", "--model", "/m", "--bench", "rewardbench2", "--data", "/d", "--domains", "chat"],
+        ["--model", "org/m", "--protocol", "ratings"],  # a classifier has no protocol
+        ["--kind", "judge", "--model", "org/m", "--bench", "rewardbench2"],  # no --data
+        ["--model", "org/m", "--bench", "rewardbench2", "--data", "/d.jsonl"],  # not a judge
+        ["--kind", "judge", "--model", "org/m", "--bench", "rewardbench2", "--data", "/d", "--domains", "chat"],
     ):
         with pytest.raises(SystemExit):
             throughput.parse_args(bad)
@@ -336,7 +337,7 @@ def test_judge_plans_follow_the_protocol_choice():
 def test_server_judge_outputs_checks_the_calls_against_the_plan():
     import msgspec
 
-    from rmserve.server.judge_protocols import JudgeOutput
+    from rmserve.server.kinds.judge_protocols import JudgeOutput
 
     throughput = _load("throughput")
     group = _judge_group()

@@ -4,6 +4,7 @@ serve's logging and its parent watch."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 import typer
@@ -37,7 +39,7 @@ def _click_options(command: str) -> dict[str, object]:
 def captured(monkeypatch):
     """``rmserve serve`` with the real parsing but no server: records (EngineConfig, ServerConfig, parent pid)."""
     import rmserve.cli_server as cli_server
-    import rmserve.server.serve as serve_module
+    import rmserve.server.http.serve as serve_module
 
     calls = []
     watched = []
@@ -76,7 +78,7 @@ def test_serve_and_run_declare_every_engine_field_with_the_same_option_and_help(
 
 def test_serve_options_argv_round_trips_through_the_serve_parser(captured, tmp_path):
     from rmserve.pipelines.launch import ServeOptions
-    from rmserve.server.app import ServerConfig
+    from rmserve.server.http.app import ServerConfig
 
     template = tmp_path / "t.jinja"
     template.write_text("{{ bos_token }}")
@@ -110,10 +112,11 @@ def test_serve_options_argv_round_trips_through_the_serve_parser(captured, tmp_p
         "judge_model": "judge-7b",
         "judge_api_key_env": "JUDGE_KEY",
         "judge_system_prompt": False,
+        "judge_thinking": "off",
     }
-    # ref_free excludes ref_model and the judge options need kind judge: they are carried in
-    # the second and third round trips below.
-    assert sorted([*values, "ref_free", *judge_values]) == sorted(ENGINE_FIELDS), (
+    # ref_free excludes ref_model, the judge options need kind judge and length_sign kind
+    # length: they are carried in the second, third and fourth round trips below.
+    assert sorted([*values, "ref_free", *judge_values, "length_sign"]) == sorted(ENGINE_FIELDS), (
         "give the new EngineConfig field a non-default value here"
     )
     defaults = EngineConfig(model="m")
@@ -140,6 +143,14 @@ def test_serve_options_argv_round_trips_through_the_serve_parser(captured, tmp_p
     result = runner.invoke(app, argv[3:])
     assert result.exit_code == 0, result.output
     assert calls[0][0] == EngineConfig(model="org/rm", **judge)
+    calls.clear()
+    length = {**{k: v for k, v in values.items() if k not in ("ref_model", "compat")}, "kind": "length",
+              "length_sign": "shortest"}
+    assert defaults.length_sign != "shortest"
+    argv = ServeOptions(model="org/rm", engine_options=length).argv("127.0.0.1", 5123)
+    result = runner.invoke(app, argv[3:])
+    assert result.exit_code == 0, result.output
+    assert calls[0][0] == EngineConfig(model="org/rm", **length)
 
 
 def test_engine_options_not_given_keep_the_engine_config_defaults(captured):
@@ -165,6 +176,42 @@ def test_with_engine_options_refuses_a_command_that_redeclares_one():
 
     with pytest.raises(TypeError, match=r"\['dtype'\] clash with engine options"):
         cli_common.with_engine_options(command)
+
+
+def test_with_option_group_puts_the_group_in_place_and_hands_it_over_as_one_dict():
+    group = {
+        "alpha": (Annotated[int, typer.Option("--alpha")], 1),
+        "beta": (Annotated[bool, typer.Option("--beta")], False),
+    }
+    seen = {}
+
+    @cli_common.with_option_group("shared", group)
+    def command(first: Annotated[str, typer.Option("--first")] = "a", *, shared: dict, last: int = 0) -> None:
+        seen.update(first=first, shared=shared, last=last)
+
+    assert list(inspect.signature(command).parameters) == ["first", "alpha", "beta", "last"]
+    command_app = typer.Typer()
+    command_app.command()(command)
+    result = CliRunner().invoke(command_app, ["--alpha", "7", "--beta"])
+    assert result.exit_code == 0, result.output
+    assert seen == {"first": "a", "shared": {"alpha": 7, "beta": True}, "last": 0}
+
+
+def test_with_option_group_refuses_a_missing_placeholder_or_a_clash():
+    group = {"alpha": (int, 1)}
+
+    def no_placeholder(alpha: int = 1) -> None: ...
+
+    def clash(alpha: int = 1, *, shared: dict) -> None: ...
+
+    with pytest.raises(TypeError, match="has no shared parameter"):
+        cli_common.with_option_group("shared", group)(no_placeholder)
+    with pytest.raises(TypeError, match=r"\['alpha'\] clash with the shared options"):
+        cli_common.with_option_group("shared", group)(clash)
+
+
+def test_table_lines_are_tab_separated_header_first():
+    assert cli_common.table_lines(("a", "b"), [("1", "2"), ("x", "")]) == ["a\tb", "1\t2", "x\t"]
 
 
 def test_engine_argv_refuses_unknown_names():
@@ -303,11 +350,11 @@ def test_cli_and_launcher_do_not_import_torch(tmp_path):
 
 _LOGGING_SCRIPT = """
 import logging, sys
-import rmserve.server.serve as serve_module
+import rmserve.server.http.serve as serve_module
 
 def fake_serve(engine_config, server_config, *, announce=print):
-    logging.getLogger("rmserve.server.swap").info("in-place swap taken")
-    logging.getLogger("rmserve.server.swap").debug("debug detail")
+    logging.getLogger("rmserve.server.swaps.swap").info("in-place swap taken")
+    logging.getLogger("rmserve.server.swaps.swap").debug("debug detail")
     logging.getLogger("other.library").info("library chatter")
     logging.getLogger("other.library").warning("library warning")
     return 0
@@ -333,7 +380,7 @@ def test_serve_logs_to_stderr_with_time_level_and_logger_name():
     proc = _serve_log()
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.splitlines()
-    assert [line for line in lines if re.fullmatch(_line("INFO", "rmserve.server.swap", "in-place swap taken"), line)]
+    assert [line for line in lines if re.fullmatch(_line("INFO", "rmserve.server.swaps.swap", "in-place swap taken"), line)]
     assert [line for line in lines if re.fullmatch(_line("WARNING", "other.library", "library warning"), line)]
     assert "debug detail" not in proc.stderr and "library chatter" not in proc.stderr
     assert proc.stdout == ""
@@ -342,13 +389,13 @@ def test_serve_logs_to_stderr_with_time_level_and_logger_name():
 def test_serve_log_level_option():
     debug = _serve_log("--log-level", "debug")
     assert debug.returncode == 0, debug.stderr
-    assert re.search(_line("DEBUG", "rmserve.server.swap", "debug detail"), debug.stderr)
+    assert re.search(_line("DEBUG", "rmserve.server.swaps.swap", "debug detail"), debug.stderr)
     warning = _serve_log("--log-level", "warning")
     assert warning.returncode == 0, warning.stderr
     assert "in-place swap taken" not in warning.stderr and "library warning" in warning.stderr
     bad = _serve_log("--log-level", "loud")
     assert bad.returncode == 2
-    assert "'loud' is not one of debug, info, warning, error" in " ".join(bad.stderr.split())
+    assert "'loud' is not one of 'debug', 'info', 'warning', 'error'" in " ".join(bad.stderr.split())
 
 
 _WATCHED_CHILD = """
@@ -410,7 +457,7 @@ def test_parent_watch_signals_only_when_it_cannot_cut_a_shutdown_short(
 
 
 def test_serve_fair_share_options_reach_the_server_config(captured):
-    from rmserve.server.app import ServerConfig
+    from rmserve.server.http.app import ServerConfig
 
     result = runner.invoke(app, [
         "serve", "m", "--no-fair-share", "--engine-concurrency-groups", "8", "--fair-share-quantum-tokens", "512",

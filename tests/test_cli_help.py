@@ -88,7 +88,7 @@ def test_help_is_whole_plain_and_fits_80_columns(argv, command):
 
 def test_run_help_shows_the_long_engine_options_and_their_defaults_whole():
     flat = _flat(_help(["run"]))
-    assert "--gpu-memory-utilization <float> Fraction of accelerator memory vLLM may use, in (0, 1]. [default: 0.9]" in flat
+    assert "--gpu-memory-utilization FRACTION Fraction of accelerator memory vLLM may use, in (0, 1]. [default: 0.9]" in flat
     assert "--enable-prefix-caching / --no-enable-prefix-caching" in flat
     assert "[default: --enable-prefix-caching]" in flat
     assert "Engine options (the same in serve and run):" in flat
@@ -97,7 +97,7 @@ def test_run_help_shows_the_long_engine_options_and_their_defaults_whole():
 def test_serve_help_has_no_rest_markup_left():
     flat = _flat(_help(["serve"]))
     assert "What the model is: classifier (a one-label reward head), dpo" in flat
-    assert "(rmserve.server.result_cache)" in flat
+    assert "(rmserve.server.kinds.result_cache)" in flat
 
 
 def test_metrics_rm_bench_help_names_only_rm_bench_formats():

@@ -25,9 +25,9 @@ from rmserve.cli_models import FORCE_HINT
 from rmserve.cli_users import TOKEN_ENV
 from rmserve.client.client import RewardClient
 from rmserve.fingerprint import model_fingerprint
-from rmserve.server.app import ServerConfig, create_app
-from rmserve.server.auth import add_user
-from rmserve.server.leases import LEASES_KEY
+from rmserve.server.http.app import ServerConfig, create_app
+from rmserve.server.sharing.auth import add_user
+from rmserve.server.sharing.leases import LEASES_KEY
 
 WALL = 1_800_000_000.0
 WALL_ISO = "2027-01-15T08:00:00Z"
@@ -84,8 +84,8 @@ def _serve(checkpoints, **config) -> ThreadedServer:
 
 
 def models(url: str, *extra: str, env: dict[str, str] | None = None):
-    """``rmserve models …`` with ``--url url`` appended."""
-    return CliRunner().invoke(cli_app, ["models", *extra, "--url", url], env=env)
+    """``rmserve models …`` with ``--server url`` appended."""
+    return CliRunner().invoke(cli_app, ["models", *extra, "--server", url], env=env)
 
 
 def _as(tokens: dict[str, str], user: str) -> dict[str, str]:
@@ -139,10 +139,11 @@ def test_a_load_refused_by_another_users_lease_exits_1_with_the_servers_message_
         assert refused.exit_code == 1
         assert refused.stdout == ""
         assert refused.stderr.splitlines() == [
-            f"error: conflict: checkpoint swap refused for bob: the lease on model 'step' (fingerprint {fp1}) is held "
-            f"by alice since {WALL_SERVER}; no other user's pinned work is in flight. Retry when that work is done "
-            "or the lease ends (idle 600 s, or POST /v1/models/release by its holder), or ask an admin to force it "
-            "(force: true)",
+            f"error: conflict: checkpoint swap refused for bob: alice holds the lease on model 'step' (fingerprint "
+            f"{fp1}) since {WALL_SERVER}; it ends after 600 s without alice's pinned work in flight, or when alice or "
+            "an admin releases it (POST /v1/models/release). An admin may force the swap (force: true): "
+            "pinned runs then stop with 409, keep what they scored and resume once that fingerprint is "
+            "served again",
             FORCE_HINT,
         ]
         listed = models(server.url, "list", env=_as(tokens, "carol"))
@@ -258,7 +259,7 @@ def test_load_sends_model_only_when_given_and_prefers_the_admin_token():
 
 
 def test_serve_lease_idle_option_reaches_the_server_config(monkeypatch):
-    import rmserve.server.serve as serve_module
+    import rmserve.server.http.serve as serve_module
 
     calls = []
     monkeypatch.setattr(serve_module, "serve", lambda e, s, *, announce=print: calls.append(s) or 0)

@@ -12,7 +12,7 @@ runner = CliRunner()
 
 @pytest.fixture
 def nodes(monkeypatch):
-    import rmserve.server.serve as serve_module
+    import rmserve.server.http.serve as serve_module
 
     calls: list = []
     monkeypatch.setattr(serve_module, "serve_node", lambda e, s, *, announce=print: calls.append((e, s)) or 0)
@@ -22,13 +22,13 @@ def nodes(monkeypatch):
 
 
 def test_each_model_gets_its_engine_config_with_its_memory_share(nodes, tmp_path):
-    result = runner.invoke(app, ["serve", "--model", "a=/ckpt/a", "--model", "b=/ckpt/b,gpu_memory_utilization=0.5",
-                                 "--model", "c=/ckpt/c", "--gpu-memory-utilization", "0.8", "--dtype", "float32",
+    result = runner.invoke(app, ["serve", "--model", "a=org/a", "--model", "b=org/b,gpu_memory_utilization=0.5",
+                                 "--model", "c=org/c", "--gpu-memory-utilization", "0.8", "--dtype", "float32",
                                  "--port", "9000"])
     assert result.exit_code == 0, result.output
     (configs, server_config), = nodes
     assert [(c.model, c.name, c.gpu_memory_utilization, c.dtype) for c in configs] == [
-        ("/ckpt/a", "a", 0.15, "float32"), ("/ckpt/b", "b", 0.5, "float32"), ("/ckpt/c", "c", 0.15, "float32")]
+        ("org/a", "a", 0.15, "float32"), ("org/b", "b", 0.5, "float32"), ("org/c", "c", 0.15, "float32")]
     assert server_config.port == 9000 and server_config.served_model_name is None
 
 

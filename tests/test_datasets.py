@@ -183,9 +183,9 @@ def test_a_data_file_keeps_every_record_even_a_cut_last_one(tmp_path):
 
 def test_ties_id_pattern_is_the_one_the_metrics_use():
     from rmserve.datasets import RB2_TIES_ID
-    from rmserve.metrics import inputs
+    from rmserve.metrics import score_files
 
-    assert inputs.RB2_TIES_ID is RB2_TIES_ID
+    assert score_files.RB2_TIES_ID is RB2_TIES_ID
     assert [bool(RB2_TIES_ID.match(s)) for s in ("ref:0", "tied:12", "ref:", "tie:1", "ref:1a", "ref:\u0661")] == [
         True,
         True,

@@ -37,7 +37,8 @@ def test_cli_builds_deterministically_and_warns_about_random_weights(tmp_path, c
     assert _sha256(a / "tokenizer.json") == _sha256(b / "tokenizer.json")
     assert _sha256(a / "model.safetensors") != _sha256(c / "model.safetensors")
     assert _sha256(a / "tokenizer.json") == _sha256(c / "tokenizer.json")  # the seed only drives weights
-    assert _sha256(a / "model.safetensors")[:16] in first.stdout
+    assert first.stdout == ""  # status only: stdout stays for what a command's output is
+    assert f"wrote {a}: " in first.stderr and _sha256(a / "model.safetensors")[:16] in first.stderr
 
 
 def test_default_model_layout(demo_model_dir: Path):

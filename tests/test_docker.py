@@ -27,7 +27,7 @@ CPU_BLOCK_MULTIPLE = 32
 @pytest.fixture
 def captured(monkeypatch):
     """``rmserve serve`` with the real parsing and config checks but no server: records the configs."""
-    import rmserve.server.serve as serve_module
+    import rmserve.server.http.serve as serve_module
 
     calls = []
     monkeypatch.setattr(serve_module, "serve", lambda e, s, *, announce=print: calls.append((e, s)) or 0)
@@ -44,16 +44,16 @@ def _serve_args(image: str, model: str, *user_args: str) -> list[str]:
 @pytest.mark.parametrize("image", ["cpu", "gpu"])
 def test_image_entrypoint_parses_as_the_readme_runs_it(image, captured, tmp_path):
     # As in the Dockerfile's `docker run` example: IMAGE MODEL --host 0.0.0.0 --users-file FILE.
-    from rmserve.server.auth import add_user
+    from rmserve.server.sharing.auth import add_user
 
     users = tmp_path / "users.jsonl"
     add_user(users, "alice")
     result = CliRunner().invoke(
-        app, _serve_args(image, str(tmp_path), "--host", "0.0.0.0", "--users-file", str(users))
+        app, _serve_args(image, "org/reward-model", "--host", "0.0.0.0", "--users-file", str(users))
     )
     assert result.exit_code == 0, result.output
     ((engine, server),) = captured
-    assert engine.model == str(tmp_path)
+    assert engine.model == "org/reward-model"
     assert (server.host, server.port, server.users_file) == ("0.0.0.0", 8000, str(users))
     if image == "cpu":
         assert engine.dtype == "float32"
@@ -63,8 +63,8 @@ def test_image_entrypoint_parses_as_the_readme_runs_it(image, captured, tmp_path
 
 def test_a_flag_the_server_refuses_fails_the_check(captured, tmp_path):
     """The check above can fail: an unknown flag and a refused value both exit non-zero."""
-    assert CliRunner().invoke(app, _serve_args("gpu", str(tmp_path), "--no-such-flag")).exit_code == 2
-    assert CliRunner().invoke(app, _serve_args("gpu", str(tmp_path), "--port", "70000")).exit_code == 2
+    assert CliRunner().invoke(app, _serve_args("gpu", "org/reward-model", "--no-such-flag")).exit_code == 2
+    assert CliRunner().invoke(app, _serve_args("gpu", "org/reward-model", "--port", "70000")).exit_code == 2
     assert captured == []
 
 

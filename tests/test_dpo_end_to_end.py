@@ -10,7 +10,6 @@ would show. Marked slow (two engines start; about two to three minutes on 2 core
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import urllib.request
@@ -19,6 +18,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from rmserve.pipelines.launch import ServerProcess, free_loopback_port
+from testkit.sweep_inputs import demo_checkpoints, rmbench_subset, write_token
 
 from rmserve.schema import ModelList, ScoreRecord
 
@@ -35,23 +35,15 @@ TOKEN = "dpo-e2e-token"
 @pytest.fixture(scope="module")
 def dpo_env(tmp_path_factory, rmbench_dir, demo_reference_dir):
     """(checkpoint root, policy folders, reference folder, data folder, token file, expected rewards)."""
-    from rmserve.demo_model import DemoModelConfig, build_demo_model
+    from rmserve.demo_model import DemoModelConfig
 
     base = tmp_path_factory.mktemp("dpo")
     root = base / "run"
-    folders = []
-    for seed, step in zip((1, 3, 4), STEPS, strict=True):
-        folder = root / f"step-{step}"
-        build_demo_model(folder, rmbench_dir, DemoModelConfig(seed=seed, max_len=MAX_MODEL_LEN, kind="causal"))
-        folders.append(folder)
-    data = base / "rm-bench"
-    data.mkdir()
-    for domain in DOMAINS:
-        rows = json.loads((rmbench_dir / f"{domain}_filtered.json").read_text())[:GROUPS_PER_DOMAIN]
-        (data / f"{domain}_filtered.json").write_text(json.dumps(rows))
-    token_file = base / "token"
-    token_file.write_text(TOKEN)
-    return root, folders, demo_reference_dir, data, token_file, _expected(folders, demo_reference_dir, data)
+    configs = [DemoModelConfig(seed=seed, max_len=MAX_MODEL_LEN, kind="causal") for seed in (1, 3, 4)]
+    folders = demo_checkpoints(root, rmbench_dir, STEPS, configs)
+    data = rmbench_subset(rmbench_dir, base / "rm-bench", DOMAINS, GROUPS_PER_DOMAIN)
+    token = write_token(base / "token", TOKEN)
+    return root, folders, demo_reference_dir, data, token, _expected(folders, demo_reference_dir, data)
 
 
 def _expected(folders, reference_dir, data) -> dict[tuple[int, str], list[float]]:
@@ -109,8 +101,9 @@ def test_sweep_of_three_policies_swaps_in_place_and_equals_the_official_formula(
         for record in records:
             assert (record.kind, record.mode) == ("dpo", "reference")
             assert record.extras is not None and set(record.extras) == {
-                "policy_logp", "ref_logp", "policy_logp_norm", "answer_tokens"
+                "policy_logp", "ref_logp", "policy_logp_norm", "answer_tokens", "bos"
             }
+            assert record.extras["bos"] == ("template",) * len(record.rewards)  # the demo template writes BOS
             want = expected[(step, str(record.key))]
             worst = max(worst, *(abs(a - b) for a, b in zip(record.rewards, want, strict=True)))
             # The reward is the difference of the two sums it carries.

@@ -230,7 +230,7 @@ def test_server_killed_mid_eval_then_rerun_completes_exactly_once(demo_model_dir
     with server:
         server.wait_ready()
         cmd = [*RMSERVE, "eval", "--server", server.url, "--bench", "rm-bench", "--data", str(RMBENCH),
-               "--out", str(out), "--only", "chat", "--quiet", "--max-in-flight", "4"]
+               "--out", str(out), "--only", "chat", "--quiet", "--max-inflight-groups", "4"]
         client = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         scores = out / "scores.jsonl"
         deadline = time.monotonic() + 600
@@ -248,7 +248,7 @@ def test_server_killed_mid_eval_then_rerun_completes_exactly_once(demo_model_dir
     # Restart the server and run the same eval again: it scores exactly the rest.
     with _serve(demo_model_dir, tmp_path / "server-2.log", port) as restarted:
         restarted.wait_ready()
-        _eval(restarted.url, out, "--only", "chat", "--max-in-flight", "4")
+        _eval(restarted.url, out, "--only", "chat", "--max-inflight-groups", "4")
     records = _records(out / "scores.jsonl")
     assert len(records) == len({r.key for r in records}) == 129
     # Same model, same token ids: the rewards equal the uninterrupted run's.

@@ -52,3 +52,38 @@ def test_a_list_at_the_root_keeps_its_index():
     exc = error_of(b'[{"id": "a"}, {"id": 1}]', list[Outer])
     assert field_path(exc) == "[1].id"
     assert validation_reason(exc) == "Expected `str`, got `int`"
+
+
+def test_error_classes_keep_their_type_status_and_retryable():
+    from rmserve import errors
+
+    table = {
+        errors.ClientFault: ("invalid_request", 400, False),
+        errors.InvalidRequest: ("invalid_request", 400, False),
+        errors.Unauthorized: ("unauthorized", 401, False),
+        errors.Forbidden: ("forbidden", 403, False),
+        errors.Conflict: ("conflict", 409, False),
+        errors.InvalidCheckpoint: ("invalid_checkpoint", 422, False),
+        errors.ModelNotFound: ("model_not_found", 404, False),
+        errors.SequenceTooLong: ("sequence_too_long", 413, False),
+        errors.BodyTooLarge: ("body_too_large", 413, False),
+        errors.ServerFault: ("internal_error", 500, False),
+        errors.EngineNotReady: ("engine_not_ready", 503, True),
+        errors.Overloaded: ("overloaded", 429, True),
+        errors.EngineError: ("engine_error", 500, False),
+        errors.ConnectionFailed: ("connection_failed", 503, True),
+        errors.FingerprintMismatch: ("fingerprint_mismatch", 409, False),
+        errors.GroupNotScored: ("group_not_scored", 422, False),
+        errors.DataError: ("data_error", 400, False),
+    }
+    assert {cls: (cls.type, cls.status, cls.retryable) for cls in table} == table
+
+
+def test_a_subclass_sets_what_its_keywords_give_and_inherits_the_rest():
+    from rmserve.errors import EngineNotReady
+
+    class Paused(EngineNotReady, status=409):
+        pass
+
+    assert (Paused.type, Paused.status, Paused.retryable) == ("engine_not_ready", 409, True)
+    assert (EngineNotReady.type, EngineNotReady.status) == ("engine_not_ready", 503)

@@ -2,7 +2,7 @@
 DEMO_CAUSAL --kind judge --bench rm-bench --only chat --judge-max-tokens 32`` on the RM-Bench
 release files, as a user types it (a vLLM CPU engine; slow).
 
-The engine comes from ``rmserve.server.backends.build_engine`` (kind ``judge``); where this
+The engine comes from ``rmserve.server.engines.registry.build_engine`` (kind ``judge``); where this
 checkout's ``build_engine`` has no judge engine yet, the test is skipped and says so.
 """
 
@@ -16,7 +16,7 @@ import pytest
 from testkit.shared_data import shared_data_dir
 
 from rmserve.datasets import load_rmbench
-from rmserve.schema import ScoreRecord
+from rmserve.schema import JudgeSampling, ScoreRecord
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -26,9 +26,9 @@ ENGINE_OPTIONS = ["--dtype", "float32", "--max-model-len", "4096", "--block-size
 
 
 def _require_judge_engine(model) -> None:
-    from rmserve.server.backends import build_engine
+    from rmserve.server.engines.registry import build_engine
     from rmserve.server.config import EngineConfig
-    from rmserve.server.protocol import JudgeEngine
+    from rmserve.server.engines.protocol import JudgeEngine
 
     try:
         engine = build_engine(EngineConfig(model=str(model), kind="judge", dtype="float32"))
@@ -62,3 +62,10 @@ def test_run_a_judge_on_rmbench_chat(demo_policy_dir, tmp_path):
     for record in records:
         if record.judge is None:
             assert record.first_error is not None and record.first_error.type in ("sequence_too_long", "unsupported_group")
+        # How every group was decoded and by what: greedy, 32 tokens, vLLM without its batch-invariant mode.
+        assert record.judge_sampling == JudgeSampling(temperature=0.0, top_p=1.0, max_tokens=32)
+        assert (record.judge_engine.engine, record.judge_engine.batch_invariant) == ("vllm", False)
+    assert "Judge set-up: sampling temperature 0, top_p 1, max_tokens 32; engine vllm " in res.stdout
+    results = msgspec.json.decode((out / "results.json").read_bytes())
+    assert results["judge"]["sampling"] == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 32}
+    assert results["judge"]["engine"]["batch_invariant"] is False and results["judge"]["n_unrecorded"] == 0

@@ -35,6 +35,11 @@ def test_call_and_group_limits():
         JudgeGroupResult(**base, credit=1.0, position=4)
     with pytest.raises(ValueError, match="compat must be one of"):
         JudgeGroupResult(**{**base, "compat": "strict"}, credit=1.0)
+    with pytest.raises(ValueError, match=r"thinking must be one of \('on', 'off'\) or None, got 'maybe'"):
+        JudgeGroupResult(**base, credit=1.0, thinking="maybe")
+    assert JudgeGroupResult(**base, credit=1.0, thinking="on").thinking == "on"
+    assert not JudgeParse("rb2-ranking", "ambiguous_verdict", candidates=("B", "C")).ok
+    assert not JudgeParse("rmbench-pairwise", "unfinished_reasoning").ok
     with pytest.raises(ValueError, match="cells must hold 9 values"):
         JudgeGroupResult(**{**base, "benchmark": "rm-bench", "protocol": "rmbench-pairwise"}, cells=(0.5,) * 8)
 

@@ -13,9 +13,10 @@ Three floors:
 Every ``import``/``from … import`` statement counts, wherever it stands (module level, inside a
 function, under ``if TYPE_CHECKING:``); relative imports are resolved against the importing
 module's package. A string literal of the form ``"rmserve.x.y:Name"`` counts too: that is how
-engines are named for lazy loading (``server/backends.py``).
+engines are named for lazy loading (``server/engines/registry.py``).
 
-Heavy engines: among the stages only ``server/engine.py`` imports ``vllm``; the ground, the client
+Heavy engines: among the stages only ``server/engines/vllm_compat.py`` imports ``vllm`` (the vLLM engines reach it
+through that module); the ground, the client
 and the metrics import none of ``vllm``, ``torch``, ``transformers`` or ``tokenizers``.
 
 Files are found through ``[tool.setuptools.package-dir]`` in ``pyproject.toml``, so a new stage
@@ -50,7 +51,7 @@ STAGES = ("rmserve.server", "rmserve.client", "rmserve.metrics")
 TOP = ("rmserve.pipelines", "rmserve.demo_model", "rmserve.cli")
 """Prefixes of the top floor (``rmserve.cli`` also covers ``rmserve.cli_eval`` and the like)."""
 
-VLLM_IMPORTERS = frozenset({"rmserve.server.engine"})
+VLLM_IMPORTERS = frozenset({"rmserve.server.engines.vllm_compat"})
 """The only stage modules allowed to import ``vllm``; a new vLLM-backed engine is added here."""
 
 HEAVY = ("vllm", "torch", "transformers", "tokenizers")
@@ -191,14 +192,14 @@ def test_every_floor_and_stage_has_modules():
     # The walk covers the ground, every stage, the pipelines and the CLI (not an empty glob).
     for name in [*sorted(GROUND), *STAGES, "rmserve.pipelines.evaluate", "rmserve.cli", "rmserve.demo_model"]:
         assert name in modules, name
-    assert "rmserve.server.engine" in modules
+    assert {"rmserve.server.engines.vllm_engine", "rmserve.server.engines.vllm_compat"} <= set(modules)
     assert all(floor(name) is not None for name in modules), sorted(n for n in modules if floor(n) is None)
 
 
 def test_no_import_crosses_a_layer():
     edges = _edges()
     # Sanity: the walk sees real imports, including one inside a function (engine_hf's transformers).
-    assert any(e.importer == "rmserve.server.engine" and e.target.startswith("vllm") for e in edges)
+    assert any(e.importer == "rmserve.server.engines.vllm_compat" and e.target.startswith("vllm") for e in edges)
     assert any(e.importer == "rmserve.pipelines.evaluate" and floor(e.target) == "rmserve.client" for e in edges)
     assert layer_violations(edges) == []
 
@@ -209,7 +210,7 @@ def test_only_the_listed_engine_modules_import_vllm():
 
 
 KNOWN = frozenset(
-    {"rmserve.server", "rmserve.server.app", "rmserve.client.client", "rmserve.metrics.report", "rmserve.pipelines.evaluate"}
+    {"rmserve.server", "rmserve.server.http.app", "rmserve.client.client", "rmserve.metrics.report", "rmserve.pipelines.evaluate"}
 )
 """Module names the synthetic sources below may name."""
 
@@ -220,8 +221,8 @@ KNOWN = frozenset(
         (
             "rmserve.client.score_store",
             False,
-            "from rmserve.server import app\n",
-            "x.py:1: rmserve.client.score_store imports rmserve.server.app:"
+            "from rmserve.server.http import app\n",
+            "x.py:1: rmserve.client.score_store imports rmserve.server.http.app:"
             " stage rmserve.client never imports stage rmserve.server",
         ),
         (
@@ -241,8 +242,8 @@ KNOWN = frozenset(
         (
             "rmserve.schema",
             False,
-            "from rmserve.server.app import create_app\n",
-            "x.py:1: rmserve.schema imports rmserve.server.app:"
+            "from rmserve.server.http.app import create_app\n",
+            "x.py:1: rmserve.schema imports rmserve.server.http.app:"
             " the ground imports only the ground",
         ),
         (
@@ -253,10 +254,10 @@ KNOWN = frozenset(
             " the ground imports only the ground",
         ),
         (
-            "rmserve.server.app",
+            "rmserve.server.http.app",
             False,
             "import rmserve.cli_server\n",
-            "x.py:1: rmserve.server.app imports rmserve.cli_server:"
+            "x.py:1: rmserve.server.http.app imports rmserve.cli_server:"
             " a stage never imports the pipelines, the CLI or the demo model",
         ),
         (
@@ -267,11 +268,11 @@ KNOWN = frozenset(
             " a stage never imports the pipelines, the CLI or the demo model",
         ),
         (
-            "rmserve.server.render",
+            "rmserve.server.render.chat",
             False,
             "import vllm.config\n",
-            "x.py:1: rmserve.server.render imports vllm.config:"
-            " among the stages only rmserve.server.engine imports vllm",
+            "x.py:1: rmserve.server.render.chat imports vllm.config:"
+            " among the stages only rmserve.server.engines.vllm_compat imports vllm",
         ),
         (
             "rmserve.metrics.report",
@@ -296,11 +297,11 @@ def test_checker_reports_a_bad_import(importer, is_package, source, expected):
 @pytest.mark.parametrize(
     ("importer", "source"),
     [
-        ("rmserve.pipelines.evaluate", "from rmserve.server.app import create_app\nimport torch\n"),
+        ("rmserve.pipelines.evaluate", "from rmserve.server.http.app import create_app\nimport torch\n"),
         ("rmserve.cli_sweep", "from .metrics import report\n"),
-        ("rmserve.server.app", "from . import engine\nfrom rmserve.errors import RMServeError\n"),
-        ("rmserve.server.engine", "import vllm\n"),
-        ("rmserve.server.engine_hf", "import torch\n"),
+        ("rmserve.server.http.app", "from . import engine\nfrom rmserve.errors import RMServeError\n"),
+        ("rmserve.server.engines.vllm_compat", "import vllm\n"),
+        ("rmserve.server.engines.hf_engine", "import torch\n"),
         ("rmserve.datasets", "from rmserve.schema import ScoreRecord\nimport numpy\n"),
     ],
 )
@@ -309,12 +310,12 @@ def test_checker_accepts_allowed_imports(importer, source):
 
 
 SERVER_WITHOUT_ENGINES = [
-    "rmserve.server.app",
-    "rmserve.server.handlers",
-    "rmserve.server.serve",
-    "rmserve.server.swap",
-    "rmserve.server.batching",
-    "rmserve.server.backends",
+    "rmserve.server.http.app",
+    "rmserve.server.http.routes",
+    "rmserve.server.http.serve",
+    "rmserve.server.swaps.swap",
+    "rmserve.server.engines.batching",
+    "rmserve.server.engines.registry",
 ]
 """Server modules that the fast lane runs over the fakes: they load no engine library on import."""
 

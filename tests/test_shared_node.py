@@ -108,10 +108,14 @@ def test_two_users_evaluate_at_once_and_each_is_counted(node, tmp_path):
     status, queue, _ = _call(f"{url}/v1/queue", tokens["root"])
     assert status == 200
     served = {u["user"]: u["served_groups"] for u in queue["users"]}
-    # a group the other user's run had just scored is answered from the result cache, never queued
+    # a group the other user's run had just scored is answered from the result cache, never queued;
+    # how the 258 split between the users depends on when each process got going (on a loaded machine
+    # one run can be answered wholly from the cache, and a user never served is not listed)
     hits = _metric(url, tokens["root"], "rmserve_result_cache_hits_total")
-    assert served["alice"] > 0 and served["bob"] > 0
-    assert served["alice"] + served["bob"] + hits == 2 * 129
+    served_total = served.get("alice", 0) + served.get("bob", 0)
+    assert set(served) <= {"alice", "bob"}
+    assert served_total >= 129  # every distinct group was computed at least once
+    assert served_total + hits == 2 * 129
     status, own, _ = _call(f"{url}/v1/queue", tokens["alice"])
     assert [u["user"] for u in own["users"]] == ["alice"]  # a scorer sees only itself
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from rmserve.pipelines.launch import ServerProcess, free_loopback_port
+from testkit.sweep_inputs import demo_checkpoints, rmbench_subset, write_token
 
 from rmserve.schema import ModelList, ScoreRecord
 
@@ -49,33 +50,26 @@ TOKEN = "sweep-e2e-token"
 @pytest.fixture(scope="module")
 def sweep_env(tmp_path_factory, demo_model_dir, rmbench_dir):
     """(checkpoint root, checkpoint folders, data folder, token file, rewards reference)."""
-    from rmserve.demo_model import DemoModelConfig, build_demo_model
+    from rmserve.demo_model import DemoModelConfig
     from rmserve.fingerprint import TOKENIZER_FILES
 
     base = tmp_path_factory.mktemp("sweep")
     root = base / "run"
-    folders = []
-    for seed, step in enumerate(STEPS, start=1):
-        folder = root / f"step-{step}"
-        build_demo_model(folder, rmbench_dir, DemoModelConfig(seed=seed, max_len=MAX_MODEL_LEN))
+    configs = [DemoModelConfig(seed=seed, max_len=MAX_MODEL_LEN) for seed in range(1, len(STEPS) + 1)]
+    folders = demo_checkpoints(root, rmbench_dir, STEPS, configs)
+    for folder in folders:
         for name in TOKENIZER_FILES:  # one tokenizer for the whole run, as in real training
             if (demo_model_dir / name).is_file():
                 shutil.copyfile(demo_model_dir / name, folder / name)
-        folders.append(folder)
-    data = base / "rm-bench"
-    data.mkdir()
-    for domain in DOMAINS:
-        rows = json.loads((rmbench_dir / f"{domain}_filtered.json").read_text())[:GROUPS_PER_DOMAIN]
-        (data / f"{domain}_filtered.json").write_text(json.dumps(rows))
-    token_file = base / "token"
-    token_file.write_text(TOKEN)
-    return root, folders, data, token_file, _reference(folders, data)
+    data = rmbench_subset(rmbench_dir, base / "rm-bench", DOMAINS, GROUPS_PER_DOMAIN)
+    token = write_token(base / "token", TOKEN)
+    return root, folders, data, token, _reference(folders, data)
 
 
 def _reference(folders, data) -> dict[tuple[int, str], list[float]]:
     """(step, group key) → rewards of a transformers forward pass, one sequence at a time."""
     import torch
-    from rmserve.server.render import Renderer
+    from rmserve.server.render.chat import Renderer
     from transformers import AutoModelForSequenceClassification
 
     from rmserve.datasets import load_rmbench
@@ -129,6 +123,16 @@ def _metric(url: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in head for k, v in labels.items()):
             total += float(value)
     return total
+
+
+def _wait_for_scored(url: str, n_groups: int, client: subprocess.Popen) -> None:
+    """Return once the server at ``url`` has scored ``n_groups`` groups (its own counter, polled
+    every 10 ms); fails if the sweep ``client`` ends first or 15 minutes pass."""
+    deadline = time.monotonic() + 900
+    while _metric(url, "rmserve_groups_total") < n_groups:
+        assert client.poll() is None, client.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
 
 
 def _swap_count(url: str) -> int:
@@ -207,19 +211,26 @@ def test_client_killed_mid_sweep_resumes_without_scoring_a_group_twice(sweep_env
     store = tmp_path / "store.sqlite"
     with _server(folders[0], root, token_file, tmp_path / "server.log") as server:
         server.wait_ready()
-        client = subprocess.Popen(_sweep_cmd([server.url], sweep_env, tmp_path / "out", store, "--max-in-flight", "4"),
+        client = subprocess.Popen(_sweep_cmd([server.url], sweep_env, tmp_path / "out", store, "--max-inflight-groups", "1"),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        deadline = time.monotonic() + 900
-        while _stored_rows(store) < N_GROUPS + 5:  # into the second checkpoint
-            assert client.poll() is None, client.communicate()[1][-3000:]
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-        os.killpg(client.pid, signal.SIGKILL)
-        client.wait()
+        # The kill must land inside the second checkpoint. The store commits about once a second
+        # and a quiet machine scores the last two checkpoints within one commit, so the stored rows
+        # cannot tell where the sweep is. The server's counter can: once it has scored two groups
+        # of the second checkpoint (one group in flight, so the client holds the first of them),
+        # the server is stopped, the client's store gets time to commit what it holds, and only
+        # then is the client killed.
+        _wait_for_scored(server.url, N_GROUPS + 2, client)
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            time.sleep(3)  # > the store's 1 s flush interval
+            os.killpg(client.pid, signal.SIGKILL)
+            client.wait()
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
         client.stderr.close()
         killed_at = _stored_rows(store)
         assert N_GROUPS < killed_at < 3 * N_GROUPS
-        _run_sweep([server.url], sweep_env, tmp_path / "out", store, "--max-in-flight", "4")
+        _run_sweep([server.url], sweep_env, tmp_path / "out", store, "--max-inflight-groups", "4")
         # Every group reached the engine exactly once: groups the killed client had in flight
         # (answered by the server, never stored) were answered again from the result cache.
         assert _metric(server.url, "rmserve_groups_total") == 3 * N_GROUPS
@@ -237,14 +248,10 @@ def test_server_killed_mid_sweep_client_waits_and_finishes(sweep_env, uninterrup
     with first:
         first.wait_ready()
         client = subprocess.Popen(
-            _sweep_cmd([first.url], sweep_env, tmp_path / "out", store, "--max-in-flight", "4", "--server-wait-s", "900"),
+            _sweep_cmd([first.url], sweep_env, tmp_path / "out", store, "--max-inflight-groups", "1", "--wait-ready-s", "900"),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
         )
-        deadline = time.monotonic() + 900
-        while _stored_rows(store) < N_GROUPS + 5:
-            assert client.poll() is None, client.communicate()[1][-3000:]
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        _wait_for_scored(first.url, N_GROUPS + 1, client)  # inside the second checkpoint (see above)
         os.killpg(first.process.pid, signal.SIGKILL)
         first.process.wait()
     time.sleep(2)
@@ -267,7 +274,7 @@ def test_two_pinned_servers_share_the_groups_fairly(sweep_env, uninterrupted, tm
     with a, b:
         a.wait_ready()
         b.wait_ready()
-        _run_sweep([a.url, b.url], sweep_env, tmp_path / "out", tmp_path / "store.sqlite", "--max-in-flight", "4")
+        _run_sweep([a.url, b.url], sweep_env, tmp_path / "out", tmp_path / "store.sqlite", "--max-inflight-groups", "4")
         counts = [_metric(s.url, "rmserve_groups_total") for s in (a, b)]
     assert sum(counts) == 3 * N_GROUPS
     assert min(counts) >= 0.3 * 3 * N_GROUPS, counts

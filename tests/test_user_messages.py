@@ -208,7 +208,9 @@ def test_compare_of_two_models_has_no_such_note(tmp_path):
     result = runner.invoke(app, ["metrics", "compare", str(a), str(b), "--resamples", "10", "--json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    assert document["notes"] == [] and document["partial"] is False
+    # the files hold chat groups only: that note, and no same-model note (two fingerprints)
+    assert document["notes"] == ["No paired group of math, code, safety: the averages are over chat only (partial)."]
+    assert document["partial"] is False
 
 
 def test_compare_names_what_one_side_lacks(tmp_path):
@@ -222,6 +224,7 @@ def test_compare_names_what_one_side_lacks(tmp_path):
     assert document["notes"] == [
         "Partial comparison: 1 group(s) only in A (chat 1); they are left out, and the figures of both sides "
         "cover the 3 group(s) both hold.",
+        "No paired group of math, code, safety: the averages are over chat only (partial).",
         "A and B hold identical scores for every group: every difference is 0.",
     ]
 

@@ -1,13 +1,13 @@
 """``rmserve eval``: score a benchmark through a running server, resumably, then report.
 
 This module's :func:`evaluate` is the **scoring pipeline** (data → server → score file →
-figures). It is not :func:`rmserve.metrics.report.evaluate`, which only computes figures from
+figures). It is not :func:`rmserve.metrics.evaluation.evaluate`, which only computes figures from
 scores already on disk; this pipeline calls the metrics stage at its end.
 
 :func:`evaluate` loads the benchmark, waits for the server, reads its model fingerprint,
 skips the groups already in the score file ``OUT/scores.jsonl`` (same model only), streams
 the rest through :class:`~rmserve.client.client.RewardClient` while appending one record per
-group, and then hands the records to the metrics stage (:mod:`rmserve.metrics.report`), which
+group, and then hands the records to the metrics stage (:mod:`rmserve.metrics.evaluation`), which
 computes every figure and writes ``results.json``, ``table.md`` and the heatmaps. Nothing here
 computes a figure.
 
@@ -37,12 +37,13 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from rmserve.client.client import PRIORITIES, Concurrency, Retry, RewardClient, Timeouts, Waiting
+from rmserve.client.client import RewardClient
+from rmserve.client.config import DEFAULT_MAX_RETRY_AFTER_S, PRIORITIES, Concurrency, Retry, Timeouts, Waiting
 from rmserve.client.score_file import SCORES_FILENAME, read_scores
 from rmserve.client.score_log import Resumed, ScoreLog
 from rmserve.client.score_store import ScoreStore
@@ -53,7 +54,7 @@ from rmserve.pipelines.outcome import TruncationSummary, Unscored, strict_stop, 
 from rmserve.schema import BENCHMARKS, Group, HealthReply, ModelInfo, ScoreKind, ScoreRecord, Truncation
 
 if TYPE_CHECKING:  # the metrics stage (numpy) is imported when a run reports, not before
-    from rmserve.metrics.report import Evaluation
+    from rmserve.metrics.evaluation import Evaluation
 
     from rmserve.datasets import Dataset
 
@@ -96,6 +97,11 @@ class EvalConfig:
 
     max_attempts: int = 5
     """Attempts per request on connection errors, timeouts, 429 and 503. Default 5; ≥ 1."""
+
+    max_retry_after_s: float = DEFAULT_MAX_RETRY_AFTER_S
+    """Longest wait taken from a reply's ``Retry-After`` before a retry, seconds
+    (:attr:`~rmserve.client.config.Retry.max_retry_after_s`: a longer one is cut to it, with a
+    warning). Default 60; > 0."""
 
     only: tuple[str, ...] | None = None
     """Score only these domains (RM-Bench) or subsets (RewardBench 2). Default: all present."""
@@ -158,7 +164,7 @@ class EvalConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not lower <= value <= upper:
                 raise ValueError(f"{name} must be an integer in [{lower}, {upper}], got {value!r}")
-        for name in ("timeout_s", "ready_timeout_s"):
+        for name in ("timeout_s", "ready_timeout_s", "max_retry_after_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
@@ -174,7 +180,7 @@ class EvalConfig:
         """The client's timeouts, concurrency and retry policy for this run."""
         timeouts = Timeouts(connect_s=min(10.0, self.timeout_s), sock_read_s=self.timeout_s, total_s=self.timeout_s)
         concurrency = Concurrency(max_groups_in_flight=self.max_in_flight, groups_per_request=self.groups_per_request)
-        return timeouts, concurrency, Retry(max_attempts=self.max_attempts)
+        return timeouts, concurrency, Retry(max_attempts=self.max_attempts, max_retry_after_s=self.max_retry_after_s)
 
 
 @dataclass(frozen=True)
@@ -182,7 +188,7 @@ class EvalResult:
     """What one scoring pipeline run produced.
 
     Attributes:
-        evaluation: the metrics stage's :class:`~rmserve.metrics.report.Evaluation`.
+        evaluation: the metrics stage's :class:`~rmserve.metrics.evaluation.Evaluation`.
         table_md: the Markdown report the metrics stage rendered (also in ``table.md``).
         results: the JSON dict the metrics stage wrote to ``results.json``.
         paths: every file the metrics stage wrote.
@@ -200,6 +206,8 @@ class EvalResult:
         unscored: the data groups with a response the server could not score (counted as
             losses by the metrics, as the official code counts them).
         truncation: what the requested truncation cut (None without truncation).
+        notes_shown: how many of the first ``notes`` were already written to stderr before
+            scoring started (:func:`show_notes`); the command prints the rest at the end.
     """
 
     evaluation: Evaluation
@@ -216,6 +224,7 @@ class EvalResult:
     n_from_store: int = 0
     unscored: Unscored | None = None
     truncation: TruncationSummary | None = None
+    notes_shown: int = 0
 
 
 def pick_model(models: Sequence[ModelInfo], name: str | None) -> ModelInfo:
@@ -313,11 +322,17 @@ async def _score_pending(
     during the run, it refuses the next request (409) and the run stops with
     :class:`~rmserve.errors.FingerprintMismatch` whose message adds what is kept and how to
     resume; the records already appended stay in the score file.
+
+    Requests the server refuses as over a whole limit of the user (413 ``request_over_limit``:
+    more prompt tokens than its ``tokens_per_minute``) are split by the client until they fit
+    (:meth:`~rmserve.client.client.RewardClient.score_stream`); a group that alone is over the
+    budget is recorded as not scored (``request_over_limit``) and the run goes on.
     """
     bar = progress_bar(n_total, n_total - len(pending), config.quiet)
     tokens = 0
     kept = n_total - len(pending)
     started = time.monotonic()
+    cache_groups, cache_tokens = client.cache_groups, client.cache_tokens
     try:
         stream = client.score_stream(
             pending,
@@ -325,6 +340,7 @@ async def _score_pending(
             model=config.model,
             expect_fingerprint=info.fingerprint,
             kind=ScoreKind.of(info),
+            served=info,
         )
         async with contextlib.aclosing(stream):
             async for record in stream:
@@ -337,8 +353,8 @@ async def _score_pending(
                         "official code does",
                     )
                 tokens += sum(record.num_tokens)
-                elapsed_s = max(time.monotonic() - started, 1e-9)
-                bar.set_postfix_str(f"{tokens / elapsed_s:,.0f} tok/s", refresh=False)
+                show_rate(bar, started, tokens - (client.cache_tokens - cache_tokens),
+                          client.cache_groups - cache_groups)
                 bar.update(1)
     except errors.FingerprintMismatch as exc:
         raise errors.FingerprintMismatch(
@@ -351,6 +367,25 @@ async def _score_pending(
         ) from exc
     finally:
         bar.close()
+        from_cache = client.cache_groups - cache_groups
+        if from_cache:
+            logger.info(
+                "%d of the %d groups scored were answered from the server's result cache (the same model scored "
+                "them before); the rates leave them out", from_cache, kept - (n_total - len(pending)))
+
+
+def show_rate(bar: Any, started: float, engine_tokens: int, cache_groups: int) -> None:
+    """The progress display's tokens per second over groups the engine scored (``engine_tokens``
+    since ``started``, monotonic seconds), and how many groups came from the server's result
+    cache (left out of every rate: a :class:`~rmserve.pipelines.progress.ProgressLine` also
+    leaves them out of groups/s)."""
+    elapsed_s = max(time.monotonic() - started, 1e-9)
+    text = f"{engine_tokens / elapsed_s:,.0f} tok/s"
+    if cache_groups:
+        text = f"{cache_groups:,} from the result cache, {text} (engine work only)"
+    if isinstance(bar, ProgressLine):
+        bar.cached = cache_groups
+    bar.set_postfix_str(text, refresh=False)
 
 
 async def _report(
@@ -364,13 +399,10 @@ async def _report(
     n_scored: int,
 ) -> EvalResult:
     """Hand ``records`` (data order) to the metrics stage and gather the run's result."""
-    from rmserve.metrics.report import (
-        MetricsConfig,
-        evaluate_records,
-        render_markdown,
-        result_dict,
-        write_outputs,
-    )
+    from rmserve.metrics.evaluation import MetricsConfig, evaluate_records
+    from rmserve.metrics.outputs import write_outputs
+    from rmserve.metrics.render_json import result_dict
+    from rmserve.metrics.render_markdown import render_markdown
 
     unscored_groups = unscored(records)
     cut = truncation_summary(records)
@@ -444,15 +476,27 @@ async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession |
                         notes.append(f"resumed: {resumed.n_resumed} groups already in {scores_path}, {len(pending)} to score")
                     if resumed.n_extra:
                         notes.append(f"{resumed.n_extra} stored groups are not in this data and are left out of the figures")
+                    notes_shown = 0
                     if pending:
+                        notes_shown = show_notes(notes)
                         await _score_pending(
                             client, log, pending, info, config, len(dataset.groups), server_version=health.version
                         )
                     records = log.records()
                     log.finish()
-    return await _report(
+    result = await _report(
         config, dataset, records, resumed=resumed, scores_path=scores_path, notes=notes, n_scored=len(pending)
     )
+    return replace(result, notes_shown=notes_shown)
+
+
+def show_notes(notes: Sequence[str]) -> int:
+    """Write each of ``notes`` to stderr as ``note: …`` now, before scoring starts (what was
+    resumed, what the data lacks: worth knowing before a long run, not after); returns how many
+    were written, :attr:`EvalResult.notes_shown`."""
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    return len(notes)
 
 
 @contextlib.contextmanager
@@ -588,8 +632,8 @@ def evaluate(config: EvalConfig, *, session: aiohttp.ClientSession | None = None
     that fingerprint into the score file → score the groups the score file lacks (at most
     ``max_in_flight`` in flight; a progress bar on a terminal, a progress line every few
     seconds elsewhere) → with a score store, rewrite the score file from it (the data's groups, data
-    order) → compute and write the figures with :mod:`rmserve.metrics.report`. The file/store
-    steps are :class:`~rmserve.client.score_log.ScoreLog`'s.
+    order) → compute and write the figures with :mod:`rmserve.metrics.evaluation` and
+    :mod:`rmserve.metrics.outputs`. The file/store steps are :class:`~rmserve.client.score_log.ScoreLog`'s.
 
     Returns:
         An :class:`EvalResult` (table, results dict, paths, counts, notes).

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
-from rmserve.client.client import RewardClient, Timeouts
+from rmserve.client.client import RewardClient
+from rmserve.client.config import Timeouts
 from rmserve.pipelines.evaluate import (
     EvalConfig,
     EvalResult,
@@ -49,7 +50,7 @@ from rmserve.client.score_store import ScoreStore, checkpoint_signature
 from rmserve.pipelines.progress import StatusLine, duration_text
 
 from rmserve import errors
-from rmserve.schema import ModelInfo
+from rmserve.schema import CLASSIFIER_KIND, DPO_KIND, JUDGE_KIND, LENGTH_KIND, ModelInfo
 
 SERVER_LOG_FILENAME = "server.log"
 """Name of the child server's log inside the output folder."""
@@ -149,13 +150,14 @@ class ServeOptions:
     """The command that starts a server; the model and options are appended."""
 
     def __post_init__(self) -> None:
-        from rmserve.cli_common import engine_argv
+        from rmserve.cli_common import check_model_sources, engine_argv
         from rmserve.server.config import EngineConfig
 
         if not self.model:
             raise ValueError("model must be a path or hub id, got an empty string")
         engine_argv(self.engine_options)  # unknown names, non-boolean switches
-        EngineConfig(model=self.model, **self.engine_options)  # every value within its limits
+        config = EngineConfig(model=self.model, **self.engine_options)  # every value within its limits
+        check_model_sources(config, files=False)  # a path that does not exist; the child checks a folder's files
         object.__setattr__(self, "engine_options", MappingProxyType(dict(self.engine_options)))
         if not self.startup_timeout_s > 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s!r}")
@@ -351,10 +353,13 @@ class ServerProcess:
 
 @contextlib.contextmanager
 def _sigterm_raises() -> Iterator[None]:
-    """While active, SIGTERM raises SystemExit(143) so cleanup (stopping the child) runs."""
+    """While active, SIGTERM raises SystemExit(143) so cleanup (stopping the child) runs.
+
+    A SIGTERM handler already in force (the CLI's, :func:`rmserve.cli_common.sigterm_exits`,
+    which also stops the child and says what was kept) is left as it is."""
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return
 
@@ -409,9 +414,12 @@ def store_signature(config: RunConfig) -> str | None:
     except ImportError:
         return None
     policy = _folder_signature(serve.model, dtype)
-    if policy is None or (options.get("kind") or "classifier") == "classifier":
+    kind = options.get("kind") or CLASSIFIER_KIND
+    if policy is None or kind == CLASSIFIER_KIND:
         return policy
-    if options.get("kind") == "judge":
+    if kind == LENGTH_KIND:
+        return None  # the server hashes the tokenizer alone (rmserve.fingerprint.length_fingerprint)
+    if kind == JUDGE_KIND:
         return _judge_fingerprint(policy, options)
     ref_model, ref_free = options.get("ref_model"), options.get("ref_free")
     if (ref_model is None) == (ref_free is None):
@@ -439,6 +447,7 @@ def _judge_fingerprint(model: str, options: Mapping[str, object]) -> str:
         seed=int(option("judge_seed", 0)),
         compat=str(option("compat", "none")),
         system_prompt=bool(option("judge_system_prompt", True)),
+        thinking=None if options.get("judge_thinking") is None else str(options["judge_thinking"]),
     )
 
 
@@ -493,6 +502,8 @@ def local_fingerprint(serve: ServeOptions) -> str | None:
     folder = Path(serve.model)
     if "--chat-template" in serve.extra_args or not folder.is_dir() or options.get("judge_url") is not None:
         return None
+    if options.get("kind") == LENGTH_KIND:
+        return None
     try:
         dtype = resolve_dtype(str(options.get("dtype") or "auto"))
     except ImportError:
@@ -506,9 +517,9 @@ def local_fingerprint(serve: ServeOptions) -> str | None:
         return None
     try:
         policy = model_fingerprint(folder, template, dtype)
-        if options.get("kind") == "judge":
+        if options.get("kind") == JUDGE_KIND:
             return _judge_fingerprint(policy, options)
-        if options.get("kind", "classifier") != "dpo":
+        if options.get("kind", CLASSIFIER_KIND) != DPO_KIND:
             return policy
         ref_model = options.get("ref_model")
         reference = None
@@ -544,23 +555,26 @@ def _local_model_info(serve: ServeOptions, fingerprint: str, name: str) -> Model
         dtype=resolve_dtype(str(options.get("dtype") or "auto")),
         fingerprint=fingerprint,
         engine=str(options.get("engine") or "vllm"),
-        kind=str(options.get("kind") or "classifier"),
+        kind=str(options.get("kind") or CLASSIFIER_KIND),
         **_local_judge_fields(options),
     )
 
 
 def _local_judge_fields(options: Mapping[str, object]) -> dict[str, object]:
     """For ``--kind judge``, the :class:`ModelInfo` fields a judge server reports from its
-    options (``mode`` = the protocol choice, ``compat``, ``judge_max_tokens``, ``judge_seed``);
-    empty for other kinds."""
-    if options.get("kind") != "judge":
+    options (``mode`` = the protocol choice, ``compat``, ``judge_max_tokens``, ``judge_seed``,
+    ``judge_thinking`` when set); empty for other kinds."""
+    if options.get("kind") != JUDGE_KIND:
         return {}
-    return {
+    fields: dict[str, object] = {
         "mode": str(options.get("protocol") or "auto"),
         "compat": str(options.get("compat") or "none"),
         "judge_max_tokens": int(options.get("judge_max_tokens") or 2048),
         "judge_seed": int(options.get("judge_seed") or 0),
     }
+    if options.get("judge_thinking") is not None:
+        fields["judge_thinking"] = str(options["judge_thinking"])
+    return fields
 
 
 def run(config: RunConfig) -> EvalResult:

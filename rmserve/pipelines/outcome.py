@@ -19,6 +19,7 @@ from rmserve.schema import ScoreRecord
 REASONS: dict[str, str] = {
     "sequence_too_long": "over the length limit",
     "non_finite_reward": "non-finite reward",
+    "request_over_limit": "over the user's token budget",
 }
 """How a summary names each :class:`~rmserve.schema.ResponseError` type."""
 
@@ -93,7 +94,9 @@ class TruncationSummary:
         n_tokens_cut: tokens cut over all responses.
         identical_after_cut: ``benchmark/domain/id`` of groups where a chosen and a rejected
             response came out identical (same length after the cut, same reward): the cut
-            removed everything that told them apart, so their comparison is a tie.
+            removed everything that told them apart, so their comparison is a tie. (A right
+            cut that would leave nothing of a response itself does not score it: the server
+            answers ``sequence_too_long`` for it instead.)
     """
 
     n_groups: int
@@ -112,8 +115,8 @@ class TruncationSummary:
             shown = ", ".join(self.identical_after_cut[:5])
             more = f" and {len(self.identical_after_cut) - 5} more" if len(self.identical_after_cut) > 5 else ""
             text += (
-                f"; {len(self.identical_after_cut)} groups have a chosen and a rejected response cut away entirely "
-                f"(identical after the cut: {shown}{more})"
+                f"; {len(self.identical_after_cut)} groups have a chosen and a rejected response identical after the "
+                f"cut (it left nothing that told them apart: {shown}{more})"
             )
         else:
             text += "; no chosen and rejected response came out identical"

@@ -5,7 +5,8 @@ runner that swaps ``sys.stderr`` gets the text):
 
 - :class:`StatusLine`: one line about a wait (a server starting, ``/health`` not ready).
   On a terminal it is rewritten in place (carriage return, erase to end of line) at most
-  every ``refresh_s``; elsewhere (a log file, CI) it is written as a full line when the wait
+  every ``refresh_s``, fitted to the terminal's width (one line, cut with ``…``: a line
+  that wrapped could not be rewritten in place and would leave a trail of copies); elsewhere (a log file, CI) it is written as a full line when the wait
   starts, when its kind changes and every ``repeat_s`` after, so a log shows the wait going on.
 - :class:`ProgressLine`: scoring progress without a terminal (on a terminal the pipelines draw
   a tqdm bar): ``scoring: 120/798 groups, 3.2 groups/s, ETA 3 min 31 s`` every ``interval_s``
@@ -14,6 +15,8 @@ runner that swaps ``sys.stderr`` gets the text):
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -61,6 +64,26 @@ class _Writer:
     def _write(self, text: str) -> None:
         self.stream.write(text)
         self.stream.flush()
+
+    def columns(self) -> int:
+        """The stream's terminal width in columns (``COLUMNS`` when set, else the terminal's
+        size, else 80)."""
+        env = os.environ.get("COLUMNS", "")
+        if env.isdigit() and int(env) > 0:
+            return int(env)
+        try:
+            return os.get_terminal_size(self.stream.fileno()).columns
+        except (AttributeError, OSError, ValueError):
+            return shutil.get_terminal_size((80, 24)).columns
+
+
+def fit_line(text: str, columns: int) -> str:
+    """``text`` as one line of at most ``columns - 1`` characters (the last column is left free:
+    some terminals wrap when it is written): runs of whitespace (newlines of a quoted reply)
+    become one space, and a longer line is cut with ``…``."""
+    line = " ".join(text.split())
+    room = max(columns - 1, 1)
+    return line if len(line) <= room else line[: room - 1] + "…"
 
 
 class StatusLine(_Writer):
@@ -112,7 +135,7 @@ class StatusLine(_Writer):
         if not due:
             return
         self._last_write, self._kind, self.shown = now, kind, True
-        self._write(f"\r{text}{_ERASE_TO_END}" if self.tty else f"{text}\n")
+        self._write(f"\r{fit_line(text, self.columns())}{_ERASE_TO_END}" if self.tty else f"{text}\n")
 
     def finish(self, text: str, *, always: bool = False) -> None:
         """End the status with ``text`` (a full line). Written only when a status was shown,
@@ -135,9 +158,12 @@ class ProgressLine(_Writer):
 
     ``scoring: 120/798 groups, 3.2 groups/s, ETA 3 min 31 s`` (plus :meth:`set_postfix_str`'s
     text) every ``interval_s`` seconds and once on :meth:`close`. The rate counts the groups
-    done since this line started (``initial`` resumed groups are not counted), over the
-    elapsed time; the ETA is the groups left over that rate. The method names follow tqdm's,
-    so a pipeline can use either.
+    the engine scored since this line started (``initial`` resumed groups and the
+    :attr:`cached` ones answered from the server's result cache are not counted), over the
+    elapsed time. The ETA is estimated from work done: the groups left over the rate since the
+    first group was done (the wait for the first one — a cold engine, a checkpoint load — says
+    nothing about the rest), "ETA unknown" until then. The method names follow tqdm's, so a
+    pipeline can use either.
 
     Args:
         total: groups of the run.
@@ -175,16 +201,21 @@ class ProgressLine(_Writer):
         self._last_write = self._started
         self._written_n: int | None = None
         self._closed = False
+        self._first: tuple[float, int] | None = None  # (time, groups done) at the first update
+        self.cached = 0
+        """Groups of this line answered from the server's result cache (set by the pipeline)."""
 
     def text(self) -> str:
         """The current line (without newline)."""
-        elapsed_s = self.clock() - self._started
-        done_now = self.n - self.initial
-        rate = done_now / elapsed_s if elapsed_s > 0 else 0.0
+        now = self.clock()
+        elapsed_s = now - self._started
+        engine_done = self.n - self.initial - self.cached
+        rate = engine_done / elapsed_s if elapsed_s > 0 else 0.0
         if self.n >= self.total:
             eta = f"done in {duration_text(elapsed_s)}"
-        elif rate > 0:
-            eta = f"ETA {duration_text((self.total - self.n) / rate)}"
+        elif self._first is not None and self.n > self._first[1] and now > self._first[0]:
+            since_first = (self.n - self._first[1]) / (now - self._first[0])
+            eta = f"ETA {duration_text((self.total - self.n) / since_first)}"
         else:
             eta = "ETA unknown"
         extra = f", {self.postfix}" if self.postfix else ""
@@ -198,6 +229,8 @@ class ProgressLine(_Writer):
         """Count ``n`` more groups done; write a line when ``interval_s`` has passed."""
         self.n += n
         now = self.clock()
+        if self._first is None:
+            self._first = (now, self.n)
         if now - self._last_write >= self.interval_s:
             self._emit(now)
 

@@ -31,13 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rmserve.client.client import PRIORITIES, Concurrency, Retry, RewardClient, Timeouts, record_from_result
+from rmserve.client.client import RewardClient
+from rmserve.client.config import DEFAULT_MAX_RETRY_AFTER_S, PRIORITIES, Concurrency, Retry, Timeouts
+from rmserve.client.records import record_from_result, refused_record
 from rmserve.pipelines.evaluate import progress_bar, wait_for_server
 from rmserve.pipelines.outcome import strict_stop, unscored
 from rmserve.client.score_store import ScoreStore, checkpoint_signature
 
 from rmserve import errors
-from rmserve.schema import BENCHMARKS, Group, ModelInfo, ScoreKind, ScoreRecord, Truncation
+from rmserve.schema import BENCHMARKS, CLASSIFIER_KIND, JUDGE_KIND, Group, ModelInfo, ScoreKind, ScoreRecord, Truncation
 
 logger = logging.getLogger("rmserve.sweep")
 
@@ -131,6 +133,11 @@ class SweepConfig:
     """How long to wait for a server that is loading, or that stopped answering during the
     sweep, before giving up on it, seconds. Default 600; > 0."""
 
+    max_retry_after_s: float = DEFAULT_MAX_RETRY_AFTER_S
+    """Longest wait taken from a reply's ``Retry-After`` before a retry, seconds
+    (:attr:`~rmserve.client.config.Retry.max_retry_after_s`: a longer one is cut to it, with a
+    warning). Default 60; > 0."""
+
     wait_for_server: bool = False
     """At the start, also wait (up to ``server_wait_s``) for a server that does not accept
     connections yet. Default False: a refused connection at the start fails after a few
@@ -188,7 +195,7 @@ class SweepConfig:
             raise ValueError("bench: a benchmark is given twice")
         if isinstance(self.max_in_flight, bool) or not isinstance(self.max_in_flight, int) or not 1 <= self.max_in_flight <= 4096:
             raise ValueError(f"max_in_flight must be an integer in [1, 4096], got {self.max_in_flight!r}")
-        for name in ("timeout_s", "load_timeout_s", "server_wait_s"):
+        for name in ("timeout_s", "load_timeout_s", "server_wait_s", "max_retry_after_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
@@ -324,7 +331,7 @@ class _Sweep:
         concurrency = Concurrency(max_groups_in_flight=config.max_in_flight, groups_per_request=1)
         # Few attempts per request: a server that keeps failing is handled by the sweep
         # (out of the rotation, polled, loaded again), not by long client-side retries.
-        retry = Retry(max_attempts=2)
+        retry = Retry(max_attempts=2, max_retry_after_s=config.max_retry_after_s)
         self.servers = [
             _Server(url, RewardClient(url, timeouts=timeouts, concurrency=concurrency, retry=retry, token=config.token,
                                       priority=config.priority))
@@ -410,7 +417,7 @@ class _Sweep:
 
         signature = checkpoint_signature(checkpoint.path, self.dtype)
         kind = self.kind
-        if kind.kind == "classifier":
+        if kind.kind == CLASSIFIER_KIND:
             return signature
         reference = None
         if kind.ref_model is not None:
@@ -597,7 +604,7 @@ class _Sweep:
                         break
                     group = queue.popleft()
                     server.outstanding += 1
-                    task = asyncio.create_task(self._score_one(server, group, fingerprint))
+                    task = asyncio.create_task(self._score_one(server, group, fingerprint, checkpoint.name))
                     in_flight[task] = (server, group)
                 # Every recovery whose outcome is not handled yet, finished or not.
                 waiters: set[asyncio.Future[Any]] = {*in_flight, *self.recoveries}
@@ -690,9 +697,17 @@ class _Sweep:
         self.refused.append(message)
         logger.error("%s", message)
 
-    async def _score_one(self, server: _Server, group: Group, fingerprint: str) -> ScoreRecord:
-        judge = {"judge": True} if self.kind is not None and self.kind.kind == "judge" else {}
-        reply = await server.client.score([group], truncation=self.config.truncation, fingerprint=fingerprint, **judge)
+    async def _score_one(self, server: _Server, group: Group, fingerprint: str, model: str) -> ScoreRecord:
+        """Score one group on ``server``; a group whose tokens alone exceed the user's budget
+        (413 ``request_over_limit``) is an unscored record (:func:`~rmserve.client.records.refused_record`
+        under the checkpoint's ``model`` name), as in ``eval``."""
+        judge = {"judge": True} if self.kind is not None and self.kind.kind == JUDGE_KIND else {}
+        try:
+            reply = await server.client.score([group], truncation=self.config.truncation, fingerprint=fingerprint,
+                                              **judge)
+        except errors.OverLimit as refusal:
+            return refused_record(group, refusal, model=model, fingerprint=fingerprint,
+                                  truncation=self.config.truncation, kind=self.kind)
         if reply.fingerprint != fingerprint:
             raise errors.FingerprintMismatch(
                 f"{server.url} answered with fingerprint {reply.fingerprint} ({reply.model}), expected {fingerprint}",

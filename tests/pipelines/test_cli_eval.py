@@ -26,7 +26,7 @@ def _eval(url, data, out, *extra):
 def test_eval_rmbench_end_to_end_then_resume(scoring_server, rmbench_dir, tmp_path):
     url, scored_groups = scoring_server
     out = tmp_path / "run"
-    first = _eval(url, rmbench_dir, out, "--max-in-flight", "16", "--resamples", "200")
+    first = _eval(url, rmbench_dir, out, "--max-inflight-groups", "16", "--resamples", "200")
     assert first.exit_code == 0, first.output
     records = read_scores(out / "scores.jsonl").records
     keys = {str(r.key) for r in records}
@@ -68,7 +68,7 @@ def test_eval_fingerprint_mismatch_is_one_line_exit_1(scoring_server, small_rmbe
     ("args", "words"),
     [
         (["--bench", "mmlu"], "'mmlu' is not one of"),
-        (["--max-in-flight", "0"], "Invalid value for '--max-in-flight': must be an integer in [1, 4096], got 0"),
+        (["--max-inflight-groups", "0"], "Invalid value for '--max-inflight-groups': must be an integer in [1, 4096], got 0"),
         (["--server", "localhost:8000"], "Invalid value for '--server': URL must be http(s)://host[:port]"),
         (["--data", "/nonexistent/rm-bench"], "'--data'"),
     ],
@@ -93,13 +93,13 @@ def test_eval_refused_connection_fails_within_seconds_naming_the_address(small_r
     port = _closed_port()
     out = tmp_path / "o"
     args = ["eval", "--server", f"http://127.0.0.1:{port}", "--bench", "rm-bench", "--data", str(small_rmbench),
-            "--out", str(out)]  # default --ready-timeout-s 600, not quiet
+            "--out", str(out)]  # default --wait-ready-s 600, not quiet
     started = time.monotonic()
     result = runner.invoke(app, args)
     elapsed_s = time.monotonic() - started
     assert result.exit_code == 1
     assert elapsed_s < 10, f"a refused connection took {elapsed_s:.1f} s to fail"
-    # The quick retries lasted about CONNECT_GRACE_S (4 s), not the 600 s of --ready-timeout-s.
+    # The quick retries lasted about CONNECT_GRACE_S (4 s), not the 600 s of --wait-ready-s.
     assert elapsed_s >= 3.5
     lines = result.stderr.strip().splitlines()
     # Not a terminal: the status is a full line when the wait starts (repeated every 15 s, so
@@ -114,7 +114,7 @@ def test_eval_refused_connection_fails_within_seconds_naming_the_address(small_r
 
 def test_eval_wait_for_server_waits_to_the_ready_timeout(small_rmbench, tmp_path):
     port = _closed_port()
-    result = _eval(f"http://127.0.0.1:{port}", small_rmbench, tmp_path / "o", "--wait-for-server", "--ready-timeout-s", "1")
+    result = _eval(f"http://127.0.0.1:{port}", small_rmbench, tmp_path / "o", "--wait-for-server", "--wait-ready-s", "1")
     assert result.exit_code == 1
     assert result.stderr.startswith(f"error: connection_failed: nothing answers at http://127.0.0.1:{port}/health: "
                                     "connection refused (retried for 1.")

@@ -151,7 +151,7 @@ class DPOFakeEngine(fakes.ReloadableFakeEngine):
 
 
 def _server(root, engine):
-    from rmserve.server.app import ServerConfig, create_app
+    from rmserve.server.http.app import ServerConfig, create_app
 
     def make_app():
         config = ServerConfig(port=0, admin_token=TOKEN, checkpoint_roots=(str(root),), retry_after_s=1)

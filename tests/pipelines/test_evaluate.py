@@ -205,3 +205,36 @@ async def test_resume_notes_come_in_order_and_name_the_score_file(stub_http, stu
         f"resumed: 3 groups already in {path}, 1 to score",
         "6 stored groups are not in this data and are left out of the figures",
     )
+
+
+async def test_the_resume_note_is_written_before_scoring_starts_and_not_again(
+        stub_http, stub_state, small_rmbench, tmp_path, capsys):
+    out = tmp_path / "out"
+    await _run(stub_http, _config(stub_http, small_rmbench, out, only=("chat",)))
+    capsys.readouterr()
+    seen_at_first_request: list[str] = []
+
+    def snapshot(request, results):
+        if not seen_at_first_request:
+            seen_at_first_request.append(capsys.readouterr().err)
+        return results
+
+    stub_state.reply_tamper = snapshot
+    result = await _run(stub_http, _config(stub_http, small_rmbench, out))
+    path = out / "scores.jsonl"
+    n_chat = result.n_resumed
+    resumed = f"note: resumed: {n_chat} groups already in {path}, {N_SMALL - n_chat} to score\n"
+    assert 0 < n_chat < N_SMALL
+    assert resumed in seen_at_first_request[0]  # known before the first group is sent
+    assert result.notes_shown == len(result.notes) >= 1
+    assert f"resumed: {n_chat} groups" in result.notes[result.notes_shown - 1]
+
+
+async def test_no_note_is_written_early_when_nothing_is_left_to_score(stub_http, stub_state, small_rmbench, tmp_path,
+                                                                     capsys):
+    out = tmp_path / "out"
+    await _run(stub_http, _config(stub_http, small_rmbench, out))
+    capsys.readouterr()
+    result = await _run(stub_http, _config(stub_http, small_rmbench, out))
+    assert result.notes_shown == 0 and "resumed:" in result.notes[-1]
+    assert "note:" not in capsys.readouterr().err  # the command prints them once, with the table

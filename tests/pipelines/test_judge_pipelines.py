@@ -59,12 +59,13 @@ def test_a_rewardbench2_file_in_the_release_schema_loads(tmp_path):
 @pytest.fixture
 def judge_server():
     """A judge app over a fake engine, served on a free port; yields (make(settings), engines)."""
-    from rmserve.server.app import JudgeSettings, ServerConfig, create_app
+    from rmserve.server.http.app import ServerConfig, create_app
+    from rmserve.server.kinds.judge import JudgeSettings
 
     servers = []
 
-    def make(settings: JudgeSettings | None = None) -> str:
-        engine = FakeJudgeEngine(max_tokens=32)
+    def make(settings: JudgeSettings | None = None, reply_of=None) -> str:
+        engine = FakeJudgeEngine(max_tokens=32, reply_of=reply_of)
         server = ThreadedServer(lambda: create_app(ServerConfig(port=0), engine, judge=settings)).__enter__()
         servers.append(server)
         return server.url
@@ -76,7 +77,7 @@ def judge_server():
 
 @pytest.mark.parametrize(("protocol", "expected"), [("auto", "rb2-ranking"), ("ratings", "rb2-rating")])
 def test_eval_runs_a_rewardbench2_file_through_both_protocols(judge_server, tmp_path, protocol, expected):
-    from rmserve.server.app import JudgeSettings
+    from rmserve.server.kinds.judge import JudgeSettings
 
     url = judge_server(JudgeSettings(protocol=protocol, max_tokens=32))
     data = write_rb2_file(tmp_path / "rb2.jsonl")
@@ -105,6 +106,22 @@ def test_rmserve_eval_command_against_a_judge_prints_the_table(judge_server, tmp
     # fake judge on these texts: no answer holds GOOD, every pairwise verdict is A=B
     assert all(r.judge.protocol == "rmbench-pairwise" and r.judge.cells == (0.5,) * 9 for r in records)
     assert all(len(r.judge.calls) == 18 for r in records)
+
+
+def test_a_judge_that_never_gives_a_verdict_is_said_so_and_exits_3(judge_server, tmp_path):
+    url = judge_server(reply_of=lambda messages: "No idea.")  # short: not cut at 32
+    data = write_rmbench_data(tmp_path / "rmbench.jsonl", n_chat=3, n_code=1)
+    out = tmp_path / "out"
+    res = subprocess.run([*RMSERVE, "eval", "--server", url, "--bench", "rm-bench", "--data", str(data), "--only",
+                          "chat", "--out", str(out), "--resamples", "0", "--quiet"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 3, res.stderr[-3000:]
+    sentence = ("no verdict was read from any of the 54 judge calls: every figure is what the official code gives a "
+                "judge that never answers, not a measurement of this judge")
+    assert f"error: {sentence}" in " ".join(res.stderr.split())
+    assert f"**Warning: {sentence}" in res.stdout  # the table is still printed, and written
+    assert f"**Warning: {sentence}" in (out / "table.md").read_text()
+    assert len(read_scores(out / "scores.jsonl").records) == 3  # every group kept
 
 
 def test_run_starts_a_judge_server_with_its_options(tmp_path):
@@ -142,7 +159,7 @@ def test_judge_url_without_model_serves_the_endpoint_model(tmp_path, monkeypatch
     """MODEL left out: the engine config's model is --judge-model (what build_engine receives)."""
     from typer.testing import CliRunner
 
-    import rmserve.server.serve as serve_module
+    import rmserve.server.http.serve as serve_module
     from rmserve.cli import app
 
     seen = {}
@@ -199,6 +216,9 @@ def test_run_keys_a_judge_by_its_settings(tmp_path):
     assert signature(kind="judge", protocol="ranking", judge_max_tokens=32, judge_seed=2, compat="official",
                      judge_system_prompt=False) == judge_fingerprint(
         folder_sig, protocol="ranking", max_tokens=32, seed=2, compat="official", system_prompt=False)
+    assert signature(kind="judge", judge_thinking="on") == judge_fingerprint(
+        folder_sig, protocol="auto", max_tokens=2048, seed=0, thinking="on")
+    assert signature(kind="judge", judge_thinking="on") != signature(kind="judge", judge_thinking="off")
     predicted = local_fingerprint(serve(kind="judge", judge_max_tokens=32, chat_template=str(template)))
     model = model_fingerprint(folder, "{{ messages }}", "float32")
     assert predicted == judge_fingerprint(model, protocol="auto", max_tokens=32, seed=0)

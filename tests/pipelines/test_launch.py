@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -330,7 +331,7 @@ def test_unfinished_or_other_run_starts_the_server(no_launcher, small_rmbench, t
 
 @pytest.mark.model
 def test_local_fingerprint_of_the_demo_model_is_the_one_its_server_reports(demo_model_dir):
-    from rmserve.server.render import Renderer
+    from rmserve.server.render.chat import Renderer
 
     # What an engine hashes (EngineLifecycle._model_info): the renderer's template, the dtype.
     renderer = Renderer.from_pretrained(demo_model_dir, max_model_len=64)
@@ -376,3 +377,25 @@ def test_stop_sends_sigterm_to_the_server_alone_and_kills_its_leftovers(tmp_path
     assert (tmp_path / "parent-got-sigterm").exists()
     assert not (tmp_path / "child-got-sigterm").exists()
     assert wait_exited(child_pid, 10)  # SIGKILLed with the group once the server had exited
+
+
+def test_an_eval_stopped_by_sigterm_exits_143_and_says_where_to_resume(tmp_path, rmbench_dir):
+    out = tmp_path / "run"
+    with _server(tmp_path, "--delay-s", "0.3") as server:
+        server.wait_ready()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rmserve.cli", "eval", "--server", server.url, "--bench", "rm-bench",
+             "--data", str(rmbench_dir / "chat_filtered.json"), "--out", str(out), "--max-inflight-groups", "1",
+             "--quiet"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        scores = out / "scores.jsonl"
+        deadline = time.monotonic() + 60
+        while not (scores.exists() and scores.read_bytes().count(b"\n") >= 2) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    kept = scores.read_bytes().count(b"\n")
+    assert 2 <= kept < 129  # stopped mid-run, every line written so far kept whole
+    assert err.rstrip().endswith(f"terminated (SIGTERM); scored groups are kept in {scores}; run again to resume")
+    assert "Traceback" not in err and "never retrieved" not in err, err  # the loop unwound cleanly

@@ -17,8 +17,8 @@ from testkit.fakes import FAKE_MODEL, FakeRenderer, ReloadableFakeEngine, write_
 from rmserve.client.client import RewardClient
 from rmserve.client.score_file import read_scores
 from rmserve.pipelines.evaluate import EvalConfig, evaluate_async
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.users import USER_KEY, User
+from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.sharing.users import USER_KEY, User
 
 from rmserve import errors
 from rmserve.fingerprint import model_fingerprint
@@ -127,7 +127,7 @@ async def test_forced_swap_stops_the_eval_with_a_clear_message_and_a_rerun_resum
 
     # root's lease blocks alice until it is released; then she loads step-1 again and reruns
     status, body = await _load(client, "alice", second)
-    assert status == 409 and "is held by root" in body["error"]["message"]
+    assert status == 409 and "root holds the lease on model 'step'" in body["error"]["message"]
     async with client.post("/v1/models/release", json={"name": "step"},
                            headers={"Authorization": f"Bearer {TOKEN}", "X-Test-User": "root"}) as resp:
         assert resp.status == 200
@@ -204,11 +204,12 @@ async def test_sweep_refused_by_another_users_lease_says_who_and_resumes_after_r
                 await sweep_async(config)
             message = caught.value.message
             assert message.startswith(
-                f"{server.url} refused to load checkpoint step-3: checkpoint swap refused for alice: the lease on "
-                f"model 'bobs' (fingerprint {bobs_fp}) is held by bob since "
+                f"{server.url} refused to load checkpoint step-3: checkpoint swap refused for alice: bob holds the "
+                f"lease on model 'bobs' (fingerprint {bobs_fp}) since "
             )
             assert message.endswith(
-                "or ask an admin to force it (force: true). Every group scored so far is kept in the score store; "
+                "pinned runs then stop with 409, keep what they scored and resume once that fingerprint is served "
+                "again. Every group scored so far is kept in the score store; "
                 "run the same command again to resume without scoring them again"
             )
             assert engine.reloads == [str(bobs)]  # the sweep's load changed nothing

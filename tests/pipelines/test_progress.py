@@ -52,6 +52,33 @@ def test_status_line_on_a_terminal_is_rewritten_in_place():
     )
 
 
+
+def test_status_line_on_a_terminal_fits_the_terminal_width(monkeypatch):
+    # A line wider than the terminal wraps, and "\r" then rewrites only its last row: the
+    # earlier rows stay as a trail of copies. Each rewrite is cut to the width, less one column.
+    monkeypatch.setenv("COLUMNS", "40")
+    out, clock = io.StringIO(), Clock()
+    status = StatusLine(stream=out, tty=True, clock=clock)
+    status.show("starting server for demo-rm (log: runs/demo/server.log)… 0 s (not listening yet)")
+    clock.now += 1
+    status.show('waiting for http://h:8000: 503 {"error":\n  {"type": "not_ready"}}', kind="refused")
+    assert out.getvalue() == (
+        "\rstarting server for demo-rm (log: runs…\x1b[K"  # 38 characters and "…": 39 columns
+        '\rwaiting for http://h:8000: 503 {"error…\x1b[K'  # the reply's newline became one space
+    )
+    assert [len(part) for part in out.getvalue().split("\x1b[K")[:2]] == [1 + 39, 1 + 39]
+    monkeypatch.setenv("COLUMNS", "200")  # a wide terminal: the line as it is
+    wide = io.StringIO()
+    StatusLine(stream=wide, tty=True, clock=Clock()).show("short line")
+    assert wide.getvalue() == "\rshort line\x1b[K"
+
+
+def test_status_line_off_a_terminal_is_never_cut(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "20")
+    out = io.StringIO()
+    StatusLine(stream=out, tty=False, clock=Clock()).show("x" * 50)
+    assert out.getvalue() == "x" * 50 + "\n"
+
 def test_status_line_end_keeps_the_last_status_and_finish_needs_a_shown_status():
     out = io.StringIO()
     status = StatusLine(stream=out, tty=True, clock=Clock())
@@ -90,10 +117,36 @@ def test_progress_line_every_interval_with_rate_and_eta():
     bar.close()
     bar.close()
     assert out.getvalue().splitlines() == [
-        "scoring: 220/798 groups, 3.0 groups/s, ETA 3 min 13 s",
+        "scoring: 220/798 groups, 3.0 groups/s, ETA 3 min 9 s",  # 110 groups in the 36 s since the first: 578 left
         "scoring: 798/798 groups, 14.0 groups/s, done in 50 s, 1,234 tok/s",
     ]
 
+
+def test_progress_line_eta_comes_from_work_done_not_from_the_wait_for_the_first_group():
+    # A cold engine answers the first group after 30 s, then 10 groups/s. Over the whole time
+    # (51 groups in 35 s) the ETA would be 747 / 1.46 = 8 min 33 s; from work done it is
+    # 747 / (50 groups / 5 s) = 74.7 s.
+    out, clock = io.StringIO(), Clock()
+    bar = ProgressLine(798, 0, stream=out, clock=clock)
+    clock.now += 30
+    bar.update(1)
+    assert bar.text() == "scoring: 1/798 groups, 0.0 groups/s, ETA unknown"  # one point: no rate yet
+    clock.now += 5
+    bar.update(50)
+    assert bar.text() == "scoring: 51/798 groups, 1.5 groups/s, ETA 1 min 15 s"
+
+
+def test_progress_line_leaves_result_cache_groups_out_of_the_rate():
+    out, clock = io.StringIO(), Clock()
+    bar = ProgressLine(100, 0, stream=out, clock=clock)
+    clock.now += 1
+    bar.cached = 40
+    bar.update(40)  # 40 answered from the server's result cache at once
+    clock.now += 4
+    bar.update(10)  # then 10 scored by the engine in 4 s
+    bar.set_postfix_str("40 from the result cache, 25 tok/s (engine work only)")
+    assert bar.text() == (  # 10 engine groups over 5 s; ETA: 10 groups in the 4 s since the first, 50 left
+        "scoring: 50/100 groups, 2.0 groups/s, ETA 20 s, 40 from the result cache, 25 tok/s (engine work only)")
 
 def test_progress_line_without_progress_says_eta_unknown_and_closes_silently():
     out, clock = io.StringIO(), Clock()

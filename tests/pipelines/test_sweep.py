@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from rmserve.client.score_store import ScoreStore
-from rmserve.server.protocol import SequenceScore
+from rmserve.server.engines.protocol import SequenceScore
 from rmserve.pipelines.sweep import SweepConfig, SweepTally, checkpoint_step, order_checkpoints, sweep_async
 from testkit import fakes
 from testkit.servers import ThreadedServer, write_rmbench_data
@@ -50,7 +50,7 @@ class CountingEngine(fakes.ReloadableFakeEngine):
                                    fingerprint="skewed-" + info.fingerprint, engine=info.engine)
         return self.loaded()
 
-    async def score_group(self, token_ids, request_id, priority=0):
+    async def score_group(self, token_ids, request_id, *, answer_starts=None, priority=0):
         self.n_score_calls += 1
         if self.n_score_calls - 1 in self.fail_calls:
             raise errors.EngineNotReady("the engine is restarting (test)")
@@ -58,7 +58,7 @@ class CountingEngine(fakes.ReloadableFakeEngine):
 
 
 def start_server(root, engine):
-    from rmserve.server.app import ServerConfig, create_app
+    from rmserve.server.http.app import ServerConfig, create_app
 
     def make_app():
         config = ServerConfig(port=0, admin_token=TOKEN, checkpoint_roots=(str(root),), retry_after_s=1)
@@ -434,10 +434,17 @@ async def test_a_fatal_error_is_raised_after_the_records_of_the_same_wait_are_st
     assert leftover == [None] and state.refused == []
 
 
+def unscored_note(tmp_path, checkpoint: str, reasons: str) -> str:
+    """The sweep's note for 1 of 3 RM-Bench groups of ``checkpoint`` not scored for ``reasons``."""
+    export = tmp_path / "out" / "checkpoints" / checkpoint / "rm-bench.scores.jsonl"
+    return (f"{checkpoint} rm-bench: 1 of 3 groups not scored ({reasons}): counted as losses, as the official code "
+            f"counts them; see {export}")
+
+
 class NaNOnStep20(CountingEngine):
     """Gives NaN for every sequence of chat group 1 (its prompt is "chat 1") once step-20 is loaded."""
 
-    async def score_group(self, token_ids, request_id, priority=0):
+    async def score_group(self, token_ids, request_id, *, answer_starts=None, priority=0):
         scores = await super().score_group(token_ids, request_id)
         prompt_ids = [ord(c) for c in "chat 1"]
         step20 = str(self.checkpoint_dir).endswith("step-20")
@@ -454,11 +461,7 @@ async def test_groups_that_cannot_be_scored_are_stored_named_and_counted(checkpo
     with start_server(root, NaNOnStep20(model=engine_on(start).model, checkpoint_dir=str(start))) as one:
         result = await sweep_async(config([one.url], folders, tmp_path, data))
     assert [(r.checkpoint.step, r.n_unscored) for r in result.runs] == [(3, 0), (20, 1), (100, 0)]
-    export = tmp_path / "out" / "checkpoints" / "step-20" / "rm-bench.scores.jsonl"
-    assert (
-        f"step-20 rm-bench: 1 of 3 groups not scored (1 non-finite reward): counted as losses, as the official "
-        f"code counts them; see {export}"
-    ) in result.notes
+    assert unscored_note(tmp_path, "step-20", "1 non-finite reward") in result.notes
     with ScoreStore(tmp_path / "store.sqlite") as db:
         (record,) = db.records(result.runs[1].fingerprint, keys=[GroupKey("rm-bench", "chat", "1")])
     assert record.rewards == (None,) * 6 and {e.type for e in record.errors} == {"non_finite_reward"}
@@ -473,6 +476,53 @@ async def test_groups_that_cannot_be_scored_are_stored_named_and_counted(checkpo
         wins += sum(r[i] > r[3 + j] for i in range(3) for j in range(3))
     rows = list(csv.DictReader((tmp_path / "out" / "sweep.csv").read_text().splitlines()))
     assert float(rows[1]["rm-bench:chat.score"]) == pytest.approx(wins / (9 * len(groups)))
+
+
+@pytest.fixture
+def budget_users(tmp_path):
+    """A users file whose admin ``root`` may send 150 prompt tokens a minute; returns (path, token)."""
+    from rmserve.server.sharing.auth import add_user
+
+    path = tmp_path / "users.jsonl"
+    token, _ = add_user(path, "root", role="admin", tokens_per_minute=150)
+    return path, token
+
+
+def test_a_group_alone_over_the_users_token_budget_is_stored_unscored_and_the_sweep_goes_on(
+    checkpoints, tmp_path, budget_users
+):
+    from testkit.servers import OVER_BUDGET_ROWS, write_jsonl
+
+    from rmserve.server.http.app import ServerConfig, create_app
+
+    root, start, folders = checkpoints
+    users, token = budget_users
+    data = write_jsonl(tmp_path / "rmb.jsonl", OVER_BUDGET_ROWS)  # groups of 60, 363 and 60 tokens
+    server_config = ServerConfig(port=0, users_file=str(users), checkpoint_roots=(str(root),), retry_after_s=1)
+    engine = engine_on(start)
+
+    def make_app():
+        return create_app(server_config, engine, fakes.FakeRenderer(max_model_len=BIG))
+
+    step3 = next(f for f in folders if f.name == "step-3")
+    with ThreadedServer(make_app) as server:
+        sweep_config = SweepConfig(servers=(server.url,), checkpoints=(step3,), data=(("rm-bench", str(data)),),
+                                   out_dir=tmp_path / "out", store=tmp_path / "store.sqlite", admin_token=token,
+                                   token=token, resamples=50, quiet=True)
+        result = asyncio.run(sweep_async(sweep_config))
+    (run,) = result.runs
+    assert (run.n_scored, run.n_unscored) == (3, 1)
+    assert engine.n_score_calls == 2  # the group over the budget never reached the engine
+    assert unscored_note(tmp_path, "step-3", "1 over the user's token budget") in result.notes
+    with ScoreStore(tmp_path / "store.sqlite") as db:
+        (record,) = db.records(run.fingerprint, keys=[GroupKey("rm-bench", "chat", "1")])
+    assert record.rewards == (None,) * 6 and record.model == "step-3"
+    assert {e.message for e in record.errors} == {
+        "the request holds 363 prompt tokens, more than user 'root''s whole budget of 150 tokens per minute "
+        "(tokens_per_minute of the users file), so it can never be admitted; send fewer groups per request (a "
+        "group that alone holds more cannot be scored under this budget), or ask an admin for a larger "
+        "tokens_per_minute"
+    }
 
 
 def test_cli_sweep_only_names_the_other_domains_as_excluded(checkpoints, tmp_path):
@@ -504,7 +554,7 @@ def test_cli_sweep_with_nothing_listening_fails_in_seconds_and_keeps_nothing(che
     started = time.monotonic()
     result = CliRunner().invoke(cli_app, [
         "sweep", "--server", f"http://127.0.0.1:{port}", "--checkpoints", str(root / "step-*"), "--bench", "rm-bench",
-        "--data", str(data), "--out", str(tmp_path / "out"), "--store", str(store), "--server-wait-s", "1",
+        "--data", str(data), "--out", str(tmp_path / "out"), "--store", str(store), "--wait-ready-s", "1",
     ])
     elapsed_s = time.monotonic() - started
     assert result.exit_code == 1

@@ -13,13 +13,13 @@ import json
 import math
 
 import msgspec
-import orjson
 import pytest
 from rmserve.client.score_file import read_scores
 from rmserve.pipelines.evaluate import EvalConfig, evaluate_async
-from rmserve.server.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.protocol import SequenceScore
+from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
+from rmserve.server.engines.protocol import SequenceScore
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, fake_ids, fake_reward
+from testkit.servers import write_jsonl
 
 from rmserve import errors
 from rmserve.schema import ResponseError, Truncation
@@ -37,7 +37,7 @@ ROWS = [
 class NaNForZ(FakeEngine):
     """:class:`FakeEngine` that answers NaN for a sequence holding the letter ``z``."""
 
-    async def score_group(self, token_ids, request_id, priority=0):
+    async def score_group(self, token_ids, request_id, *, answer_starts=None, priority=0):
         scores = await super().score_group(token_ids, request_id)
         return [
             SequenceScore(math.nan if ord("z") in ids else s.reward, s.num_cached_tokens)
@@ -47,9 +47,7 @@ class NaNForZ(FakeEngine):
 
 @pytest.fixture
 def data(tmp_path):
-    path = tmp_path / "rmbench.jsonl"
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in ROWS))
-    return path
+    return write_jsonl(tmp_path / "rmbench.jsonl", ROWS)
 
 
 @pytest.fixture
@@ -165,7 +163,7 @@ def test_a_chosen_and_a_rejected_response_identical_after_the_cut_are_named():
     assert summary.identical_after_cut == ("rm-bench/chat/7",)
     assert summary.sentence() == (
         "truncation: 2 of the 2 groups scored under it were cut, 49 tokens in all; 1 groups have a chosen and a "
-        "rejected response cut away entirely (identical after the cut: rm-bench/chat/7)"
+        "rejected response identical after the cut (it left nothing that told them apart: rm-bench/chat/7)"
     )
 
 
@@ -190,7 +188,7 @@ def test_cli_eval_finishes_with_exit_3_and_names_the_unscored_groups(data, tmp_p
             f"the official code counts them; see {out / 'scores.jsonl'}"
         ) in result.stderr
         strict = CliRunner().invoke(cli_app, [*argv[:-5], "--out", str(tmp_path / "strict"), "--strict",
-                                              "--max-in-flight", "1", "--resamples", "0", "--quiet"])
+                                              "--max-inflight-groups", "1", "--resamples", "0", "--quiet"])
         assert strict.exit_code == 1
         assert "error: group_not_scored: group 'rm-bench/chat/1' could not be scored" in strict.stderr
         half = CliRunner().invoke(cli_app, [*argv, "--truncation", "left"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from aiohttp import web
-from rmserve.server.users import USER_KEY, User
+from rmserve.server.sharing.users import USER_KEY, User
 
 
 def user_header_middleware(users: Mapping[str, User]):

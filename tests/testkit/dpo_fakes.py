@@ -6,12 +6,13 @@
   the BPE boundary fix) and template variants: ``bos=False`` (no BOS written, no BOS token)
   and ``closing`` (a text written after the last turn when it is a user turn, so the prompt
   text is not a prefix of the full text).
-- :class:`FakeLogprobEngine`: a :class:`~rmserve.server.protocol.LogprobEngine` whose
+- :class:`FakeLogprobEngine`: a :class:`~rmserve.server.engines.protocol.LogprobEngine` whose
   log-probability of answer token ``t`` is ``-t * scale``, so every reward is hand arithmetic.
   The scale of a fake checkpoint folder is its ``config.json`` key :data:`FAKE_SCALE_KEY`.
 - :func:`write_fake_causal_checkpoint`: a folder that passes the swap's file checks for kind
   ``dpo`` (or, with ``architecture=``, one that does not); :func:`fake_tokenizer_loader` loads
-  its tokenizer (``tokenizer.json`` names it: ``tok-v1``, or ``tok-v2`` with one token more).
+  its tokenizer (``tokenizer.json`` names it: ``tok-v1``, ``tok-v2`` with one token more, or ``tok-nobos``
+  without BOS).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rmserve.server.protocol import AnswerLogprobs, LoadedModel, PrefixCacheStats, local_checkpoint
+from rmserve.server.engines.protocol import AnswerLogprobs, LoadedModel, PrefixCacheStats, local_checkpoint
 from testkit.fakes import BOS_ID, EOS_ID, ROLE_IDS, FakeTokenizer, fake_cached_tokens, fake_tokenizer_json
 
 from rmserve.errors import EngineError, EngineNotReady
@@ -90,6 +91,7 @@ class FakeDPOTokenizer(FakeTokenizer):
 TOKENIZERS: dict[str, FakeDPOTokenizer] = {
     "tok-v1": FakeDPOTokenizer(),
     "tok-v2": FakeDPOTokenizer(extra_tokens=("<|tool|>",)),
+    "tok-nobos": FakeDPOTokenizer(bos=False),
 }
 """Fake tokenizers by the name a fake checkpoint's ``tokenizer.json`` gives."""
 
@@ -119,11 +121,12 @@ def _read_scale(path: str) -> float:
 
 @dataclass
 class FakeLogprobEngine:
-    """In-memory :class:`~rmserve.server.protocol.LogprobEngine`: ``log p(t) = -t * scale``.
+    """In-memory :class:`~rmserve.server.engines.protocol.LogprobEngine`: ``log p(t) = -t * scale``.
 
     Built as ``FakeLogprobEngine(config, model)`` (the factory signature); the scale is read
     from the model folder at :meth:`start`. ``num_cached_tokens`` follows
-    :func:`~testkit.fakes.fake_cached_tokens` (block size 4).
+    :func:`~testkit.fakes.fake_cached_tokens` (block size 4). ``max_model_len`` is what
+    :meth:`info` reports (default :data:`FAKE_LOGPROB_MAX_LEN`).
 
     Attributes:
         calls: ``(request_id, token_ids, answer_starts)`` of every ``answer_logprobs`` call.
@@ -133,6 +136,7 @@ class FakeLogprobEngine:
 
     config: object
     model: str
+    max_model_len: int = FAKE_LOGPROB_MAX_LEN
     scale: float = 0.0
     started: bool = False
     fail_with: BaseException | None = None
@@ -156,7 +160,7 @@ class FakeLogprobEngine:
         return await asyncio.to_thread(self._loaded)
 
     def info(self) -> ModelInfo:
-        return ModelInfo(name=Path(self.model).name, max_model_len=FAKE_LOGPROB_MAX_LEN, dtype="float32",
+        return ModelInfo(name=Path(self.model).name, max_model_len=self.max_model_len, dtype="float32",
                          fingerprint=f"fp-{Path(self.model).name}", engine="fake")
 
     async def answer_logprobs(self, token_ids, answer_starts, request_id, priority=0):
@@ -206,12 +210,14 @@ class FakeLogprobEngine:
 
 @dataclass
 class FakeEngines:
-    """A factory for :class:`~rmserve.server.dpo.DPOEngine` that keeps what it built, by model."""
+    """A factory for :class:`~rmserve.server.engines.dpo_pair.DPOEngine` that keeps what it built, by model
+    (each engine reporting ``max_model_len``)."""
 
     built: dict[str, FakeLogprobEngine] = field(default_factory=dict)
+    max_model_len: int = FAKE_LOGPROB_MAX_LEN
 
     def __call__(self, config, model: str) -> FakeLogprobEngine:
-        engine = FakeLogprobEngine(config, model)
+        engine = FakeLogprobEngine(config, model, self.max_model_len)
         self.built[model] = engine
         return engine
 

@@ -9,8 +9,9 @@ log-softmax.
 
 ``compat="official"`` follows the official script exactly (a BOS always prepended, the answer
 text by ``str.replace``, the pairwise ``keep_end`` truncation to 2048 / 128 tokens);
-``compat="none"`` is the corrected computation rmserve serves by default (no BOS prepended when
-the text starts with it, the answer text as the suffix after the prompt text, no truncation).
+``compat="none"`` is the corrected computation rmserve serves by default (the tokenizer's BOS
+prepended only when it has one and the text does not start with it, never an EOS in its place;
+the answer text as the suffix after the prompt text, no truncation).
 """
 
 from __future__ import annotations
@@ -46,11 +47,14 @@ def _tokenize_response(tokenizer: Any, prompt_text: str, full_text: str, compat:
     boundary = len(prompt_ids)
     if full_ids[:boundary] != prompt_ids:  # a token merged across the boundary
         boundary -= 1
-    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     prompt_part = list(full_ids[:boundary])
     answer_part = list(full_ids[boundary:]) + [tokenizer.eos_token_id]
-    if compat == "official" or prompt_part[:1] != [bos]:
+    if compat == "official":  # run_dpo.py: EOS stands in for a missing BOS
+        bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         prompt_part = [bos] + prompt_part
+    elif tokenizer.bos_token_id is not None and prompt_part[:1] != [tokenizer.bos_token_id]:
+        prompt_part = [tokenizer.bos_token_id] + prompt_part
+    assert prompt_part, "nothing before the answer"
     return prompt_part, answer_part
 
 

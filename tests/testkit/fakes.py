@@ -1,6 +1,6 @@
 """A fake engine and a fake renderer for server (and client) tests: no model, no torch.
 
-:class:`FakeEngine` implements :class:`rmserve.server.protocol.RewardEngine` with rewards and
+:class:`FakeEngine` implements :class:`rmserve.server.engines.protocol.RewardEngine` with rewards and
 prefix-cache counts computed from the token ids, so a test can work out every number by hand:
 
 - ``reward = sum(ids) % 1000 / 100``
@@ -9,10 +9,10 @@ prefix-cache counts computed from the token ids, so a test can work out every nu
   token is always recomputed), rounded down to a multiple of ``block_size``.
 - ``extras``: ``FakeEngine.extras_of(ids)`` when that hook is set, else none (as a classifier).
 
-Its :meth:`FakeEngine.start` returns a :class:`~rmserve.server.protocol.LoadedModel` with no
+Its :meth:`FakeEngine.start` returns a :class:`~rmserve.server.engines.protocol.LoadedModel` with no
 renderer (the app is given :class:`FakeRenderer` or a factory).
 
-:class:`FakeRenderer` is the real :class:`rmserve.server.render.Renderer` over
+:class:`FakeRenderer` is the real :class:`rmserve.server.render.chat.Renderer` over
 :class:`FakeTokenizer`, a character tokenizer (token id = Unicode code point) whose "chat
 template" writes ``BOS`` once, then per turn a role marker, the content and ``EOS``::
 
@@ -31,8 +31,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rmserve.server.protocol import ExtraValue, LoadedModel, PrefixCacheStats, SequenceScore, local_checkpoint
-from rmserve.server.render import Renderer
+from rmserve.server.engines.protocol import ExtraValue, LoadedModel, PrefixCacheStats, SequenceScore, local_checkpoint
+from rmserve.server.render.chat import Renderer
 
 from rmserve.errors import EngineNotReady
 from rmserve.schema import ModelInfo
@@ -69,7 +69,7 @@ def fake_cached_tokens(group: Sequence[Sequence[int]], index: int, block_size: i
 
 @dataclass
 class FakeEngine:
-    """In-memory :class:`~rmserve.server.protocol.RewardEngine` with test hooks.
+    """In-memory :class:`~rmserve.server.engines.protocol.RewardEngine` with test hooks.
 
     Attributes:
         model: what :meth:`info` reports.
@@ -118,7 +118,10 @@ class FakeEngine:
     def info(self) -> ModelInfo:
         return self.model
 
-    async def score_group(self, token_ids: Sequence[Sequence[int]], request_id: str, *, priority: int = 0) -> list[SequenceScore]:
+    async def score_group(
+        self, token_ids: Sequence[Sequence[int]], request_id: str, *, answer_starts: Sequence[int] | None = None,
+        priority: int = 0,
+    ) -> list[SequenceScore]:
         if not self.started:
             raise EngineNotReady("fake engine not started")
         group = tuple(tuple(ids) for ids in token_ids)
@@ -143,7 +146,7 @@ class FakeEngine:
         return scores
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
-        """Cumulative tokens queried / hit (:class:`~rmserve.server.protocol.SupportsPrefixCacheStats`)."""
+        """Cumulative tokens queried / hit (:class:`~rmserve.server.engines.protocol.SupportsPrefixCacheStats`)."""
         return PrefixCacheStats(query_tokens=self.queries_tokens, hit_tokens=self.hits_tokens)
 
     async def shutdown(self) -> None:
@@ -180,8 +183,14 @@ class FakeTokenizer:
         return texts[0] if single else texts
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        assert not add_special_tokens, "the renderer must tokenize without adding special tokens"
-        return [ord(c) for c in text]
+        """Code points; with ``add_special_tokens`` a BOS first (as a Llama tokenizer adds one:
+        a chat-rendered text tokenized that way would then start with two BOS, which the
+        renderer refuses)."""
+        return ([BOS_ID] if add_special_tokens else []) + [ord(c) for c in text]
+
+    def __len__(self) -> int:
+        """Every Unicode code point is a token id."""
+        return 0x110000
 
 
 class FakeRenderer(Renderer):
@@ -264,7 +273,7 @@ def write_fake_checkpoint(folder, reward_offset: float, *, tokenizer: str = "tok
 
 @dataclass
 class ReloadableFakeEngine(FakeEngine):
-    """:class:`FakeEngine` with :class:`~rmserve.server.protocol.SupportsWeightReload`.
+    """:class:`FakeEngine` with :class:`~rmserve.server.engines.protocol.SupportsWeightReload`.
 
     ``reload_weights(path)`` reads the reward offset from the checkpoint's ``config.json``
     (reward = ``fake_reward(ids) + offset``) and reports the real
@@ -290,7 +299,7 @@ class ReloadableFakeEngine(FakeEngine):
     reloading: bool = False
     failing_reloads: int = 0
 
-    async def score_group(self, token_ids, request_id, priority=0):
+    async def score_group(self, token_ids, request_id, *, answer_starts=None, priority=0):
         scores = await super().score_group(token_ids, request_id)
         if self.reloading:
             self.mixed += 1
@@ -330,7 +339,7 @@ class ReloadableFakeEngine(FakeEngine):
 
 @dataclass
 class RestartableFakeEngine(ReloadableFakeEngine):
-    """:class:`ReloadableFakeEngine` with :class:`~rmserve.server.protocol.SupportsRestart`.
+    """:class:`ReloadableFakeEngine` with :class:`~rmserve.server.engines.protocol.SupportsRestart`.
 
     ``restart(path)`` "shuts the model down" (scoring raises EngineNotReady until it ends),
     then "starts" the fake checkpoint: reward offset from :data:`FAKE_OFFSET_KEY`,

@@ -1,4 +1,4 @@
-"""A fake generative judge (:class:`rmserve.server.protocol.JudgeEngine`) and judge test groups.
+"""A fake generative judge (:class:`rmserve.server.engines.protocol.JudgeEngine`) and judge test groups.
 
 :class:`FakeJudgeEngine` answers every call by a rule a test can work out by hand: it
 prefers answers holding the word ``GOOD``.
@@ -27,8 +27,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from rmserve.server.judge_protocols import JudgeOutput
-from rmserve.server.protocol import LoadedModel, PrefixCacheStats
+from rmserve.server.kinds.judge_protocols import JudgeOutput
+from rmserve.server.engines.protocol import LoadedModel, PrefixCacheStats
 
 from rmserve.errors import EngineNotReady, SequenceTooLong
 from rmserve.schema import Group, Message, ModelInfo, RMBENCH_STYLES
@@ -70,7 +70,7 @@ def fake_verdict(messages: Sequence[Message]) -> str:
 
 @dataclass
 class FakeJudgeEngine:
-    """In-memory :class:`~rmserve.server.protocol.JudgeEngine` with test hooks.
+    """In-memory :class:`~rmserve.server.engines.protocol.JudgeEngine` with test hooks.
 
     Attributes:
         model: what :meth:`info` reports.

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: makes ``
 def main() -> None:
     from testkit.judge_fakes import FakeJudgeEngine
 
-    import rmserve.server.backends as backends
+    import rmserve.server.engines.registry as backends
     from rmserve.cli import main as cli_main
     from rmserve.schema import ModelInfo
 

@@ -5,7 +5,7 @@
 folder, waits until ``GET /v1/models`` answers, yields the base URL (``http://127.0.0.1:PORT/v1``)
 and stops the server and every process it started (its engine core) on leaving.
 
-CPU-build settings used (the ones rmserve's own engine uses, see ``rmserve.server.engine``):
+CPU-build settings used (the ones rmserve's own engine uses, see ``rmserve.server.engines.vllm_engine``):
 block size 32 (the CPU attention needs a multiple of 32), eager mode, float32,
 ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache; 1 unless the caller's environment sets it) and
 the CPU thread binding to every CPU of this process (``VLLM_CPU_OMP_THREADS_BIND``) unless set.

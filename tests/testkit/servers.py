@@ -91,6 +91,25 @@ class ThreadedServer:
         self._thread.join(30)
 
 
+def write_jsonl(path: Path, rows) -> Path:
+    """``rows`` (JSON-able dicts) written to ``path`` as JSON Lines; returns ``path``."""
+    import orjson
+
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path
+
+
+OVER_BUDGET_ROWS = [
+    {"id": 0, "domain": "chat", "prompt": "p0", "chosen": ["c" * 3, "c" * 4, "c" * 5], "rejected": ["r", "rr", "rrr"]},
+    {"id": 1, "domain": "chat", "prompt": "p1", "chosen": ["c" * 100, "c" * 101, "c" * 102],
+     "rejected": ["r" * 5, "r" * 6, "r" * 7]},
+    {"id": 2, "domain": "chat", "prompt": "p2", "chosen": ["a" * 3, "a" * 4, "a" * 5], "rejected": ["b", "bb", "bbb"]},
+]
+"""Three RM-Bench rows (chat 0, 1, 2) whose groups cost 60, 363 and 60 prompt tokens under the
+fake chat template (a sequence is ``5 + len(prompt) + len(response)`` tokens): with a budget of
+150 tokens a minute, chat 1 alone is over it and the other two fit."""
+
+
 def write_rmbench_data(path: Path, *, n_chat: int = 6, n_code: int = 4) -> Path:
     """A small RM-Bench JSONL file (records carry ``domain``).
 
@@ -98,8 +117,6 @@ def write_rmbench_data(path: Path, *, n_chat: int = 6, n_code: int = 4) -> Path:
     shorter. With a reward that grows with length, every chat comparison is won and every
     code comparison lost.
     """
-    import orjson
-
     rows = []
     for i in range(n_chat):
         rows.append({"id": i, "domain": "chat", "prompt": f"chat {i}",
@@ -107,8 +124,7 @@ def write_rmbench_data(path: Path, *, n_chat: int = 6, n_code: int = 4) -> Path:
     for i in range(n_code):
         rows.append({"id": i, "domain": "code", "prompt": f"code {i}",
                      "chosen": ["c" * (10 + k) for k in range(3)], "rejected": ["r" * (100 + k) for k in range(3)]})
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    return path
+    return write_jsonl(path, rows)
 
 
 BIG_MAX_MODEL_LEN = 1_000_000

@@ -237,6 +237,7 @@ def main() -> None:
     parser.add_argument("--ref-model", default=None)
     parser.add_argument("--ref-free", default=None)
     parser.add_argument("--compat", default="none")
+    parser.add_argument("--delay-s", type=float, default=0.0, help="sleep per scoring request")
     args, unknown = parser.parse_known_args()
     print(f"stub server argv extras: {unknown}", flush=True)
     if args.fail_at_start:
@@ -251,7 +252,7 @@ def main() -> None:
 
         time.sleep(args.startup_delay_s)
     print(f"stub: serving on {args.host}:{args.port}", flush=True)
-    state = StubState()
+    state = StubState(delay_s=args.delay_s)
     if args.kind == "dpo":
         mode = "reference" if args.ref_model is not None else args.ref_free
         state.model = stub_dpo_model(mode, ref_model=args.ref_model, compat=args.compat)
