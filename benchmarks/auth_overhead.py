@@ -104,7 +104,7 @@ async def bad_token_flood(url: str, tokens: dict[str, str], groups, args) -> dic
     """Send ``args.bad`` bad requests while ``bench`` scores ``groups``; metrics before and after."""
     import aiohttp
 
-    from rmserve.client.client import request_group
+    from rmserve.client.records import request_group
     from rmserve.schema import ScoreRequest, encode
 
     body = encode(ScoreRequest(groups=(request_group(groups[0]),)))
@@ -153,8 +153,8 @@ def auth_cost_us(users_file: Path, token: str, calls: int = 20_000) -> dict[str,
     """In-process cost of what the auth middleware adds per request, microseconds: the token
     check against every line of ``users_file`` (:meth:`UserRegistry.authenticate`), the role
     check and the per-user request counter (median of 5 repeats of ``calls`` calls each)."""
-    from rmserve.server.auth import UserRegistry, check_role, read_users_file
-    from rmserve.server.observability import ServerMetrics
+    from rmserve.server.sharing.auth import UserRegistry, check_role, read_users_file
+    from rmserve.server.http.observability import ServerMetrics
 
     registry = UserRegistry(read_users_file(users_file))
     metrics = ServerMetrics()
@@ -171,7 +171,7 @@ def auth_cost_us(users_file: Path, token: str, calls: int = 20_000) -> dict[str,
 
 
 def make_users(folder: Path) -> dict[str, str]:
-    from rmserve.server.auth import add_user
+    from rmserve.server.sharing.auth import add_user
 
     path = folder / "users.jsonl"
     tokens = {}

@@ -1,7 +1,7 @@
 """Data parallel on one machine: prompt tokens/s and prefix-cache hits with 1 or N vLLM ranks.
 
 Scores synthetic groups (3 sequences: a shared 256-token prompt and a 40–119-token answer
-each, seeded) on a :class:`~rmserve.server.engine.VLLMEngine`, 16 groups in flight, after one
+each, seeded) on a :class:`~rmserve.server.engines.vllm_engine.VLLMEngine`, 16 groups in flight, after one
 warm-up group and a prefix-cache reset. ``--scatter`` gives vLLM no rank (its own balancer
 places every request), to show what a group split across ranks loses.
 
@@ -42,7 +42,7 @@ def make_groups(n: int, seed: int = 0) -> list[list[list[int]]]:
 async def measure(model: str, data_parallel_size: int, groups: list[list[list[int]]], scatter: bool) -> dict:
     """Start the engine, score ``groups`` (16 in flight) and return the figures."""
     from rmserve.server.config import EngineConfig
-    from rmserve.server.engine import VLLMEngine
+    from rmserve.server.engines.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(EngineConfig(
         model=model, dtype="float32", max_model_len=512, block_size=32, kv_cache_memory_bytes=1 << 30,

@@ -1,9 +1,9 @@
 """How much of a DPO policy's prompt log-prob work the prefix cache saves, in tokens.
 
-Scores RM-Bench groups with :class:`rmserve.server.engine.VLLMLogprobEngine` on both of its
+Scores RM-Bench groups with :class:`rmserve.server.engines.vllm_engine.VLLMLogprobEngine` on both of its
 paths, one group at a time, and counts per path the tokens computed and read from the
 prefix cache, the sequences resubmitted and the answer rows borrowed from a sibling
-(:class:`~rmserve.server.engine.LogprobCounters`), next to the trie bound: per group, for
+(:class:`~rmserve.server.engines.vllm_engine.LogprobCounters`), next to the trie bound: per group, for
 each sequence after the first, the longest common prefix with an earlier sequence of the
 group, capped at length − 1 and rounded down to whole blocks (what any block-granular
 prefix cache could skip; ``throughput.trie_bound_tokens``). It also reports the largest
@@ -18,7 +18,7 @@ the tokenized ``apply_chat_template(messages, add_generation_prompt=True)``.
 Results: ``<out>/<date>-<machine>-dpo-prefix-cache.json`` and ``.md``. Run from the
 repository root::
 
-    rmserve demo-model /tmp/policy --kind causal --seed 1 --corpus ../shared/data/rm-bench
+    rmserve demo-model /tmp/policy --head causal --seed 1 --corpus ../shared/data/rm-bench
     python benchmarks/dpo_prefix_cache.py --model /tmp/policy --every 4
 """
 
@@ -34,9 +34,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from throughput import DEFAULT_DATA, common_prefix_len, machine_info, provenance_lines, trie_bound_tokens, versions
+from throughput import DEFAULT_DATA, machine_info, provenance_lines, trie_bound_tokens, versions
 
 from rmserve.schema import Group
+from rmserve.server.render.chat import common_prefix_len
 
 KV_CACHE_BYTES = 1 << 30
 """KV-cache size of the engine (1 GiB: far more than one group needs, so nothing is evicted mid-group)."""
@@ -54,7 +55,7 @@ def render_dpo_group(tokenizer: Any, group: Group) -> tuple[list[list[int]], lis
         )
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         token_ids.append(ids)
-        starts.append(max(1, common_prefix_len(ids, prompt_ids)))
+        starts.append(max(1, common_prefix_len((ids, prompt_ids))))
     return token_ids, starts
 
 
@@ -87,7 +88,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     from rmserve.datasets import load_rmbench
     from rmserve.server.config import EngineConfig
-    from rmserve.server.engine import VLLMLogprobEngine
+    from rmserve.server.engines.vllm_engine import VLLMLogprobEngine
 
     groups = spread(load_rmbench(args.data).groups, args.every)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -174,7 +175,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="causal LM folder (rmserve demo-model --kind causal)")
+    parser.add_argument("--model", required=True, help="causal LM folder (rmserve demo-model --head causal)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="RM-Bench folder")
     parser.add_argument("--every", type=int, default=1, help="take every Nth group (1 = all 798)")
     parser.add_argument("--block-size", type=int, default=32, help="KV-cache block size (CPU build: multiple of 32)")

@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/dpo_sweep_vs_runs.sh REF [DATA] [WORK]
 #
-# REF: the reference (a causal LM folder, e.g. `rmserve demo-model REF --kind causal --seed 2`);
+# REF: the reference (a causal LM folder, e.g. `rmserve demo-model REF --head causal --seed 2`);
 # the three policies are demo causal LMs of seeds 1, 3 and 4 built under WORK (default
 # /tmp/rmserve-dpo-sweep); DATA: RM-Bench folder (default ../shared/data/rm-bench); the chat
 # domain is scored (--only chat, 129 groups). Run from the repository root with rmserve installed.
@@ -16,7 +16,7 @@ rm -rf "$work"; mkdir -p "$work/ckpt"
 steps=()
 for seed in 1 3 4; do
     step=$((seed * 100)); steps+=("$step")
-    rmserve demo-model "$work/ckpt/step-$step" --kind causal --seed "$seed" --corpus "$data" > /dev/null 2>&1
+    rmserve demo-model "$work/ckpt/step-$step" --head causal --seed "$seed" --corpus "$data" > /dev/null 2>&1
 done
 printf 'sweep-token' > "$work/token"
 port=$(python -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")

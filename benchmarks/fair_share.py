@@ -1,7 +1,7 @@
 """Fair share on one scoring server: a small eval's wall time while a big one runs.
 
 User A scores every RM-Bench group of ``--data`` (798 with the four local domains) with
-``--a-in-flight`` groups in flight (256, as ``rmserve eval --max-in-flight 256``); user B
+``--a-in-flight`` groups in flight (256, as ``rmserve eval --max-inflight-groups 256``); user B
 scores ``--b-groups`` chat groups (50) with the client's default 32 in flight. Target: B's
 wall time while A runs is at most 2× B's wall time on an idle server.
 
@@ -15,7 +15,7 @@ Between scenarios the benchmark changes the fair queue's engine cap through a ro
 bench server only (``POST /bench/queue``); "no fair share" is a cap far above anything in
 flight, so every group goes to the engine on arrival, as without the queue, and the render
 threads take decode and render jobs in arrival order, as without the render pool
-(:mod:`rmserve.server.render_pool`: there too the cap is set far above the threads). A cap
+(:mod:`rmserve.server.sharing.render_order`: there too the cap is set far above the threads). A cap
 written ``64-rfifo`` keeps the engine's fair queue but runs the render threads in arrival
 order, to show what the render pool's per-user order adds.
 
@@ -70,7 +70,7 @@ def _fake_engine_and_renderer(tokens_per_s: float):
     class SharedRateEngine(FakeEngine):
         """Serves ``tokens_per_s`` prompt tokens per second, shared equally by the groups at it."""
 
-        async def score_group(self, token_ids, request_id, priority=0):
+        async def score_group(self, token_ids, request_id, *, answer_starts=None, priority=0):
             need = float(sum(len(ids) for ids in token_ids))
             self._active = getattr(self, "_active", 0) + 1
             try:
@@ -90,10 +90,10 @@ def serve(args: argparse.Namespace) -> None:
     """``--serve``: the scoring app with a header-named user and ``POST /bench/queue``."""
     from aiohttp import web
 
-    from rmserve.server.app import ServerConfig, create_app
-    from rmserve.server.fair_queue import QUEUE_KEY
-    from rmserve.server.render_pool import pool_of
-    from rmserve.server.users import USER_KEY, User
+    from rmserve.server.http.app import ServerConfig, create_app
+    from rmserve.server.sharing.fair_queue import QUEUE_KEY
+    from rmserve.server.sharing.render_order import pool_of
+    from rmserve.server.sharing.users import USER_KEY, User
 
     users = {name: User(name) for name in ("A", "B", "warmup")}
 
@@ -109,9 +109,9 @@ def serve(args: argparse.Namespace) -> None:
         engine, renderer = _fake_engine_and_renderer(args.fake_tokens_per_s)
         app = create_app(config, engine, renderer)
     else:
-        from rmserve.server.backends import build_engine
+        from rmserve.server.engines.registry import build_engine
         from rmserve.server.config import EngineConfig
-        from rmserve.server.serve import engine_renderer
+        from rmserve.server.http.serve import engine_renderer
 
         engine = build_engine(EngineConfig(model=args.model, dtype="float32", kv_cache_memory_bytes=1 << 30))
         app = create_app(config, engine, renderer_factory=engine_renderer)
@@ -162,7 +162,8 @@ async def run_user(url: str, user: str, groups, in_flight: int, priority: str = 
     """Score ``groups`` as ``user``; returns (wall seconds, prompt tokens scored)."""
     import aiohttp
 
-    from rmserve.client.client import Concurrency, RewardClient
+    from rmserve.client.client import RewardClient
+    from rmserve.client.config import Concurrency
 
     headers = {BENCH_USER_HEADER: user, "X-RMServe-Priority": priority}
     connector = aiohttp.TCPConnector(limit=in_flight)

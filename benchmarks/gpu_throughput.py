@@ -4,7 +4,7 @@ On the device (one accelerator; transformers and torch, vLLM optional), with no 
 
 1. trains the demo tokenizer on the RM-Bench files (:mod:`rmserve.demo_model`) and
    renders RM-Bench groups (code domain by default) with rmserve's
-   :class:`~rmserve.server.render.Renderer`;
+   :class:`~rmserve.server.render.chat.Renderer`;
 2. builds a random-init ``LlamaForSequenceClassification`` (one label) from a config shaped
    like Llama-3.1-8B (``--shape llama-8b``: 32 layers, hidden 4096, 32 heads, 8 KV heads,
    MLP 14336, vocab 128256) directly on the device, in ``--dtype`` (bfloat16), with SDPA
@@ -14,7 +14,7 @@ On the device (one accelerator; transformers and torch, vLLM optional), with no 
    * ``a`` — the reference-harness loop (:func:`throughput.score_reference`): each response
      index over the groups in order, right-padded batches of ``--batch-size``;
    * ``hf`` — rmserve's transformers engine scoring
-     (:func:`rmserve.server.engine_hf.length_sorted_rewards`): all sequences sorted by length
+     (:func:`rmserve.server.engines.hf_engine.length_sorted_rewards`): all sequences sorted by length
      and packed into batches of at most ``--max-batch-tokens`` padded tokens;
 
    and, when vLLM is installed, paths ``c`` and ``d`` of ``throughput.py`` on the same
@@ -203,8 +203,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    from rmserve.server.engine_hf import length_sorted_rewards
-    from rmserve.server.render import Renderer
+    from rmserve.server.engines.hf_engine import length_sorted_rewards
+    from rmserve.server.render.chat import Renderer
 
     args = parse_args(argv)
     command = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *(sys.argv if argv is None else ["gpu_throughput.py", *argv])])

@@ -86,7 +86,7 @@ def run_sweep(n_servers: int, args: argparse.Namespace, folders: list[Path], wor
         command = [*RMSERVE, "sweep", *[a for s in servers for a in ("--server", s.url)],
                    *[str(f) for f in folders], "--bench", "rm-bench", "--data", args.data, "--out", str(out),
                    "--store", str(work / f"store-{n_servers}.sqlite"), "--admin-token-file", str(token_file),
-                   "--max-in-flight", str(args.max_in_flight), "--resamples", "100", "--quiet"]
+                   "--max-inflight-groups", str(args.max_in_flight), "--resamples", "100", "--quiet"]
         if args.only:
             command += ["--only", args.only]
         started = time.perf_counter()
