@@ -103,13 +103,13 @@ def compare_scores(
     ``fingerprints`` (the model fingerprints each side's records name, when known) add a
     note when A and B are the same model; identical scores get a note too.
 
-    Two judges' score sets must state one set-up (:func:`~rmserve.metrics.judge_setup.compare_setups`:
-    sampling, engine and its version, batch invariance); a side whose records state none gets a note.
+    Two judges' score sets judged under different set-ups (sampling, engine and its version,
+    batch invariance) get a note naming the fields that differ, and a side whose records state
+    none gets a note (:func:`~rmserve.metrics.judge_setup.compare_setups`).
 
     Raises:
         DataError: a group key repeated on either side (groups are paired by key), different
-            benchmarks, two judges whose records state different set-ups (the field and both
-            values named), no group in common (counts and examples given), or a group whose
+            benchmarks, no group in common (counts and examples given), or a group whose
             completion count differs between A and B.
         ValueError: ``config.resamples`` is 0 (a comparison needs intervals).
     """

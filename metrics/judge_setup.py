@@ -11,9 +11,9 @@ The rule (what a careful reader of the figures needs):
 
 * Records that state their set-up must all state the same one: a score set whose records
   differ in any field of :data:`~rmserve.schema.JUDGE_SETUP_FIELDS` is refused
-  (:class:`~rmserve.errors.DataError` naming the field, both values and both records), and so
-  is a comparison of two judges whose set-ups differ. The explanation
-  (``batch_invariant_note``) is not compared.
+  (:class:`~rmserve.errors.DataError` naming the field, both values and both records). A
+  comparison of two judges whose set-ups differ is allowed (comparing judges is its purpose)
+  and says which fields differ. The explanation (``batch_invariant_note``) is not compared.
 * Records written before rmserve recorded the set-up state none: their set-up is *unknown*.
   Unknown beside known is allowed, with a note saying how many records are unknown (a run
   resumed across the upgrade holds both, and its groups were scored under one fingerprint,
@@ -121,36 +121,35 @@ class SetupCollector:
 
 
 def compare_setups(a: JudgeSetup | None, b: JudgeSetup | None, *, name_a: str, name_b: str) -> list[str]:
-    """Check that two judges' score sets were made under one set-up, for a paired comparison.
+    """The notes a paired comparison of two judges' score sets carries about their set-ups.
+
+    Comparing two judges is what ``metrics compare`` is for (two judge models, two engines, two
+    temperatures), so set-ups that differ are not refused: the comparison says which fields
+    differ, since the difference B − A then measures them as well as the models.
 
     Args:
-        a, b: each side's :class:`JudgeSetup` (None: the side is not a judge's; nothing is
-            checked then).
-        name_a, name_b: how the sides are named in messages (their files).
+        a, b: each side's :class:`JudgeSetup` (None: the side is not a judge's; no note).
+        name_a, name_b: how the sides are named in notes (their files).
 
     Returns:
-        The notes the comparison carries: a side whose records (some or all) state no set-up.
-
-    Raises:
-        DataError: both sides state a value of one field of
-            :data:`~rmserve.schema.JUDGE_SETUP_FIELDS` and the values differ (field
-            ``<record field>.<name>``, both values and both sides named).
+        One note naming every field of :data:`~rmserve.schema.JUDGE_SETUP_FIELDS` whose values
+        both sides state and differ (with both values), and one per side whose records (some or
+        all) state no set-up.
     """
     if a is None or b is None:
         return []
-    for record_field, name in JUDGE_SETUP_FIELDS:
-        va, vb = a.value(record_field, name), b.value(record_field, name)
-        if va is not None and vb is not None and va != vb:
-            raise DataError(
-                f"{record_field}.{name} is {va!r} in A ({name_a}) and {vb!r} in B ({name_b}): a paired comparison of "
-                "judges needs one set-up (sampling, engine and its version, batch invariance); score both the same "
-                "way",
-                path=name_b,
-                field=f"{record_field}.{name}",
-                value=vb,
-                limit=va,
-            )
     notes = []
+    differ = [
+        f"{record_field}.{name} {va!r} in A, {vb!r} in B"
+        for record_field, name in JUDGE_SETUP_FIELDS
+        for va, vb in [(a.value(record_field, name), b.value(record_field, name))]
+        if va is not None and vb is not None and va != vb
+    ]
+    if differ:
+        notes.append(
+            f"A ({name_a}) and B ({name_b}) were judged under different set-ups ({'; '.join(differ)}): "
+            "the differences B − A measure these settings as well as the judges."
+        )
     for side, setup in (("A", a), ("B", b)):
         if setup.n_unrecorded:
             notes.append(

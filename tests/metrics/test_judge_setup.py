@@ -144,16 +144,19 @@ def test_old_and_new_records_mix_with_a_note(tmp_path):
     assert "vLLM batches its calls) (1 of 2 records state no set-up: unknown).\n" in render_markdown(evaluation)
 
 
-def test_a_comparison_of_judges_of_different_temperature_is_refused(tmp_path):
+def test_a_comparison_of_judges_of_different_temperature_says_which_fields_differ(tmp_path):
     a = write_jsonl(tmp_path / "a.jsonl", [ranked("0", "A"), ranked("1", "B")])
     hot = JudgeSampling(0.7, 1.0, 2048)
     b = write_jsonl(tmp_path / "b.jsonl", [ranked("0", "A", sampling=hot), ranked("1", "A", sampling=hot)])
-    with pytest.raises(DataError) as caught:
-        compare_files(a, b, MetricsConfig(resamples=20))
-    assert (caught.value.field, caught.value.value, caught.value.limit) == ("judge_sampling.temperature", 0.7, 0.0)
-    assert caught.value.reason.startswith(f"judge_sampling.temperature is 0.0 in A ({a}) and 0.7 in B ({b})")
+    comparison = compare_files(a, b, MetricsConfig(resamples=20))
+    assert comparison_dict(comparison)["notes"][-1] == (
+        f"A ({a}) and B ({b}) were judged under different set-ups (judge_sampling.temperature 0.0 in A, 0.7 in B): "
+        "the differences B − A measure these settings as well as the judges."
+    )
+    assert {f.figure: f.difference for f in comparison.figures}["Factuality"] == 0.5
     result = runner.invoke(app, ["metrics", "compare", str(a), str(b), "--resamples", "20"])
-    assert result.exit_code == 2 and "judge_sampling.temperature is 0.0 in A" in result.stderr
+    assert result.exit_code == 0, result.stderr
+    assert "judge_sampling.temperature 0.0 in A, 0.7 in B" in result.stdout
 
 
 def test_a_comparison_with_an_unrecorded_side_says_so(tmp_path):
