@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import signal
+import socket
 import time
 from collections.abc import Callable
 
@@ -73,6 +74,32 @@ def engine_renderer(loaded: LoadedModel) -> Renderer:
     if loaded.renderer is None:
         raise ServerFault(f"the {loaded.info.engine} engine returned no renderer with its model")
     return loaded.renderer
+
+
+def listening_socket(host: str, port: int, backlog: int = 128) -> socket.socket:
+    """A TCP socket bound to ``host:port`` and listening (non-blocking), the first address
+    ``host`` resolves to (``localhost``: the first of its addresses only).
+
+    The server binds it before any engine starts: an engine opens sockets of its own on ports
+    the OS picks (vLLM's processes talk over local ports), and one of them could otherwise take
+    a free ``port`` between the check and the bind.
+
+    Raises:
+        OSError: the address does not resolve, or is in use (``EADDRINUSE``) or not ours.
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp's TCPSite does on Unix
+        sock.bind(address)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _bound_url(runner: web.AppRunner, config: ServerConfig) -> str:
@@ -174,16 +201,17 @@ async def run_app(
             if state.status == "failed":
                 return
 
+    try:  # before the engines start (runner.setup runs the apps' start-up, which loads them)
+        sock = listening_socket(server_config.host, server_config.port)
+    except OSError as exc:
+        announce(f"cannot listen on {server_config.url}: {exc.strerror or exc}")
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        return 2
     await runner.setup()
     try:
-        site = web.TCPSite(
-            runner, server_config.host, server_config.port, shutdown_timeout=server_config.shutdown_timeout_s
-        )
-        try:
-            await site.start()
-        except OSError as exc:
-            announce(f"cannot listen on {server_config.url}: {exc.strerror or exc}")
-            return 2
+        site = web.SockSite(runner, sock, shutdown_timeout=server_config.shutdown_timeout_s)
+        await site.start()
         url = _bound_url(runner, server_config)
         what = "the model" if len(states) == 1 else f"{len(states)} models, one after another"
         announce(f"listening on {url} (loading {what}; /health answers 503 until ready)")

@@ -93,7 +93,42 @@ async def test_serve_app_returns_2_when_the_port_is_taken():
     finally:
         blocker.close()
     assert len(lines) == 1 and lines[0].startswith(f"cannot listen on http://127.0.0.1:{port}: ")
-    assert engine.shutdown_calls == 1
+    assert (engine.started, engine.shutdown_calls) == (False, 0)  # refused before any engine started
+
+
+class _PortProbingEngine(FakeEngine):
+    """A fake engine whose start tries to bind the server's port, as an engine's own sockets could."""
+
+    port: int = 0
+    bind_error: int | None = None
+
+    async def start(self):
+        probe = socket.socket()
+        try:
+            probe.bind(("127.0.0.1", self.port))
+        except OSError as exc:
+            self.bind_error = exc.errno
+        finally:
+            probe.close()
+        return await super().start()
+
+
+async def test_serve_app_holds_its_port_before_the_engine_starts():
+    import errno
+
+    from rmserve.pipelines.launch import free_loopback_port
+
+    engine = _PortProbingEngine()
+    engine.port = free_loopback_port()
+    lines: list[str] = []
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve_module.serve_app(ServerConfig(port=engine.port), engine, FakeRenderer(),
+                                                        announce=lines.append, stop=stop))
+    await wait_until(lambda: line_starting(lines, "ready: ") is not None)
+    stop.set()
+    assert await server == 0
+    assert engine.bind_error == errno.EADDRINUSE  # the port was the server's while the engine loaded
+    assert lines[0] == f"listening on http://127.0.0.1:{engine.port} (loading the model; /health answers 503 until ready)"
 
 
 async def test_renderer_factory_is_called_after_the_engine_started():
