@@ -30,6 +30,10 @@ resolved.
   :func:`~rmserve.server.kinds.scoring.score_request` with the request's own
   :class:`~rmserve.server.kinds.get_reward.GetRewardKind` (each query one group, re-templated
   from the policy's chat template to the reward model's, or passed through) → OpenRLHF's reply.
+- The caller's fair-queue class (:func:`caller_of`): the ``X-RMServe-Priority`` header, else
+  ``batch`` for ``/v1/score`` and ``interactive``
+  (:data:`~rmserve.server.sharing.fair_queue.TRAINER_PRIORITY`) for the trainer routes
+  ``/get_reward``, ``/classify`` and ``/pooling``, whose clients send no header.
 - ``GET /health``, ``GET /v1/models``, ``GET /v1/queue``, ``GET /v1/status``, ``GET /metrics``:
   read every served model's state (one model's as it is; several summed or listed, see
   :mod:`rmserve.server.http.node`).
@@ -62,7 +66,14 @@ from rmserve.server.http.middleware import json_response, nosniff
 from rmserve.server.kinds import get_reward as get_reward_kind
 from rmserve.server.kinds import raw_input, scoring
 from rmserve.server.sharing import render_order
-from rmserve.server.sharing.fair_queue import PRIORITY_HEADER, Caller, parse_priority
+from rmserve.server.sharing.fair_queue import (
+    DEFAULT_PRIORITY,
+    PRIORITY_HEADER,
+    TRAINER_PRIORITY,
+    Caller,
+    Priority,
+    parse_priority,
+)
 from rmserve.server.sharing.leases import leases_of
 from rmserve.server.sharing.users import ANONYMOUS, USER_KEY
 from rmserve.server.swaps import swap
@@ -163,17 +174,19 @@ def served_models(app: web.Application) -> ServedModels:
     return app[MODELS_KEY]
 
 
-def caller_of(request: web.Request) -> Caller:
+def caller_of(request: web.Request, default_priority: Priority = DEFAULT_PRIORITY) -> Caller:
     """The request's :class:`~rmserve.server.sharing.fair_queue.Caller`: the user the
     authentication middleware stored under :data:`~rmserve.server.sharing.users.USER_KEY`
     (:data:`~rmserve.server.sharing.users.ANONYMOUS` when none did) and the
-    :data:`~rmserve.server.sharing.fair_queue.PRIORITY_HEADER` hint.
+    :data:`~rmserve.server.sharing.fair_queue.PRIORITY_HEADER` hint, ``default_priority``
+    without one (``batch`` for ``/v1/score``; the trainer routes pass
+    :data:`~rmserve.server.sharing.fair_queue.TRAINER_PRIORITY`, ``interactive``).
 
     Raises:
         InvalidRequest: a priority header other than ``interactive`` / ``batch``.
     """
     user = request.get(USER_KEY, ANONYMOUS)
-    return Caller(user=user, priority=parse_priority(request.headers.get(PRIORITY_HEADER)))
+    return Caller(user=user, priority=parse_priority(request.headers.get(PRIORITY_HEADER), default_priority))
 
 
 def setup(front: web.Application) -> None:
@@ -268,10 +281,13 @@ async def status(request: web.Request) -> web.Response:
 # --- scoring --------------------------------------------------------------------------------
 
 
-async def _decode_in_turn(request: web.Request, decode: Callable[[bytes], Any]) -> tuple[Caller, Any]:
+async def _decode_in_turn(
+    request: web.Request, decode: Callable[[bytes], Any], default_priority: Priority = DEFAULT_PRIORITY
+) -> tuple[Caller, Any]:
     """The start of every scoring route: the body's size checked against the front app's
     limit, read, and decoded by ``decode`` in the caller's turn of the render threads
-    (:func:`rmserve.server.sharing.render_order.run`, cost: the body's bytes).
+    (:func:`rmserve.server.sharing.render_order.run`, cost: the body's bytes). The caller's
+    priority without a header is ``default_priority`` (:func:`caller_of`).
 
     Returns:
         (the caller, the decoded body).
@@ -282,7 +298,7 @@ async def _decode_in_turn(request: web.Request, decode: Callable[[bytes], Any]) 
     front = request.app
     check_body_size(request, front[CONFIG_KEY])
     body = await request.read()
-    caller = caller_of(request)
+    caller = caller_of(request, default_priority)
     return caller, await render_order.run(front, caller, len(body), lambda: decode(body))
 
 
@@ -340,7 +356,7 @@ async def pooling(request: web.Request) -> web.Response:
 async def _score_inputs(request: web.Request, decode, route: str, shape: str) -> ClassifyResponse | PoolingResponse:
     """The path of :func:`score` for a vLLM-compatible body: size check, decode in the
     caller's render turn, model app, swap gate, ready, kind, the scoring path, the reply."""
-    caller, pool_request = await _decode_in_turn(request, decode)
+    caller, pool_request = await _decode_in_turn(request, decode, TRAINER_PRIORITY)
     inputs = wire.check_pooling_inputs(pool_request.input)
     served = served_models(request.app)
     app = served.resolve(pool_request.model)
@@ -401,7 +417,7 @@ async def get_reward(request: web.Request) -> web.Response:
     ``query[i]``), ``SequenceTooLong`` (413, ``query[i]``) and ``EngineError`` (500,
     ``query[i]``: no reward) — a whole-request answer, never a null reward.
     """
-    caller, reward_request = await _decode_in_turn(request, wire.decode_get_reward_request)
+    caller, reward_request = await _decode_in_turn(request, wire.decode_get_reward_request, TRAINER_PRIORITY)
     served = served_models(request.app)
     app = served.resolve(reward_request.model)
     raw_input.check_served_kind(app[KIND_KEY], "POST /get_reward")
