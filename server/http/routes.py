@@ -34,6 +34,9 @@ resolved.
   ``batch`` for ``/v1/score`` and ``interactive``
   (:data:`~rmserve.server.sharing.fair_queue.TRAINER_PRIORITY`) for the trainer routes
   ``/get_reward``, ``/classify`` and ``/pooling``, whose clients send no header.
+- With ``--training-log``, a trainer route's scored inputs go to the front door's sampled
+  record (:func:`record_training`, :mod:`rmserve.server.http.training_log`) once its reply is
+  made; the reply never waits for the file.
 - ``GET /health``, ``GET /v1/models``, ``GET /v1/queue``, ``GET /v1/status``, ``GET /metrics``:
   read every served model's state (one model's as it is; several summed or listed, see
   :mod:`rmserve.server.http.node`).
@@ -61,7 +64,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from rmserve.server.http import queue_routes, status_page, wire
+from rmserve.server.http import queue_routes, status_page, training_log, wire
 from rmserve.server.http.middleware import json_response, nosniff
 from rmserve.server.kinds import get_reward as get_reward_kind
 from rmserve.server.kinds import raw_input, scoring
@@ -202,6 +205,7 @@ def setup(front: web.Application) -> None:
     front.router.add_get("/metrics", metrics)
     front.router.add_get("/v1/queue", queue)
     status_page.setup(front, status_handler=status)
+    training_log.install(front, front[CONFIG_KEY])  # --training-log: the trainer routes' records
     front.on_response_prepare.append(nosniff)  # X-Content-Type-Options on every reply
 
 
@@ -377,6 +381,7 @@ async def _score_inputs(request: web.Request, decode, route: str, shape: str) ->
         with each_one_group("input"):
             reply = await scoring.score_request(app, raw_input.wire_request(inputs), info, renderer, caller, kind)
     activation = raw_input.applied_activation(pool_request.use_activation, pool_request.activation)
+    record_training(request, route.removeprefix("POST "), caller, info, inputs, reply.results)
     return pooling_reply(
         shape, reply.results, model=info.name, fingerprint=info.fingerprint, activation=activation,
         label=kind.label, request_id=pool_request.request_id, truncated=truncation is not None,
@@ -436,7 +441,26 @@ async def get_reward(request: web.Request) -> web.Response:
             scored = await scoring.score_request(
                 app, raw_input.wire_request(reward_request.query), info, renderer, caller, kind
             )
-    return json_response(wire.encode_get_reward_response(get_reward_kind.reply(scored, kind)), 200)
+    reply = get_reward_kind.reply(scored, kind)
+    record_training(request, "/get_reward", caller, info, reward_request.query, scored.results)
+    return json_response(wire.encode_get_reward_response(reply), 200)
+
+
+def record_training(request: web.Request, route: str, caller: Caller, info: ModelInfo,
+                    inputs: list, results: tuple[GroupResult, ...]) -> None:
+    """Hand the scored inputs of a trainer route's request to the front door's training log
+    (``--training-log``; :mod:`rmserve.server.http.training_log`): ``inputs[i]`` as sent,
+    answered by ``results[i]`` (one response each); an input without a reward is left out.
+    Returns at once; nothing without a training log."""
+    log = training_log.training_log_of(request.app)
+    if log is None:
+        return
+    scored = [
+        training_log.ScoredInput(index=i, value=value, reward=result.rewards[0], num_tokens=result.num_tokens[0])
+        for i, (value, result) in enumerate(zip(inputs, results, strict=True))
+        if result.rewards[0] is not None
+    ]
+    log.record(route=route, user=caller.user.name, model=info.name, fingerprint=info.fingerprint, inputs=scored)
 
 
 def pooling_reply(
