@@ -534,6 +534,9 @@ SERVE_FLAGS: dict[str, str] = {
     "fair_share_quantum_tokens": "--fair-share-quantum-tokens",
     "fair_share_interactive_boost": "--fair-share-interactive-boost",
     "lease_idle_s": "--lease-idle-s",
+    "training_log": "--training-log",
+    "training_log_rate": "--training-log-rate",
+    "training_log_text": "--training-log-text",
 }
 """``ServerConfig`` field → its ``rmserve serve`` flag."""
 

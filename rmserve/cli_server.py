@@ -212,6 +212,18 @@ def serve_command(
         typer.Option("--policy-template", metavar="NAME|FILE", help=_server_help("policy_template"),
                      show_default=False),
     ] = None,
+    training_log: Annotated[
+        Optional[Path],
+        typer.Option("--training-log", metavar="FILE", help=_server_help("training_log"), show_default=False),
+    ] = None,
+    training_log_rate: Annotated[
+        Optional[float],
+        typer.Option("--training-log-rate", metavar="FRACTION", help=_server_help("training_log_rate"),
+                     show_default=False),
+    ] = None,
+    training_log_text: Annotated[
+        bool, typer.Option("--training-log-text", help=_server_help("training_log_text"), show_default=False)
+    ] = False,
     log_level: Annotated[
         Literal[LOG_LEVELS],  # type: ignore[valid-type]
         typer.Option(
@@ -276,6 +288,9 @@ def serve_command(
                 fair_share_interactive_boost=fair_share_interactive_boost,
                 lease_idle_s=lease_idle_s,
                 policy_template=policy_template,
+                training_log=str(training_log) if training_log is not None else None,
+                training_log_rate=training_log_rate,
+                training_log_text=training_log_text or None,
             )
         )
         if parent_pid is not None:

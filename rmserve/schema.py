@@ -518,12 +518,17 @@ class PromptTokensDetails(msgspec.Struct, frozen=True):
 
 
 class PoolingUsage(msgspec.Struct, frozen=True):
-    """``usage`` of a vLLM-compatible reply: tokens of the inputs sent to the engine."""
+    """``usage`` of a vLLM-compatible reply: tokens of the inputs sent to the engine.
+
+    vLLM's own keys, all present: ``completion_tokens`` is 0 and ``completion_tokens_details``
+    null, as vLLM sends them; ``prompt_tokens_details`` holds the prefix-cache hits where vLLM
+    0.32's pooling routes send null."""
 
     prompt_tokens: int
     total_tokens: int
     completion_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: None = None
 
 
 class PoolingNote(msgspec.Struct, frozen=True, omit_defaults=True):

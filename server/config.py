@@ -612,6 +612,15 @@ class ServerConfig:
     policy_family: str | None = field(default=None, repr=False, compare=False)
     """The family of ``policy_template`` (named, or found from the file; not an option)."""
 
+    training_log: str | None = None
+    """Append one JSON line per sampled training sample scored through POST /get_reward, /classify or /pooling (time, user, route, model, fingerprint, reward, token count, the SHA-256 of the input; docs/rlhf.md), so a run can show which reward model scored it. Written by a thread; a write error is logged once and never fails a reply. Default: none (off)."""
+
+    training_log_rate: float = 1.0
+    """With --training-log: the fraction in [0, 1] of the samples recorded, chosen by the hash of each input (the same samples on every run). Default: 1 (all)."""
+
+    training_log_text: bool = False
+    """With --training-log: record each input itself too (the text or token ids), not only its SHA-256. Default: off."""
+
     def __post_init__(self) -> None:
         if not self.host:
             raise ValueError("ServerConfig.host must be a non-empty host name or address")
@@ -662,7 +671,33 @@ class ServerConfig:
         if not isinstance(self.lease_idle_s, (int, float)) or not self.lease_idle_s > 0:
             raise ValueError(f"ServerConfig.lease_idle_s is {self.lease_idle_s!r}; it must be > 0 seconds")
         self._read_policy_template()
+        self._check_training_log()
         self._check_access()
+
+    def _check_training_log(self) -> None:
+        """``training_log`` a file that can be appended to (created empty when missing), the
+        rate a fraction; the rate and the text switch only with a file."""
+        rate = self.training_log_rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+            raise ValueError(f"ServerConfig.training_log_rate is {rate!r}; it must be a fraction in [0, 1]")
+        if self.training_log is None:
+            if rate != 1.0:
+                raise ValueError(f"ServerConfig.training_log_rate is {rate!r} but no training log file is given "
+                                 "(--training-log FILE)")
+            if self.training_log_text:
+                raise ValueError("ServerConfig.training_log_text is on but no training log file is given "
+                                 "(--training-log FILE)")
+            return
+        path = Path(self.training_log)
+        if path.is_dir():
+            raise ValueError(f"ServerConfig.training_log: {self.training_log!r} is a folder; give a file")
+        if not path.parent.is_dir():
+            raise ValueError(f"ServerConfig.training_log: the folder of {self.training_log!r} does not exist")
+        try:
+            with open(path, "ab"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"ServerConfig.training_log: cannot append to {self.training_log!r}: {exc}") from None
 
     def _read_policy_template(self) -> None:
         """``policy_template`` a family, ``rm`` or a template file of a family (read here)."""

@@ -475,6 +475,39 @@ def test_serve_fair_share_options_reach_the_server_config(captured):
     assert (server_config.fair_share, server_config.engine_concurrency_groups) == (True, 64)  # the defaults
 
 
+def test_serve_training_log_options_reach_the_server_config(captured, tmp_path):
+    from rmserve.server.http.app import ServerConfig
+
+    path = tmp_path / "training.jsonl"
+    result = runner.invoke(app, ["serve", "m", "--training-log", str(path), "--training-log-rate", "0.25",
+                                 "--training-log-text"])
+    assert result.exit_code == 0, result.output
+    (_, server_config), = captured[0]
+    assert server_config == ServerConfig(training_log=str(path), training_log_rate=0.25, training_log_text=True)
+    captured[0].clear()
+    result = runner.invoke(app, ["serve", "m"])
+    assert result.exit_code == 0, result.output
+    (_, server_config), = captured[0]
+    assert (server_config.training_log, server_config.training_log_rate, server_config.training_log_text) == (
+        None, 1.0, False)  # off by default
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (lambda d: ["--training-log", str(d / "t.jsonl"), "--training-log-rate", "1.5"],
+     "Invalid value for '--training-log-rate': 1.5; it must be a fraction in [0, 1]"),
+    (lambda d: ["--training-log-rate", "0.5"],
+     "Invalid value for '--training-log-rate': 0.5 but no training log file is given (--training-log FILE)"),
+    (lambda d: ["--training-log-text"],
+     "Invalid value for '--training-log-text': on but no training log file is given (--training-log FILE)"),
+    (lambda d: ["--training-log", str(d / "no" / "t.jsonl")], "Invalid value for '--training-log': the folder of"),
+])
+def test_serve_refuses_bad_training_log_options_naming_them(captured, tmp_path, args, message):
+    result = runner.invoke(app, ["serve", "m", *args(tmp_path)])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+    assert captured[0] == []
+
+
 def test_serve_refuses_a_bad_fair_share_value_naming_the_option(captured):
     result = runner.invoke(app, ["serve", "m", "--fair-share-interactive-boost", "0.5"])
     assert result.exit_code == 2

@@ -30,6 +30,13 @@ resolved.
   :func:`~rmserve.server.kinds.scoring.score_request` with the request's own
   :class:`~rmserve.server.kinds.get_reward.GetRewardKind` (each query one group, re-templated
   from the policy's chat template to the reward model's, or passed through) → OpenRLHF's reply.
+- The caller's fair-queue class (:func:`caller_of`): the ``X-RMServe-Priority`` header, else
+  ``batch`` for ``/v1/score`` and ``interactive``
+  (:data:`~rmserve.server.sharing.fair_queue.TRAINER_PRIORITY`) for the trainer routes
+  ``/get_reward``, ``/classify`` and ``/pooling``, whose clients send no header.
+- With ``--training-log``, a trainer route's scored inputs go to the front door's sampled
+  record (:func:`record_training`, :mod:`rmserve.server.http.training_log`) once its reply is
+  made; the reply never waits for the file.
 - ``GET /health``, ``GET /v1/models``, ``GET /v1/queue``, ``GET /v1/status``, ``GET /metrics``:
   read every served model's state (one model's as it is; several summed or listed, see
   :mod:`rmserve.server.http.node`).
@@ -57,12 +64,19 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from rmserve.server.http import queue_routes, status_page, wire
+from rmserve.server.http import queue_routes, status_page, training_log, wire
 from rmserve.server.http.middleware import json_response, nosniff
 from rmserve.server.kinds import get_reward as get_reward_kind
 from rmserve.server.kinds import raw_input, scoring
 from rmserve.server.sharing import render_order
-from rmserve.server.sharing.fair_queue import PRIORITY_HEADER, Caller, parse_priority
+from rmserve.server.sharing.fair_queue import (
+    DEFAULT_PRIORITY,
+    PRIORITY_HEADER,
+    TRAINER_PRIORITY,
+    Caller,
+    Priority,
+    parse_priority,
+)
 from rmserve.server.sharing.leases import leases_of
 from rmserve.server.sharing.users import ANONYMOUS, USER_KEY
 from rmserve.server.swaps import swap
@@ -163,17 +177,19 @@ def served_models(app: web.Application) -> ServedModels:
     return app[MODELS_KEY]
 
 
-def caller_of(request: web.Request) -> Caller:
+def caller_of(request: web.Request, default_priority: Priority = DEFAULT_PRIORITY) -> Caller:
     """The request's :class:`~rmserve.server.sharing.fair_queue.Caller`: the user the
     authentication middleware stored under :data:`~rmserve.server.sharing.users.USER_KEY`
     (:data:`~rmserve.server.sharing.users.ANONYMOUS` when none did) and the
-    :data:`~rmserve.server.sharing.fair_queue.PRIORITY_HEADER` hint.
+    :data:`~rmserve.server.sharing.fair_queue.PRIORITY_HEADER` hint, ``default_priority``
+    without one (``batch`` for ``/v1/score``; the trainer routes pass
+    :data:`~rmserve.server.sharing.fair_queue.TRAINER_PRIORITY`, ``interactive``).
 
     Raises:
         InvalidRequest: a priority header other than ``interactive`` / ``batch``.
     """
     user = request.get(USER_KEY, ANONYMOUS)
-    return Caller(user=user, priority=parse_priority(request.headers.get(PRIORITY_HEADER)))
+    return Caller(user=user, priority=parse_priority(request.headers.get(PRIORITY_HEADER), default_priority))
 
 
 def setup(front: web.Application) -> None:
@@ -189,6 +205,7 @@ def setup(front: web.Application) -> None:
     front.router.add_get("/metrics", metrics)
     front.router.add_get("/v1/queue", queue)
     status_page.setup(front, status_handler=status)
+    training_log.install(front, front[CONFIG_KEY])  # --training-log: the trainer routes' records
     front.on_response_prepare.append(nosniff)  # X-Content-Type-Options on every reply
 
 
@@ -268,10 +285,13 @@ async def status(request: web.Request) -> web.Response:
 # --- scoring --------------------------------------------------------------------------------
 
 
-async def _decode_in_turn(request: web.Request, decode: Callable[[bytes], Any]) -> tuple[Caller, Any]:
+async def _decode_in_turn(
+    request: web.Request, decode: Callable[[bytes], Any], default_priority: Priority = DEFAULT_PRIORITY
+) -> tuple[Caller, Any]:
     """The start of every scoring route: the body's size checked against the front app's
     limit, read, and decoded by ``decode`` in the caller's turn of the render threads
-    (:func:`rmserve.server.sharing.render_order.run`, cost: the body's bytes).
+    (:func:`rmserve.server.sharing.render_order.run`, cost: the body's bytes). The caller's
+    priority without a header is ``default_priority`` (:func:`caller_of`).
 
     Returns:
         (the caller, the decoded body).
@@ -282,7 +302,7 @@ async def _decode_in_turn(request: web.Request, decode: Callable[[bytes], Any]) 
     front = request.app
     check_body_size(request, front[CONFIG_KEY])
     body = await request.read()
-    caller = caller_of(request)
+    caller = caller_of(request, default_priority)
     return caller, await render_order.run(front, caller, len(body), lambda: decode(body))
 
 
@@ -340,7 +360,7 @@ async def pooling(request: web.Request) -> web.Response:
 async def _score_inputs(request: web.Request, decode, route: str, shape: str) -> ClassifyResponse | PoolingResponse:
     """The path of :func:`score` for a vLLM-compatible body: size check, decode in the
     caller's render turn, model app, swap gate, ready, kind, the scoring path, the reply."""
-    caller, pool_request = await _decode_in_turn(request, decode)
+    caller, pool_request = await _decode_in_turn(request, decode, TRAINER_PRIORITY)
     inputs = wire.check_pooling_inputs(pool_request.input)
     served = served_models(request.app)
     app = served.resolve(pool_request.model)
@@ -361,6 +381,7 @@ async def _score_inputs(request: web.Request, decode, route: str, shape: str) ->
         with each_one_group("input"):
             reply = await scoring.score_request(app, raw_input.wire_request(inputs), info, renderer, caller, kind)
     activation = raw_input.applied_activation(pool_request.use_activation, pool_request.activation)
+    record_training(request, route.removeprefix("POST "), caller, info, inputs, reply.results)
     return pooling_reply(
         shape, reply.results, model=info.name, fingerprint=info.fingerprint, activation=activation,
         label=kind.label, request_id=pool_request.request_id, truncated=truncation is not None,
@@ -401,7 +422,7 @@ async def get_reward(request: web.Request) -> web.Response:
     ``query[i]``), ``SequenceTooLong`` (413, ``query[i]``) and ``EngineError`` (500,
     ``query[i]``: no reward) — a whole-request answer, never a null reward.
     """
-    caller, reward_request = await _decode_in_turn(request, wire.decode_get_reward_request)
+    caller, reward_request = await _decode_in_turn(request, wire.decode_get_reward_request, TRAINER_PRIORITY)
     served = served_models(request.app)
     app = served.resolve(reward_request.model)
     raw_input.check_served_kind(app[KIND_KEY], "POST /get_reward")
@@ -420,7 +441,26 @@ async def get_reward(request: web.Request) -> web.Response:
             scored = await scoring.score_request(
                 app, raw_input.wire_request(reward_request.query), info, renderer, caller, kind
             )
-    return json_response(wire.encode_get_reward_response(get_reward_kind.reply(scored, kind)), 200)
+    reply = get_reward_kind.reply(scored, kind)
+    record_training(request, "/get_reward", caller, info, reward_request.query, scored.results)
+    return json_response(wire.encode_get_reward_response(reply), 200)
+
+
+def record_training(request: web.Request, route: str, caller: Caller, info: ModelInfo,
+                    inputs: list, results: tuple[GroupResult, ...]) -> None:
+    """Hand the scored inputs of a trainer route's request to the front door's training log
+    (``--training-log``; :mod:`rmserve.server.http.training_log`): ``inputs[i]`` as sent,
+    answered by ``results[i]`` (one response each); an input without a reward is left out.
+    Returns at once; nothing without a training log."""
+    log = training_log.training_log_of(request.app)
+    if log is None:
+        return
+    scored = [
+        training_log.ScoredInput(index=i, value=value, reward=result.rewards[0], num_tokens=result.num_tokens[0])
+        for i, (value, result) in enumerate(zip(inputs, results, strict=True))
+        if result.rewards[0] is not None
+    ]
+    log.record(route=route, user=caller.user.name, model=info.name, fingerprint=info.fingerprint, inputs=scored)
 
 
 def pooling_reply(

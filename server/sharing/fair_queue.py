@@ -21,7 +21,8 @@ whatever the size of its groups. A group is never split: all its sequences go to
 in the one call made inside its turn (they share the prompt's prefix-cache blocks).
 
 Within one user's queue, ``interactive`` groups go before ``batch`` ones (first come, first
-served within a priority). Across users, a visit that finds an ``interactive`` group at the
+served within a priority). A request without the priority header is ``batch`` on
+``/v1/score`` and ``interactive`` on the trainer routes (:data:`TRAINER_PRIORITY`). Across users, a visit that finds an ``interactive`` group at the
 head of a user's queue credits ``interactive_boost`` times the quantum (1 = the priority never
 changes the share between users; 2 = an interactive eval gets twice its weight's share while
 it has groups waiting, so it is served ahead of a sweep without shutting the sweep out). The engine
@@ -67,9 +68,18 @@ ENGINE_PRIORITY: dict[Priority, int] = {"interactive": 0, "batch": 1}
 ``--scheduling-policy priority``)."""
 
 PRIORITY_HEADER = "X-RMServe-Priority"
-"""Request header carrying the priority hint (``interactive`` or ``batch``; absent = batch)."""
+"""Request header carrying the priority hint (``interactive`` or ``batch``; absent: the
+route's default, :data:`DEFAULT_PRIORITY` or :data:`TRAINER_PRIORITY`)."""
 
 DEFAULT_PRIORITY: Priority = "batch"
+"""The priority of a ``POST /v1/score`` request that sends no :data:`PRIORITY_HEADER`."""
+
+TRAINER_PRIORITY: Priority = "interactive"
+"""The priority of a trainer route's request (``POST /get_reward``, ``/classify``, ``/pooling``)
+that sends no :data:`PRIORITY_HEADER`: OpenRLHF and verl send none, and a training step waits
+for its rewards as an eval's caller waits for its scores, so it gets the class ``rmserve eval``
+sends (an eval on the node gets no boost over it; their shares are the users' weights). A
+header still wins."""
 
 THROUGHPUT_WINDOW_S = 30.0
 """Seconds of finished groups the recent-throughput figures average over."""
@@ -84,20 +94,24 @@ def queue_of(app: web.Application) -> FairQueue | None:
     return queue if isinstance(queue, FairQueue) else None
 
 
-def parse_priority(value: str | None) -> Priority:
+def parse_priority(value: str | None, default: Priority = DEFAULT_PRIORITY) -> Priority:
     """The priority hint of a request from its :data:`PRIORITY_HEADER` value.
 
     Args:
         value: the header's value (case and surrounding spaces ignored); None = absent.
+        default: the priority when absent (the route's: :data:`DEFAULT_PRIORITY` for
+            ``/v1/score``, :data:`TRAINER_PRIORITY` for the trainer routes).
 
     Returns:
-        ``interactive`` or ``batch`` (:data:`DEFAULT_PRIORITY` when absent).
+        ``interactive`` or ``batch`` (``default`` when absent).
 
     Raises:
         InvalidRequest: any other value (field :data:`PRIORITY_HEADER`).
     """
+    if default not in PRIORITIES:
+        raise ValueError(f"default: {default!r} is not one of {', '.join(PRIORITIES)}")
     if value is None:
-        return DEFAULT_PRIORITY
+        return default
     text = value.strip().lower()
     if text not in PRIORITIES:
         raise InvalidRequest(

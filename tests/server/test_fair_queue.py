@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from rmserve.server.sharing.fair_queue import FairQueue, parse_priority
+from rmserve.server.sharing.fair_queue import TRAINER_PRIORITY, FairQueue, parse_priority
 from rmserve.server.sharing.users import User
 
 from rmserve.errors import InvalidRequest
@@ -140,6 +140,51 @@ async def test_interactive_boost_multiplies_the_quantum_of_an_interactive_head()
     await h.add(B1, "b2", 100, "interactive")
     await h.add(B1, "b3", 100)
     assert await h.run() == ["a1", "b1", "b2", "a2", "b3", "a3", "a4"]
+
+
+EVAL = User("eval", weight=1.0)
+TRAINER = User("trainer", weight=1.0)
+TRAINER3 = User("trainer", weight=3.0)
+
+
+async def test_a_training_step_is_not_behind_an_evals_queued_work():
+    # quantum 100, boost 2 (the server's default), costs 100. The eval (interactive, as
+    # `rmserve eval` sends) has six groups queued when the trainer's two arrive.
+    # Trainer without a header on a trainer route: interactive. Ring [eval, trainer].
+    # eval +200 → e1, e2; trainer +200 → t1, t2 (trainer done); eval → e3 … e6.
+    h = Harness(FairQueue(concurrency=1, quantum_tokens=100, interactive_boost=2.0))
+    await h.start()
+    for i in range(1, 7):
+        await h.add(EVAL, f"e{i}", 100, "interactive")
+    for i in range(1, 3):
+        await h.add(TRAINER, f"t{i}", 100, TRAINER_PRIORITY)
+    assert await h.run() == ["e1", "e2", "t1", "t2", "e3", "e4", "e5", "e6"]
+
+    # What the old default (batch) gave the same step: eval +200 → e1, e2; trainer +100 → t1;
+    # eval +200 → e3, e4; trainer +100 → t2: the step ends after four eval groups, not two.
+    h = Harness(FairQueue(concurrency=1, quantum_tokens=100, interactive_boost=2.0))
+    await h.start()
+    for i in range(1, 7):
+        await h.add(EVAL, f"e{i}", 100, "interactive")
+    for i in range(1, 3):
+        await h.add(TRAINER, f"t{i}", 100, "batch")
+    assert await h.run() == ["e1", "e2", "t1", "e3", "e4", "t2", "e5", "e6"]
+
+
+async def test_weights_set_the_share_between_training_and_an_eval():
+    # quantum 100, boost 2, costs 100; trainer weight 3, eval weight 1, both interactive.
+    # Ring [eval, trainer]. eval +200 → e1, e2; trainer +600 → t1 … t6; eval +200 → e3, e4;
+    # trainer +600 → t7, t8 (done); eval alone → e5 … e8. Three trainer groups per eval group
+    # while both wait, and the eval is never shut out.
+    h = Harness(FairQueue(concurrency=1, quantum_tokens=100, interactive_boost=2.0))
+    await h.start()
+    for i in range(1, 9):
+        await h.add(EVAL, f"e{i}", 100, "interactive")
+    for i in range(1, 9):
+        await h.add(TRAINER3, f"t{i}", 100, TRAINER_PRIORITY)
+    assert await h.run() == [
+        "e1", "e2", "t1", "t2", "t3", "t4", "t5", "t6", "e3", "e4", "t7", "t8", "e5", "e6", "e7", "e8",
+    ]
 
 
 async def test_an_idle_user_banks_no_credit():
@@ -329,6 +374,12 @@ def test_priority_header_values():
     assert parse_priority(None) == "batch"
     assert parse_priority(" Interactive ") == "interactive"
     assert parse_priority("batch") == "batch"
+    # a trainer route's default: absent → interactive, a header still wins
+    assert TRAINER_PRIORITY == "interactive"
+    assert parse_priority(None, TRAINER_PRIORITY) == "interactive"
+    assert parse_priority("batch", TRAINER_PRIORITY) == "batch"
+    with pytest.raises(ValueError, match="default: 'urgent'"):
+        parse_priority(None, "urgent")  # type: ignore[arg-type]
     with pytest.raises(InvalidRequest) as info:
         parse_priority("urgent")
     assert info.value.field == "X-RMServe-Priority"

@@ -172,3 +172,61 @@ def test_the_app_builds_its_queue_from_the_config():
     assert queue is not None
     assert (queue.concurrency, queue.quantum_tokens, queue.interactive_boost) == (7, 300, 2.0)
     assert queue_of(create_app(ServerConfig(fair_share=False), FakeEngine(), FakeRenderer())) is None
+
+
+class PriorityEngine(FakeEngine):
+    """The fake engine, recording the ``priority`` each group reached it with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.priorities: list[int] = []
+
+    async def score_group(self, token_ids, request_id, *, answer_starts=None, priority=0):
+        self.priorities.append(priority)
+        return await super().score_group(token_ids, request_id, answer_starts=answer_starts, priority=priority)
+
+
+CHATML_QUERY = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>"
+ROUTE_BODIES = {
+    "/v1/score": {"groups": [group(0)]},
+    "/get_reward": {"query": [CHATML_QUERY]},
+    "/classify": {"input": "hi"},
+    "/pooling": {"input": "hi"},
+}
+
+
+@pytest.mark.parametrize(("path", "header", "caller_priority"), [
+    ("/v1/score", None, "batch"),
+    ("/v1/score", "interactive", "interactive"),
+    ("/v1/score", "batch", "batch"),
+    ("/get_reward", None, "interactive"),
+    ("/get_reward", "interactive", "interactive"),
+    ("/get_reward", "batch", "batch"),
+    ("/classify", None, "interactive"),
+    ("/classify", "interactive", "interactive"),
+    ("/classify", "batch", "batch"),
+    ("/pooling", None, "interactive"),
+    ("/pooling", "batch", "batch"),
+])
+async def test_the_callers_priority_per_route_and_header(aiohttp_client, monkeypatch, path, header, caller_priority):
+    """Trainer routes without the header are interactive; a header wins everywhere. The
+    engine call carries vLLM's priority of the caller's class (0 interactive, 1 batch)."""
+    from rmserve.server.http import routes
+
+    engine = PriorityEngine()
+    client = await fake_app_client(aiohttp_client, ServerConfig(port=0, policy_template="chatml"), engine)
+    seen: list[str] = []
+    original = routes.caller_of
+
+    def spy(request, default_priority="batch"):
+        caller = original(request, default_priority)
+        seen.append(caller.priority)
+        return caller
+
+    headers = {"X-RMServe-Priority": header} if header is not None else {}
+    monkeypatch.setattr(routes, "caller_of", spy)
+    async with client.post(path, json=ROUTE_BODIES[path], headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
+    assert seen == [caller_priority]
+    expected_engine = {"interactive": 0, "batch": 1}[caller_priority]
+    assert engine.priorities == [expected_engine]  # the /v1/score group's one call, or the one input's

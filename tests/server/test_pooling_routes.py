@@ -56,7 +56,7 @@ async def test_classify_answers_vllm_fields_with_sigmoid_by_default(client, engi
         {"index": 1, "label": None, "probs": [pytest.approx(0.9113313367452667, abs=1e-12)], "num_classes": 1},
     ]
     assert body["usage"] == {"prompt_tokens": 6, "total_tokens": 6, "completion_tokens": 0,
-                             "prompt_tokens_details": {"cached_tokens": 0}}
+                             "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": None}
     assert body["rmserve"] == {"activation": "sigmoid", "fingerprint": "fp-fake-1"}
     # each input is its own engine call, sent as tokenized (BOS from the tokenizer, no template)
     assert sorted(ids for _, (ids,) in engine.calls) == [(1, 104, 105), (1, 121, 111)]

@@ -42,7 +42,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def server_argv(model_dir: Path, port: int, *, served_model_name: str, max_model_len: int, extra: Sequence[str] = ()) -> list[str]:
+def server_argv(model_dir: Path, port: int, *, served_model_name: str, max_model_len: int, max_num_seqs: int = 32,
+                extra: Sequence[str] = ()) -> list[str]:
     """The command line of the API server (this interpreter, the module, the CPU-build flags)."""
     return [
         sys.executable, "-m", SERVER_MODULE,
@@ -55,7 +56,7 @@ def server_argv(model_dir: Path, port: int, *, served_model_name: str, max_model
         "--block-size", "32",
         "--enforce-eager",
         "--enable-prefix-caching",
-        "--max-num-seqs", "32",
+        "--max-num-seqs", str(max_num_seqs),
         "--disable-uvicorn-access-log",
         "--enable-prompt-tokens-details",
         *extra,
@@ -92,10 +93,14 @@ def vllm_openai_server(
     *,
     served_model_name: str = "judge",
     max_model_len: int = 4096,
+    max_num_seqs: int = 32,
     start_timeout_s: float = 420.0,
     extra_args: Sequence[str] = (),
 ) -> Iterator[str]:
     """Run vLLM's API server over ``model_dir``; yield its base URL ending in ``/v1``.
+
+    ``max_model_len`` and ``max_num_seqs`` go to the server as its flags; ``extra_args`` are
+    appended to its command line.
 
     The server runs in its own session (process group); on leaving, SIGTERM goes to the group,
     then SIGKILL after 30 s, and the context asserts that no process of the group is left.
@@ -116,7 +121,8 @@ def vllm_openai_server(
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not env.get("VLLM_CPU_OMP_THREADS_BIND"):
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
-    argv = server_argv(model_dir, port, served_model_name=served_model_name, max_model_len=max_model_len, extra=extra_args)
+    argv = server_argv(model_dir, port, served_model_name=served_model_name, max_model_len=max_model_len,
+                       max_num_seqs=max_num_seqs, extra=extra_args)
     with tempfile.TemporaryDirectory(prefix="vllm-api-") as tmp:
         log_path = Path(tmp) / "server.log"
         with open(log_path, "wb") as log:

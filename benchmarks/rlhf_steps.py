@@ -1,0 +1,534 @@
+"""RLHF-shaped reward load: GRPO steps of P prompts × G completions, sent the way trainers send them.
+
+Every step's B = P·G samples are scored before the next step starts (a trainer waits for its
+rewards), and the same samples go through each path:
+
+* **a** — OpenRLHF's reward server way (``openrlhf/cli/serve_rm.py``, ``RewardModelProxy``):
+  transformers ``AutoModelForSequenceClassification``, each request's queries tokenized without
+  special tokens (cut at ``--max-len``, as its ``--max_len``; the samples are chosen to fit, and
+  a cut stops the run) and run as one left-padded batch (its ``--batch_size`` default: the
+  request's size); OpenRLHF's trainer sends one sample per request by default, and the server's
+  handler computes in its event loop, so requests are served one after another. Run in this
+  process with no HTTP in between (a floor on its time).
+* **b** — vLLM's own OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``,
+  the pooling runner over the same folder), ``POST /classify`` one sample per request with
+  ``use_activation: false`` (raw reward), many in flight, as verl's reward loop sends them.
+* **c** — ``rmserve serve --policy-template rm``, ``POST /get_reward`` one sample per request
+  (OpenRLHF's default), the same number in flight as b.
+* **d** — ``rmserve serve``, rmserve's TRL reward function
+  (:class:`rmserve.client.trl_reward.RMServeReward`) called once per step: samples grouped by
+  prompt, so a prompt's G completions share its prefix-cache blocks.
+* **e** — d again while ``rmserve eval`` scores RM-Bench (``--data``) on the same server, as two
+  users of one users file (made with :func:`rmserve.server.sharing.auth.add_user`, the code of
+  ``rmserve users add``): ``trainer`` (``--trainer-weight``, default 3) sends the steps with its
+  token, ``eval`` (``--eval-weight``, default 1) runs ``rmserve eval --token-file`` at its
+  default priority; both are ``interactive``, so the share between them is the weights'. The
+  steps are timed once the evaluation has groups at the server; an evaluation that ends before
+  the last step does stops the run with an error (the steps would not all have been contended).
+
+The servers of b to e run the same engine settings (float32, eager mode, block size 32, prefix
+caching, ``--max-num-seqs``, a KV cache of ``--kv-cache-gib`` GiB, max model length
+``--max-len``); the report states them.
+
+Samples: RM-Bench groups in data order (one user turn; the rendered length ≤ the model's max length); a
+prompt's 8 completions are its 6 responses and the first half of its first chosen and first
+rejected one (other counts take the first G of those). When the steps need more prompts than the
+data holds they start again from the first, every completion marked `` [r]`` for round r, so no
+sample repeats (nothing is answered from a result cache).
+
+Reported per path: samples/s over all steps (engine start and one warm-up step excluded), step
+latency p50/p99 (a step's first sample sent to its last reward), and parity: each path's
+rewards against path a's, as the largest absolute difference.
+
+Targets (recorded, not asserted): c ≥ 2× a and ≥ 1.0× b; d ≥ 1.2× c; e's step p99 ≤ 1.5× d's.
+
+Usage::
+
+    python benchmarks/rlhf_steps.py --model /tmp/demo-rm --steps 20 --prompts 64 --completions 8 \
+        --paths a,b,c,d,e --tag grpo
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from throughput import machine_info, percentile_ms, versions  # noqa: E402
+
+from rmserve.datasets import load_rmbench  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "rm-bench"
+
+
+# --- samples ----------------------------------------------------------------------------------
+
+
+def make_steps(model: str, data: Path, *, steps: int, prompts: int, completions: int, max_len: int,
+               warmup: bool = True) -> tuple[list[list[dict[str, Any]]], int]:
+    """The steps' samples (a warm-up step first when ``warmup``), each sample a dict with
+    ``prompt``, ``completion`` (texts) and ``text`` (the RM's chat template rendered, as the
+    policy would send it when both templates are the same), and the number of data groups
+    left out as over ``max_len`` tokens.
+
+    Raises:
+        SystemExit: ``completions`` is not between 1 and 8, or no data group fits.
+    """
+    from transformers import AutoTokenizer
+
+    if not 1 <= completions <= 8:
+        raise SystemExit(f"--completions {completions}: must be between 1 and 8")
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    groups = [g for g in load_rmbench(data).groups]
+    rows: list[tuple[str, list[str]]] = []
+    skipped = 0
+    for group in groups:
+        if len(group.messages) != 1:
+            skipped += 1
+            continue
+        prompt = group.messages[-1].content
+        chosen, rejected = group.responses[:group.num_chosen], group.responses[group.num_chosen:]
+        answers = [*chosen, *rejected, chosen[0][: len(chosen[0]) // 2], rejected[0][: len(rejected[0]) // 2]]
+        answers = answers[:completions]
+        longest = max(len(tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}, {"role": "assistant", "content": a + " [99]"}], tokenize=True,
+            return_dict=False))  # the token ids (transformers 5 returns a BatchEncoding by default)
+            for a in answers)
+        if longest > max_len:
+            skipped += 1
+            continue
+        rows.append((prompt, answers))
+    if not rows:
+        raise SystemExit(f"{data}: no RM-Bench group of one user turn fits in --max-len {max_len} tokens "
+                         f"({skipped} left out)")
+    out: list[list[dict[str, Any]]] = []
+    n_steps = steps + (1 if warmup else 0)
+    for s in range(n_steps):
+        step = []
+        for j in range(prompts):
+            k = s * prompts + j
+            prompt, answers = rows[k % len(rows)]
+            mark = f" [{k // len(rows)}]" if k >= len(rows) else ""
+            for answer in answers:
+                completion = answer + mark
+                text = tokenizer.apply_chat_template(
+                    [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}], tokenize=False)
+                step.append({"prompt": prompt, "completion": completion, "text": text})
+        out.append(step)
+    return out, skipped
+
+
+# --- paths ------------------------------------------------------------------------------------
+
+
+def path_openrlhf(model: str, steps: list[list[dict[str, Any]]], *, max_len: int, request_size: int = 1) -> dict[str, Any]:
+    """Path a: OpenRLHF's ``RewardModelProxy.get_reward`` per request of ``request_size`` samples,
+    each cut at ``max_len`` tokens as its server cuts them.
+
+    Raises:
+        SystemExit: a sample was cut (the samples were chosen to fit: its reward would not be
+            the other paths').
+    """
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    rm = AutoModelForSequenceClassification.from_pretrained(model, dtype=torch.float32).eval()
+    rm.config.pad_token_id = tokenizer.pad_token_id
+
+    def score(texts: list[str]) -> list[float]:
+        full = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        if max(map(len, full)) > max_len:
+            raise SystemExit(f"path a: a sample is {max(map(len, full))} tokens, over --max-len {max_len}")
+        batch = tokenizer(texts, return_tensors="pt", add_special_tokens=False, padding=True, truncation=True,
+                          max_length=max_len)
+        with torch.inference_mode():
+            logits = rm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return logits[:, 0].tolist()
+
+    def run_step(step: list[dict[str, Any]]) -> list[float]:
+        rewards: list[float] = []
+        for i in range(0, len(step), request_size):
+            rewards += score([s["text"] for s in step[i:i + request_size]])
+        return rewards
+
+    run_step(steps[0])
+    return _timed_steps(steps[1:], run_step)
+
+
+def _timed_steps(steps: list[list[dict[str, Any]]], run_step) -> dict[str, Any]:
+    rewards: list[float] = []
+    latencies: list[float] = []
+    began = time.perf_counter()
+    for step in steps:
+        t0 = time.perf_counter()
+        rewards += run_step(step)
+        latencies.append(time.perf_counter() - t0)
+    return {"wall_s": time.perf_counter() - began, "step_s": latencies, "rewards": rewards}
+
+
+async def _post_all(url: str, bodies: list[dict[str, Any]], inflight: int, read) -> list[float]:
+    """POST each body (``inflight`` at a time); ``read(reply)`` gives the reward. Any HTTP error raises."""
+    gate = asyncio.Semaphore(inflight)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async def one(body: dict[str, Any]) -> float:
+            async with gate, session.post(url, json=body) as reply:
+                if reply.status != 200:
+                    raise SystemExit(f"{url}: {reply.status} {await reply.text()}")
+                return read(await reply.json())
+
+        return list(await asyncio.gather(*(one(b) for b in bodies)))
+
+
+def path_vllm_classify(model: str, steps: list[list[dict[str, Any]]], *, inflight: int,
+                       engine: dict[str, Any]) -> dict[str, Any]:
+    """Path b: vLLM's API server, ``POST /classify`` one raw-valued sample per request, with
+    the engine settings ``engine`` (:func:`engine_settings`)."""
+    from testkit.openai_server import vllm_openai_server
+
+    extra = ("--kv-cache-memory-bytes", str(engine["kv_cache_memory_bytes"]))
+    with vllm_openai_server(Path(model), served_model_name="rm", max_model_len=engine["max_model_len"],
+                            max_num_seqs=engine["max_num_seqs"], start_timeout_s=1200.0, extra_args=extra) as base:
+        url = base.removesuffix("/v1") + "/classify"
+
+        def run_step(step: list[dict[str, Any]]) -> list[float]:
+            bodies = [{"model": "rm", "input": s["text"], "use_activation": False, "add_special_tokens": False}
+                      for s in step]
+            return asyncio.run(_post_all(url, bodies, inflight, lambda r: float(r["data"][0]["probs"][0])))
+
+        run_step(steps[0])
+        return _timed_steps(steps[1:], run_step)
+
+
+def engine_settings(*, max_len: int, max_num_seqs: int, kv_cache_gib: float) -> dict[str, Any]:
+    """The engine settings of every server (b to e), as ``EngineConfig`` fields (vLLM's own
+    server gets the same as flags). On the CPU build the KV cache is ``VLLM_CPU_KVCACHE_SPACE``
+    GiB, which :func:`main` sets to ``kv_cache_gib`` for every server (it overrides
+    ``kv_cache_memory_bytes`` there)."""
+    return {"dtype": "float32", "enforce_eager": True, "block_size": 32, "enable_prefix_caching": True,
+            "max_num_seqs": max_num_seqs, "kv_cache_memory_bytes": int(kv_cache_gib * (1 << 30)),
+            "max_model_len": max_len}
+
+
+@contextlib.contextmanager
+def rmserve_server(model: str, work: Path, name: str, engine: dict[str, Any], *extra: str):
+    """``rmserve serve MODEL`` with the engine settings ``engine`` in a child process; yields its URL."""
+    from rmserve.pipelines.launch import ServeOptions, ServerProcess, free_loopback_port
+
+    options = ServeOptions(model=model, engine_options=engine, extra_args=("--result-cache-groups", "0", *extra))
+    port = free_loopback_port()
+    url = f"http://127.0.0.1:{port}"
+    with ServerProcess(options.argv("127.0.0.1", port), url=url, log_path=work / f"{name}.log",
+                       startup_timeout_s=1800.0, stop_grace_s=30.0) as server:
+        server.wait_ready()
+        yield url
+
+
+def path_get_reward(model: str, steps: list[list[dict[str, Any]]], *, inflight: int, work: Path,
+                    engine: dict[str, Any]) -> dict[str, Any]:
+    """Path c: rmserve ``POST /get_reward``, one sample per request (OpenRLHF's default)."""
+    with rmserve_server(model, work, "server-c", engine, "--policy-template", "rm") as url:
+        def run_step(step: list[dict[str, Any]]) -> list[float]:
+            bodies = [{"query": [s["text"]], "prompts": [s["prompt"]]} for s in step]
+            return asyncio.run(_post_all(f"{url}/get_reward", bodies, inflight, lambda r: float(r["rewards"][0])))
+
+        run_step(steps[0])
+        return _timed_steps(steps[1:], run_step)
+
+
+def path_trl(model: str, steps: list[list[dict[str, Any]]], *, work: Path, engine: dict[str, Any]) -> dict[str, Any]:
+    """Path d: rmserve's TRL reward function, one call per step."""
+    from rmserve.client.trl_reward import RMServeReward
+
+    with rmserve_server(model, work, "server-d", engine) as url:
+        reward = RMServeReward(server=url)
+        try:
+            run_step = _trl_step(reward)
+            run_step(steps[0])
+            return _timed_steps(steps[1:], run_step)
+        finally:
+            reward.close()
+
+
+def _trl_step(reward):
+    def run_step(step: list[dict[str, Any]]) -> list[float]:
+        values = reward([s["prompt"] for s in step], [s["completion"] for s in step])
+        if any(v is None for v in values):
+            raise SystemExit("a sample was not scored")
+        return [float(v) for v in values]
+
+    return run_step
+
+
+def make_users(work: Path, *, trainer_weight: float, eval_weight: float) -> tuple[Path, str, Path]:
+    """A fresh users file in ``work`` with users ``trainer`` and ``eval`` (the project's own
+    :func:`~rmserve.server.sharing.auth.add_user`, as ``rmserve users add``); returns (the file,
+    the trainer's token, a file holding the eval's token, mode 0600)."""
+    from rmserve.server.sharing.auth import add_user
+
+    users = work / "users-e.jsonl"
+    users.unlink(missing_ok=True)
+    trainer_token, _ = add_user(users, "trainer", weight=trainer_weight)
+    eval_token, _ = add_user(users, "eval", weight=eval_weight)
+    token_file = work / "eval-e.token"
+    token_file.unlink(missing_ok=True)
+    token_file.touch(mode=0o600)
+    token_file.write_text(eval_token + "\n")
+    return users, trainer_token, token_file
+
+
+async def _queued_groups(url: str, token: str) -> int:
+    """The groups the token's user has queued or in flight at the server (``GET /v1/queue``)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        async with session.get(f"{url}/v1/queue", headers={"Authorization": f"Bearer {token}"}) as reply:
+            if reply.status != 200:
+                raise SystemExit(f"{url}/v1/queue: {reply.status} {await reply.text()}")
+            body = await reply.json()
+    return sum(u["queued_groups"] + u["inflight_groups"] for u in body["users"])
+
+
+def path_with_eval(model: str, steps: list[list[dict[str, Any]]], *, work: Path, engine: dict[str, Any], data: Path,
+                   trainer_weight: float, eval_weight: float, wait_eval_s: float = 600.0) -> dict[str, Any]:
+    """Path e: d's steps as user ``trainer`` while ``rmserve eval`` scores ``data`` as user
+    ``eval`` on the same server (:func:`make_users`).
+
+    Raises:
+        SystemExit: the evaluation ended before it had work at the server, or before the last
+            step did (its exit code and the tail of its log are in the message).
+    """
+    from rmserve.client.trl_reward import RMServeReward
+
+    users, trainer_token, eval_token_file = make_users(work, trainer_weight=trainer_weight, eval_weight=eval_weight)
+    eval_token = eval_token_file.read_text().strip()
+    eval_log = work / "eval-e.log"
+
+    def eval_failure(evaluation: subprocess.Popen, when: str) -> SystemExit:
+        tail = eval_log.read_text(errors="replace")[-2000:]
+        return SystemExit(f"path e: the evaluation ended (exit code {evaluation.returncode}) {when}, so the steps "
+                          f"were not all timed beside it; make it longer (more data) or the steps fewer. "
+                          f"Its log ({eval_log}) ends:\n{tail}")
+
+    with rmserve_server(model, work, "server-e", engine, "--users-file", str(users)) as url:
+        reward = RMServeReward(server=url, token=trainer_token)
+        evaluation = None
+        try:
+            run_step = _trl_step(reward)
+            run_step(steps[0])
+            shutil.rmtree(work / "eval-e", ignore_errors=True)  # a fresh evaluation, not a resumed one
+            with open(eval_log, "wb") as log:
+                evaluation = subprocess.Popen(
+                    [sys.executable, "-m", "rmserve.cli", "eval", "--server", url, "--token-file", str(eval_token_file),
+                     "--bench", "rm-bench", "--data", str(data), "--out", str(work / "eval-e"), "--overwrite",
+                     "--no-store", "--resamples", "0"],
+                    stdout=subprocess.DEVNULL, stderr=log)
+            began = time.monotonic()
+            while asyncio.run(_queued_groups(url, eval_token)) == 0:
+                if evaluation.poll() is not None:
+                    raise eval_failure(evaluation, "before it sent work")
+                if time.monotonic() - began > wait_eval_s:
+                    raise SystemExit(f"path e: the evaluation sent no work within {wait_eval_s:.0f} s ({eval_log})")
+                time.sleep(0.2)
+            result = _timed_steps(steps[1:], run_step)
+            if evaluation.poll() is not None:
+                raise eval_failure(evaluation, "before the last training step")
+            result["eval_running_throughout"] = True
+            return result
+        finally:
+            reward.close()
+            if evaluation is not None and evaluation.poll() is None:
+                evaluation.terminate()
+                evaluation.wait(60)
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+TITLES = {
+    "a": "OpenRLHF's server way: transformers, one sample per request, served one after another (in-process, no HTTP)",
+    "b": "vLLM's API server: POST /classify, one sample per request, raw values",
+    "c": "rmserve: POST /get_reward (OpenRLHF's shape), one sample per request",
+    "d": "rmserve: TRL reward function, one call per step, grouped by prompt",
+    "e": "d while rmserve eval scores RM-Bench on the same server (users trainer and eval, both interactive)",
+}
+
+
+def summarize(name: str, result: dict[str, Any], n_samples: int, reference: list[float] | None) -> dict[str, Any]:
+    """One report row: samples/s, step p50/p99 (ms), largest difference from path a's rewards."""
+    row = {
+        "path": name,
+        "what": TITLES[name],
+        "samples": n_samples,
+        "wall_s": round(result["wall_s"], 2),
+        "samples_per_s": round(n_samples / result["wall_s"], 2),
+        "step_p50_ms": round(percentile_ms(result["step_s"], 50)),
+        "step_p99_ms": round(percentile_ms(result["step_s"], 99)),
+        "max_abs_diff_vs_a": None,
+    }
+    if reference is not None:
+        row["max_abs_diff_vs_a"] = max(abs(x - y) for x, y in zip(result["rewards"], reference, strict=True))
+    if "eval_running_throughout" in result:
+        row["eval_running_throughout"] = result["eval_running_throughout"]
+    return row
+
+
+def targets(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets as measured ratios (only for the paths that ran)."""
+    def rate(p: str) -> float:
+        return rows[p]["samples_per_s"]
+
+    checks = []
+    for what, num, den, floor, field in (
+        ("c/a samples/s ≥ 2.0", "c", "a", 2.0, None), ("c/b samples/s ≥ 1.0", "c", "b", 1.0, None),
+        ("d/c samples/s ≥ 1.2", "d", "c", 1.2, None), ("e/d step p99 ≤ 1.5", "e", "d", 1.5, "step_p99_ms"),
+    ):
+        if num in rows and den in rows:
+            if field is None:
+                ratio = rate(num) / rate(den)
+                holds = ratio >= floor
+            else:
+                ratio = rows[num][field] / rows[den][field]
+                holds = ratio <= floor
+            checks.append({"target": what, "measured": round(ratio, 3), "holds": holds})
+    return checks
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The record's Markdown: set-up, the path table, the targets, provenance."""
+    cfg = report["config"]
+    lines = [
+        f"# RLHF-shaped reward load — {report['date']} — {report['machine']}",
+        "",
+        f"Reward model `{cfg['model']}` (float32); {cfg['steps']} steps of {cfg['prompts']} prompts × "
+        f"{cfg['completions']} completions ({cfg['prompts'] * cfg['completions']} samples a step; one warm-up step "
+        f"before each path's timing); {cfg['inflight']} requests in flight for b and c; RM-Bench prompts from "
+        f"{cfg['data']} ({report['skipped_groups']} groups left out: over {cfg['max_len']} tokens or more than one turn).",
+        "",
+        f"Engine of every server (b to e): {_engine_text(cfg['engine'])}; path a: transformers, float32, cut at "
+        f"{cfg['max_len']} tokens. Path e: users `trainer` (weight {cfg['trainer_weight']}) and `eval` (weight "
+        f"{cfg['eval_weight']}) of one users file, both `interactive`; path d without a users file.",
+        "",
+        "| path | what | samples | wall s | samples/s | step p50 ms | step p99 ms | max abs diff vs a |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in report["rows"].values():
+        diff = "" if row["max_abs_diff_vs_a"] is None else f"{row['max_abs_diff_vs_a']:.1e}"
+        lines.append(f"| {row['path']} | {row['what']} | {row['samples']:,} | {row['wall_s']} | "
+                     f"{row['samples_per_s']:,} | {row['step_p50_ms']:,} | {row['step_p99_ms']:,} | {diff} |")
+    if report["targets"]:
+        lines += ["", "| target | measured | holds |", "| --- | ---: | --- |"]
+        lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['holds'] else 'NO'} |" for t in report["targets"]]
+    lines += [
+        "",
+        f"Command: `{report['command']}`",
+        f"Machine: {_machine_text(report['machine_info'])}; load average at start {report['load_start']}, at end {report['load_end']}.",
+        f"Versions: {', '.join(f'{k} {v}' for k, v in report['versions'].items())}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _engine_text(engine: dict[str, Any]) -> str:
+    return (f"vLLM, {engine['dtype']}, {'eager' if engine['enforce_eager'] else 'compiled'}, block size "
+            f"{engine['block_size']}, prefix caching {'on' if engine['enable_prefix_caching'] else 'off'}, "
+            f"max_num_seqs {engine['max_num_seqs']}, KV cache {engine['kv_cache_memory_bytes'] / (1 << 30):g} GiB "
+            f"(VLLM_CPU_KVCACHE_SPACE on the CPU build), max_model_len {engine['max_model_len']}")
+
+
+def _machine_text(info: dict[str, Any]) -> str:
+    return f"{info['cpu_model']}, {info['usable_cpus']} usable CPUs, {info['memory_gib']} GiB"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--model", required=True, help="sequence-classifier reward model folder")
+    parser.add_argument("--data", type=Path, default=DATA, help="RM-Bench release folder")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--completions", type=int, default=8)
+    parser.add_argument("--inflight", type=int, default=64, help="requests in flight for paths b and c")
+    parser.add_argument("--max-len", type=int, default=4096,
+                        help="max model length of every server and path a's cut (longer groups left out)")
+    parser.add_argument("--max-num-seqs", type=int, default=32, help="vLLM's max_num_seqs for every server")
+    parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache of every server, GiB")
+    parser.add_argument("--trainer-weight", type=float, default=3.0, help="path e: the trainer user's weight")
+    parser.add_argument("--eval-weight", type=float, default=1.0, help="path e: the eval user's weight")
+    parser.add_argument("--paths", default="a,b,c,d,e", help="comma-separated, of a,b,c,d,e")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/rlhf-steps"))
+    parser.add_argument("--machine", default="cpu2")
+    parser.add_argument("--tag", default=None)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    unknown = sorted(set(paths) - set(TITLES))
+    if unknown:
+        raise SystemExit(f"--paths: unknown {unknown}; known: {sorted(TITLES)}")
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{args.kv_cache_gib:g}"  # every server's KV cache on the CPU build
+    engine = engine_settings(max_len=args.max_len, max_num_seqs=args.max_num_seqs, kv_cache_gib=args.kv_cache_gib)
+    load_start = os.getloadavg()
+    steps, skipped = make_steps(args.model, args.data, steps=args.steps, prompts=args.prompts,
+                                completions=args.completions, max_len=args.max_len)
+    n_samples = sum(len(s) for s in steps[1:])
+    results: dict[str, dict[str, Any]] = {}
+    for name in paths:
+        print(f"path {name}: {TITLES[name]} …", file=sys.stderr, flush=True)
+        if name == "a":
+            results[name] = path_openrlhf(args.model, steps, max_len=args.max_len)
+        elif name == "b":
+            results[name] = path_vllm_classify(args.model, steps, inflight=args.inflight, engine=engine)
+        elif name == "c":
+            results[name] = path_get_reward(args.model, steps, inflight=args.inflight, work=args.work, engine=engine)
+        elif name == "d":
+            results[name] = path_trl(args.model, steps, work=args.work, engine=engine)
+        else:
+            results[name] = path_with_eval(args.model, steps, work=args.work, engine=engine, data=args.data,
+                                           trainer_weight=args.trainer_weight, eval_weight=args.eval_weight)
+        print(f"path {name}: {n_samples / results[name]['wall_s']:.1f} samples/s", file=sys.stderr, flush=True)
+    reference = results["a"]["rewards"] if "a" in results else None
+    rows = {name: summarize(name, r, n_samples, reference if name != "a" else None) for name, r in results.items()}
+    report = {
+        "date": dt.date.today().isoformat(),
+        "machine": args.machine,
+        "config": {"model": args.model, "data": str(args.data), "steps": args.steps, "prompts": args.prompts,
+                   "completions": args.completions, "inflight": args.inflight, "max_len": args.max_len,
+                   "engine": engine, "trainer_weight": args.trainer_weight, "eval_weight": args.eval_weight},
+        "skipped_groups": skipped,
+        "rows": rows,
+        "targets": targets(rows),
+        "command": " ".join(["python", "benchmarks/rlhf_steps.py", *(argv if argv is not None else sys.argv[1:])]),
+        "machine_info": machine_info(),
+        "versions": versions(),
+        "load_start": [round(x, 2) for x in load_start],
+        "load_end": [round(x, 2) for x in os.getloadavg()],
+    }
+    stem = f"{report['date']}-{args.machine}-rlhf-steps{'-' + args.tag if args.tag else ''}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / f"{stem}.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
