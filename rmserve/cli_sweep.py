@@ -193,7 +193,7 @@ def sweep_command(
     from rmserve.client.score_store import default_store_path
     from rmserve.errors import FingerprintMismatch
     from rmserve.metrics.render_json import to_json
-    from rmserve.pipelines.sweep import SweepConfig, SweepTally, order_checkpoints, sweep
+    from rmserve.pipelines.sweep import SweepConfig, SweepTally, order_checkpoints, summary_line, sweep
 
     token = read_client_token(token_file)
 
@@ -242,12 +242,8 @@ def sweep_command(
         typer.echo(f"refused: {message}", err=True)
     if not quiet:
         for run in result.runs:
-            where = ", ".join(f"{url} {n}" for url, n in run.per_server.items() if n)
-            typer.echo(
-                f"{run.checkpoint.name} (step {run.checkpoint.step}, fingerprint {run.fingerprint}): "
-                f"{run.n_scored} scored{f' ({where})' if where else ''}, {run.n_stored} from the store",
-                err=True,
-            )
+            typer.echo(run.line(), err=True)
+        typer.echo(summary_line(result.runs), err=True)
         typer.echo(f"wrote {', '.join(p.name for p in result.paths)} in {config.out_dir}", err=True)
     if as_json:
         assert result.document is not None  # sweep() always sets it
