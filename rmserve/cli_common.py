@@ -970,7 +970,7 @@ TruncationOpt = Annotated[
 MaxTokensOpt = Annotated[
     Optional[int],
     typer.Option("--max-tokens", metavar="N",
-                 help="Length each sequence is cut to, with --truncation (from 2 to the model's max length).",
+                 help="Length each sequence is cut to, with --truncation (2 to the model's max length).",
                  show_default=False),
 ]
 WaitRetryAfterOpt = Annotated[
@@ -999,10 +999,20 @@ WaitLoadOpt = Annotated[
 ]
 """``--wait-load-s`` of ``sweep`` and ``models load``."""
 
-WAIT_READY_HELP = (
-    "Longest wait for a server to be ready (its /health answering 200: the model loaded), seconds."
+WAIT_READY_HELP = "Longest wait for a server to be ready (its /health answering 200: the model loaded), seconds"
+"""Help of ``--wait-ready-s`` on ``eval`` and ``sweep`` (no final period: each command adds to it)."""
+
+WAIT_READY_WHY = (
+    "600 by default for a running server; rmserve run waits 1800 by default, as it also starts the server and "
+    "loads the model"
 )
-"""Help of ``--wait-ready-s`` (``eval``, ``run``, ``sweep``)."""
+"""Why ``run``'s ``--wait-ready-s`` default differs from ``eval``'s and ``sweep``'s (said in all three)."""
+
+STORE_WHY = (
+    "rmserve eval and run keep their scores in OUT/scores.jsonl and use a store only when asked; rmserve sweep "
+    "keeps its scores only in a store, so it always uses one"
+)
+"""Why ``sweep``'s ``--store`` default differs from ``eval``'s and ``run``'s (said in all three)."""
 
 StrictOpt = Annotated[
     bool,
@@ -1041,7 +1051,7 @@ def resamples_help(least: int) -> str:
     each interval), with the command's range: ``least`` 0 where intervals can be turned off,
     1 where the command reports paired differences, which need them."""
     why = "0 = no intervals" if least == 0 else "the paired differences need intervals"
-    return f"Bootstrap resamples behind each interval ({least} to {RESAMPLES_MAX:,}; {why})."
+    return f"Bootstrap resamples behind each interval ({least} to {RESAMPLES_MAX}; {why})."
 
 
 SEED_HELP = "Bootstrap seed (≥ 0); the same seed and scores give the same intervals."

@@ -377,3 +377,17 @@ def test_load_groups_reads_a_rewardbench2_file(tmp_path):
     assert [g.id for g in throughput.load_groups(path, ["Math"], None, "rewardbench2")] == ["1"]
     with pytest.raises(ValueError, match="--bench: 'rb3' is not one of rm-bench, rewardbench2"):
         throughput.load_groups(path, None, None, "rb3")
+
+
+@pytest.mark.parametrize(("script", "base", "default"), [
+    ("sweep_servers", ["--checkpoints", "ckpts/step-*"], 8),
+    ("auth_overhead", ["--model", "runs/demo-rm"], 32),
+])
+def test_benchmark_scripts_spell_groups_in_flight_as_the_cli_does(script, base, default, capsys):
+    bench = _load(script)
+    assert bench.parse_args(base).max_inflight_groups == default
+    assert bench.parse_args([*base, "--max-inflight-groups", "5"]).max_inflight_groups == 5
+    with pytest.raises(SystemExit) as info:
+        bench.parse_args([*base, "--max-in-flight", "5"])
+    assert info.value.code == 2
+    assert "unrecognized arguments: --max-in-flight 5" in capsys.readouterr().err

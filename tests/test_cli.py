@@ -59,7 +59,7 @@ def test_serve_and_run_declare_every_engine_field_with_the_same_option_and_help(
         assert serve[name].default is None and run[name].default is None, name  # not given = EngineConfig default
     # Help comes from the attribute docstring, its "None = X" clause or the field's default
     # written as [default: X]; reST markup is dropped.
-    assert serve["max_num_seqs"].help == "Most sequences in one engine step (vLLM, ≥ 1).  [default: vLLM's default]"
+    assert serve["max_num_seqs"].help == "Most sequences in one vLLM engine step (≥ 1).  [default: vLLM's default]"
     assert serve["gpu_memory_utilization"].help == (
         "Fraction of accelerator memory vLLM may use, in (0, 1].  [default: 0.9]"
     )
