@@ -379,15 +379,16 @@ def test_load_groups_reads_a_rewardbench2_file(tmp_path):
         throughput.load_groups(path, None, None, "rb3")
 
 
-@pytest.mark.parametrize(("script", "base", "default"), [
-    ("sweep_servers", ["--checkpoints", "ckpts/step-*"], 8),
-    ("auth_overhead", ["--model", "runs/demo-rm"], 32),
+@pytest.mark.parametrize(("script", "base", "dest", "default", "old"), [
+    ("sweep_servers", ["--checkpoints", "ckpts/step-*"], "max_inflight_groups", 8, "--max-in-flight"),
+    ("auth_overhead", ["--model", "runs/demo-rm"], "max_inflight_groups", 32, "--max-in-flight"),
+    ("throughput", ["--model", "runs/demo-rm"], "max_groups_in_flight", 32, "--max-groups-in-flight"),
 ])
-def test_benchmark_scripts_spell_groups_in_flight_as_the_cli_does(script, base, default, capsys):
+def test_benchmark_scripts_spell_groups_in_flight_as_the_cli_does(script, base, dest, default, old, capsys):
     bench = _load(script)
-    assert bench.parse_args(base).max_inflight_groups == default
-    assert bench.parse_args([*base, "--max-inflight-groups", "5"]).max_inflight_groups == 5
+    assert getattr(bench.parse_args(base), dest) == default
+    assert getattr(bench.parse_args([*base, "--max-inflight-groups", "5"]), dest) == 5
     with pytest.raises(SystemExit) as info:
-        bench.parse_args([*base, "--max-in-flight", "5"])
+        bench.parse_args([*base, old, "5"])
     assert info.value.code == 2
-    assert "unrecognized arguments: --max-in-flight 5" in capsys.readouterr().err
+    assert f"unrecognized arguments: {old} 5" in capsys.readouterr().err
