@@ -9,7 +9,7 @@ a time (two idle vLLM CPU engines bound to the same cores disturb each other). M
    and scores them on a fresh A and a fresh B in turn (A first in even rounds, B first in odd
    ones, so drift in the machine's load falls on both; each server is warmed up on 8 other
    groups first), through
-   :meth:`rmserve.client.RewardClient.score_stream` with ``--max-in-flight`` groups in flight,
+   :meth:`rmserve.client.RewardClient.score_stream` with ``--max-inflight-groups`` groups in flight,
    B with ``bench``'s token. Throughput is prompt tokens/s (Σ ``num_tokens`` / wall time).
    Reported: tokens/s of each, the ratio B/A over all rounds (Σ tokens / Σ wall), and the
    median of the per-round ratios. Target: B/A ≥ 0.97.
@@ -123,7 +123,7 @@ async def bad_token_flood(url: str, tokens: dict[str, str], groups, args) -> dic
 
         t0 = time.perf_counter()
         flood = asyncio.gather(*(one(i) for i in range(args.bad)))
-        valid = score_round(url, tokens["bench"], groups, args.max_in_flight)
+        valid = score_round(url, tokens["bench"], groups, args.max_inflight_groups)
         _, good = await asyncio.gather(flood, valid)
         wall_s = time.perf_counter() - t0
         after = await scrape(session, url, tokens["bench"])
@@ -225,7 +225,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="RM-Bench release folder.")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--groups-per-round", type=int, default=100)
-    p.add_argument("--max-in-flight", type=int, default=32)
+    p.add_argument("--max-inflight-groups", type=int, default=32,
+                   help="groups in flight per scoring round, as rmserve eval's option of that name (default 32)")
     p.add_argument("--bad", type=int, default=1000)
     p.add_argument("--bad-concurrency", type=int, default=50)
     p.add_argument("--dtype", default="float32")
@@ -278,8 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name in order:
                 with server(name) as process:
                     process.wait_ready()
-                    asyncio.run(score_round(process.url, token_of[name], flood_groups[:8], args.max_in_flight))
-                    row[name] = asyncio.run(score_round(process.url, token_of[name], batch, args.max_in_flight))
+                    asyncio.run(score_round(process.url, token_of[name], flood_groups[:8], args.max_inflight_groups))
+                    row[name] = asyncio.run(score_round(process.url, token_of[name], batch, args.max_inflight_groups))
                 if row[name]["groups"] != len(batch):
                     raise SystemExit(f"server {name} scored {row[name]['groups']} of {len(batch)} groups")
             per_round.append(row)
@@ -306,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine_tag": args.machine_tag,
         "model": args.model,
         "engine": "vllm (rmserve serve child processes)",
-        "max_in_flight": args.max_in_flight,
+        "max_in_flight": args.max_inflight_groups,  # the recorded field keeps its name
         "bad_concurrency": args.bad_concurrency,
         "overhead": {
             "rounds": args.rounds,

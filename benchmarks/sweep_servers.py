@@ -86,7 +86,7 @@ def run_sweep(n_servers: int, args: argparse.Namespace, folders: list[Path], wor
         command = [*RMSERVE, "sweep", *[a for s in servers for a in ("--server", s.url)],
                    *[str(f) for f in folders], "--bench", "rm-bench", "--data", args.data, "--out", str(out),
                    "--store", str(work / f"store-{n_servers}.sqlite"), "--admin-token-file", str(token_file),
-                   "--max-inflight-groups", str(args.max_in_flight), "--resamples", "100", "--quiet"]
+                   "--max-inflight-groups", str(args.max_inflight_groups), "--resamples", "100", "--quiet"]
         if args.only:
             command += ["--only", args.only]
         started = time.perf_counter()
@@ -99,16 +99,23 @@ def run_sweep(n_servers: int, args: argparse.Namespace, folders: list[Path], wor
     return {"servers": n_servers, "wall_s": wall_s, "groups_per_server": list(counts.values()), "out": out}
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The script's options (``argv``: the command line after the script; None = ``sys.argv``).
+    ``--max-inflight-groups`` is spelled as on ``rmserve sweep``, which it is passed to."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoints", required=True, help="glob of checkpoint folders (same architecture)")
     parser.add_argument("--data", default=str(REPO_ROOT.parent / "shared" / "data" / "rm-bench"))
     parser.add_argument("--only", default=None, help="one RM-Bench domain (default: all)")
-    parser.add_argument("--max-in-flight", type=int, default=8, help="groups outstanding per server (default 8)")
+    parser.add_argument("--max-inflight-groups", type=int, default=8,
+                        help="groups outstanding per server, passed to rmserve sweep (default 8)")
     parser.add_argument("--atol", type=float, default=1e-5)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results")
     parser.add_argument("--machine", default=f"cpu{len(os.sched_getaffinity(0))}")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     folders = sorted(Path(p) for p in glob.glob(args.checkpoints) if Path(p).is_dir())
     if not folders:
         raise SystemExit(f"--checkpoints {args.checkpoints!r} matches no folder")

@@ -12,7 +12,7 @@ alive and each peak RSS is its own):
   one engine request per sequence (sequences in dataset order, as many in flight as ``c``
   has sequences in flight).
 * ``c`` — :class:`~rmserve.server.engines.vllm_engine.VLLMEngine` in-process, prefix caching on, the
-  sequences of a group submitted together, ``--max-groups-in-flight`` groups in flight.
+  sequences of a group submitted together, ``--max-inflight-groups`` groups in flight.
 * ``d`` — the full rmserve path: :class:`~rmserve.client.client.RewardClient` →
   HTTP → ``rmserve serve`` (a child process, as ``rmserve run`` starts it) → the engine of
   ``c``.
@@ -47,23 +47,26 @@ Both score the token ids rmserve's :class:`~rmserve.server.render.dpo.DPORendere
 :func:`~rmserve.server.kinds.judge_protocols.plan_group` makes for each group (RM-Bench: rmserve's
 pairwise protocol, 18 calls per group; RewardBench 2 with ``--bench rewardbench2``: the 4-way
 ranking or, ``--protocol ratings``, one rating call per answer, Ties always rated), greedy,
-``--judge-max-tokens`` per call, three ways on the same :class:`~rmserve.server.engines.vllm_engine.VLLMJudgeEngine`
+``--judge-max-tokens`` per call, four ways on the same :class:`~rmserve.server.engines.vllm_engine.VLLMJudgeEngine`
 settings:
 
-* ``a`` — the official way: one call at a time, each awaited before the next (as the official
-  RewardBench generative script generates, one prompt after the other).
+* ``a`` — the official way for local weights: every prompt built, then one batched vLLM
+  ``LLM.generate`` over all of them (as allenai/reward-bench ``scripts/run_generative_v2.py``
+  does for local weights).
+* ``b`` — one call at a time, each awaited before the next: a floor, not an official path (for
+  API models the official script sends calls from a thread pool).
 * ``c`` — the rmserve engine path: each group's calls in one ``judge_group`` (submitted
-  together, so they share the prefix cache), ``--max-groups-in-flight`` groups at once.
+  together, so they share the prefix cache), ``--max-inflight-groups`` groups at once.
 * ``d`` — the full rmserve path: RewardClient → HTTP → ``rmserve serve --kind judge`` (a child
   process, as ``rmserve run`` starts it; same model, protocol, ``--judge-max-tokens`` and seed),
-  ``--max-groups-in-flight`` groups in flight, one group per request. The outputs are the
+  ``--max-inflight-groups`` groups in flight, one group per request. The outputs are the
   ``judge.calls`` of the records it returns (text, token counts, finish reason, cache hits),
   checked call by call against the plan (:func:`server_judge_outputs`).
 
 Reported per path: completed groups/s, calls/s, prompt and generated tokens, prefix-cache hit
 tokens, outputs cut at the length limit, unparsed calls, latency, peak RSS and the machine's
 load average when the path started and ended (the machine may be shared). The texts, generated
-token counts and finish reasons of ``c`` and ``d`` must equal ``a``'s call by call, and the scores
+token counts and finish reasons of ``b``, ``c`` and ``d`` must equal ``a``'s call by call, and the scores
 (``score_group``) group by group; the run exits with status 1 and counts the differences
 otherwise. Results: ``<out>/<date>-<machine>-judge[-<tag>].json`` and ``.md``.
 
@@ -1351,7 +1354,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--paths", default="a,b,c,d", help="comma-separated subset of a,b,c,d (run in that order)")
     parser.add_argument("--batch-size", type=int, default=8, help="path a: sequences per padded batch (default 8)")
     parser.add_argument("--block-size", type=int, default=32, help=engine_help("block_size", "Here: default 32."))
-    parser.add_argument("--max-groups-in-flight", type=int, default=32, help="paths b–d: groups in flight (default 32)")
+    parser.add_argument("--max-inflight-groups", dest="max_groups_in_flight", type=int, default=32,
+                        help="paths b–d: groups in flight, as rmserve eval's option of that name (default 32)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                         help=engine_help("dtype", "Here: float32 or bfloat16, default float32."))
     parser.add_argument("--atol", type=float, default=1e-4, help="largest reward difference to path a (default 1e-4)")

@@ -107,8 +107,8 @@ class RewardClient:
         retries: retries done so far.
         cache_groups, cache_tokens: groups (and their prompt tokens) of the replies so far that
             the server answered from its result cache (``from_result_cache``: no engine work),
-            counted by :meth:`score_stream` before it yields their records; a caller leaves
-            them out of its throughput.
+            counted by :meth:`score` as each reply arrives (so before :meth:`score_stream`
+            yields their records); a caller leaves them out of its throughput.
 
     Raises:
         ValueError: ``base_url`` is not an absolute http(s) URL, or ``priority`` is another value.
@@ -511,6 +511,10 @@ class RewardClient:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise errors.ServerFault(f"POST /v1/score: invalid reply ({exc})") from None
         results = check_reply(groups, reply)
+        for result in results:
+            if result.from_result_cache:
+                self.cache_groups += 1
+                self.cache_tokens += sum(result.num_tokens)
         return ScoreResponse(model=reply.model, fingerprint=reply.fingerprint, results=results)
 
     @property
@@ -562,10 +566,6 @@ class RewardClient:
                 f"({reply.model}), expected {expect_fingerprint!r}",
                 field="fingerprint",
             )
-        for result in reply.results:
-            if result.from_result_cache:
-                self.cache_groups += 1
-                self.cache_tokens += sum(result.num_tokens)
         return [
             record_from_result(g, r, model=reply.model, fingerprint=reply.fingerprint, truncation=truncation, kind=kind)
             for g, r in zip(groups, reply.results, strict=True)

@@ -706,30 +706,23 @@ def model_argument(model: str | None, engine_options: Mapping[str, object]) -> s
     return str(judge_model)
 
 
-def check_model_sources(config: Any, *, files: bool = True) -> None:
-    """Before any engine starts, tell each model path of an engine config (``model``, a DPO
-    ``ref_model``) from a hub id and, with ``files``, check a folder's files with the kind's
-    rules (:func:`rmserve.server.swaps.checkpoints.check_model_source`; without ``files``
-    only :func:`~rmserve.server.swaps.checkpoints.model_folder`, for a launcher whose child
-    ``rmserve serve`` checks the files); a judge behind ``--judge-url`` names a model at the
-    endpoint and is not checked here.
+def check_model_sources(config: Any) -> None:
+    """Before any engine starts (``rmserve serve``, and ``rmserve run`` before it starts one),
+    tell each model path of an engine config (``model``, a DPO ``ref_model``) from a hub id
+    and check a folder's files with the kind's rules
+    (:func:`rmserve.server.swaps.checkpoints.check_model_source`); a judge behind
+    ``--judge-url`` names a model at the endpoint and is not checked here.
 
     Raises:
         ValueError: a path-like model that does not exist, a file, or a folder that breaks a
             rule; the message starts with the field (``model`` / ``ref_model``).
     """
-    from rmserve.server.swaps.checkpoints import check_model_source, model_folder
-
-    def check(model: str, field: str) -> None:
-        if files:
-            check_model_source(model, config.kind, field)
-        else:
-            model_folder(model, field)
+    from rmserve.server.swaps.checkpoints import check_model_source
 
     if getattr(config, "judge_url", None) is None:
-        check(config.model, "model")
+        check_model_source(config.model, config.kind, "model")
     if getattr(config, "ref_model", None) is not None:
-        check(config.ref_model, "ref_model")
+        check_model_source(config.ref_model, config.kind, "ref_model")
 
 
 # --- admin token ----------------------------------------------------------------------------
@@ -809,10 +802,18 @@ def sigterm_exits() -> Iterator[Callable[[], bool]]:
 
 
 def error_line(exc: RMServeError, *, with_type: bool = True) -> str:
-    """One line for stderr: ``error: TYPE: MESSAGE (field F)`` (whitespace folded)."""
-    message = " ".join(str(exc).split())
+    """One line for stderr: ``error: TYPE: MESSAGE (field F)`` (the message's whitespace
+    folded; the lines the error quotes, :attr:`~rmserve.errors.RMServeError.quoted`, are not
+    part of it: :func:`error_lines`)."""
+    message = " ".join(exc.message.split())
     field = f" (field {exc.field})" if exc.field and not isinstance(exc, DataError) else ""
     return f"error: {exc.type}: {message}{field}" if with_type else f"error: {message}"
+
+
+def error_lines(exc: RMServeError, *, with_type: bool = True) -> list[str]:
+    """What stderr gets for ``exc``: its :func:`error_line`, then each line it quotes (a server
+    log's last lines: usage text, a traceback) as it was written, one per line."""
+    return [error_line(exc, with_type=with_type), *exc.quoted]
 
 
 def guarded(
@@ -864,7 +865,8 @@ def guarded(
             raise typer.BadParameter(exc.reason, param_hint="'--only'") from None
         if code == EXIT_BAD_INPUT and input_option is not None and isinstance(exc, DataError) and exc.path is not None:
             raise typer.BadParameter(str(exc), param_hint=f"'{input_option}'") from None
-        typer.echo(error_line(exc, with_type=with_type), err=True)
+        for line in error_lines(exc, with_type=with_type):
+            typer.echo(line, err=True)
         where_kept = kept_now()
         if where_kept and resume_hint(exc):
             typer.echo(f"scored groups are kept in {where_kept}; run the same command again to resume", err=True)
@@ -971,7 +973,7 @@ TruncationOpt = Annotated[
 MaxTokensOpt = Annotated[
     Optional[int],
     typer.Option("--max-tokens", metavar="N",
-                 help="Length each sequence is cut to, with --truncation (from 2 to the model's max length).",
+                 help="Length each sequence is cut to, with --truncation (2 to the model's max length).",
                  show_default=False),
 ]
 WaitRetryAfterOpt = Annotated[
@@ -1000,10 +1002,20 @@ WaitLoadOpt = Annotated[
 ]
 """``--wait-load-s`` of ``sweep`` and ``models load``."""
 
-WAIT_READY_HELP = (
-    "Longest wait for a server to be ready (its /health answering 200: the model loaded), seconds."
+WAIT_READY_HELP = "Longest wait for a server to be ready (its /health answering 200: the model loaded), seconds"
+"""Help of ``--wait-ready-s`` on ``eval`` and ``sweep`` (no final period: each command adds to it)."""
+
+WAIT_READY_WHY = (
+    "600 by default for a running server; rmserve run waits 1800 by default, as it also starts the server and "
+    "loads the model"
 )
-"""Help of ``--wait-ready-s`` (``eval``, ``run``, ``sweep``)."""
+"""Why ``run``'s ``--wait-ready-s`` default differs from ``eval``'s and ``sweep``'s (said in all three)."""
+
+STORE_WHY = (
+    "rmserve eval and run keep their scores in OUT/scores.jsonl and use a store only when asked; rmserve sweep "
+    "keeps its scores only in a store, so it always uses one"
+)
+"""Why ``sweep``'s ``--store`` default differs from ``eval``'s and ``run``'s (said in all three)."""
 
 StrictOpt = Annotated[
     bool,
@@ -1042,7 +1054,7 @@ def resamples_help(least: int) -> str:
     each interval), with the command's range: ``least`` 0 where intervals can be turned off,
     1 where the command reports paired differences, which need them."""
     why = "0 = no intervals" if least == 0 else "the paired differences need intervals"
-    return f"Bootstrap resamples behind each interval ({least} to {RESAMPLES_MAX:,}; {why})."
+    return f"Bootstrap resamples behind each interval ({least} to {RESAMPLES_MAX}; {why})."
 
 
 SEED_HELP = "Bootstrap seed (≥ 0); the same seed and scores give the same intervals."

@@ -25,7 +25,9 @@ from rmserve.cli_common import (
     Command,
     EXIT_UNSCORED,
     ServerOpt,
+    STORE_WHY,
     WAIT_READY_HELP,
+    WAIT_READY_WHY,
     WaitRequestOpt,
     WaitRetryAfterOpt,
     MaxTokensOpt,
@@ -172,17 +174,23 @@ DataOpt = Annotated[
     typer.Option("--data", metavar="DATA", help="Benchmark data: file or folder path, or hub dataset id.",
                  show_default=False),
 ]
-OutOpt = Annotated[
+OUT_HELP = (
+    "Output folder: scores.jsonl (the same command resumes from it), results.json, table.md and, with "
+    "--bench rm-bench only, the heatmap PNGs."
+)
+"""Help of ``eval --out``; ``run --out`` adds the server's log."""
+OutOpt = Annotated[Path, typer.Option("--out", metavar="DIR", help=OUT_HELP, show_default=False)]
+RunOutOpt = Annotated[
     Path,
-    typer.Option(
-        "--out", metavar="DIR", help="Output folder (scores.jsonl resumes; results.json, table.md, heatmaps).",
-        show_default=False,
-    ),
+    typer.Option("--out", metavar="DIR", help=f"{OUT_HELP[:-1]}, and server.log (the server's output).",
+                 show_default=False),
 ]
 MaxInflightOpt = Annotated[
-    int, typer.Option("--max-inflight-groups", metavar="N", help="Most groups sent and not yet answered (1–4096).")
+    int, typer.Option("--max-inflight-groups", metavar="N", help="Most groups sent and not yet answered (1 to 4096).")
 ]
-GroupsPerRequestOpt = Annotated[int, typer.Option("--groups-per-request", help="Groups per POST /v1/score.")]
+GroupsPerRequestOpt = Annotated[
+    int, typer.Option("--groups-per-request", help="Groups per POST /v1/score (1 to --max-inflight-groups).")
+]
 OnlyOpt = Annotated[
     Optional[list[str]],
     typer.Option("--only", metavar="NAME", help=only_help(), show_default=False),
@@ -205,7 +213,7 @@ StoreOpt = Annotated[
         metavar="FILE",
         help=with_default(
             "Score store (SQLite) shared across runs: groups stored for the server's model fingerprint are not "
-            "sent again, new ones are added.",
+            f"sent again, new ones are added ({STORE_WHY}).",
             "$RMSERVE_STORE when set, else no store",
         ),
         show_default=False,
@@ -251,7 +259,9 @@ def eval_command(
     max_inflight_groups: MaxInflightOpt = 32,
     groups_per_request: GroupsPerRequestOpt = 1,
     wait_request_s: WaitRequestOpt = 900,
-    wait_ready_s: Annotated[float, typer.Option("--wait-ready-s", metavar="SECONDS", help=WAIT_READY_HELP)] = 600,
+    wait_ready_s: Annotated[
+        float, typer.Option("--wait-ready-s", metavar="SECONDS", help=f"{WAIT_READY_HELP}; {WAIT_READY_WHY}.")
+    ] = 600,
     wait_for_server: Annotated[
         bool,
         typer.Option(
@@ -294,12 +304,14 @@ def run_command(
     *,
     bench: BenchOpt,
     data: DataOpt,
-    out: OutOpt,
+    out: RunOutOpt,
     engine_options: dict[str, Any],
     wait_ready_s: Annotated[
         float,
         typer.Option("--wait-ready-s", metavar="SECONDS",
-                     help="Longest wait for the server started here to be ready (its model loaded), seconds."),
+                     help="Longest wait for the server started here to be ready (its model loaded), seconds; 1800 by "
+                     "default, longer than the 600 of rmserve eval and sweep (which wait for a running server), as "
+                     "run also starts the server and loads the model."),
     ] = 1800,
     max_inflight_groups: MaxInflightOpt = 32,
     groups_per_request: GroupsPerRequestOpt = 1,

@@ -59,10 +59,15 @@ NO_LEASE = "-"
 """What ``list`` shows in the lease columns of a model nobody holds."""
 
 FORCE_HINT = (
-    "an admin may add --force to swap anyway; the holder's pinned runs then stop with a 409 "
-    "and keep what they scored"
+    "an admin may add --force to swap anyway; runs pinned to the served checkpoint then stop with a 409, "
+    "keep what they scored and resume once it is served again"
 )
-"""Printed after a load refused for another user's lease or pinned work (without ``--force``)."""
+"""Printed after a load refused for another user's lease or pinned work (without ``--force``):
+true whoever blocks it, a lease holder or other users' pinned work (the server's message says which)."""
+
+SWAP_REFUSED = "checkpoint swap refused for "
+"""How the server's message of a swap refused for a lease or pinned work begins
+(:func:`rmserve.server.sharing.leases.swap_refusal`)."""
 
 AdminTokenFileOpt = Annotated[
     Optional[Path],
@@ -180,7 +185,8 @@ def load_command(
     force: Annotated[
         bool,
         typer.Option("--force", help="Swap even though another user holds the lease or has pinned work in flight "
-                     "(admins only; that work then stops with a 409)."),
+                     "(admins only; runs pinned to the served checkpoint then stop with a 409 and keep what they "
+                     "scored)."),
     ] = False,
     model: Annotated[
         Optional[str],
@@ -216,7 +222,7 @@ def load_command(
         try:
             return asyncio.run(load())
         except errors.Conflict as exc:
-            if force or "lease" not in exc.message:
+            if force or not exc.message.startswith(SWAP_REFUSED):
                 raise
             typer.echo(error_line(exc), err=True)
             typer.echo(FORCE_HINT, err=True)

@@ -238,7 +238,7 @@ def serve_command(
         typer.Option(
             "--parent-pid",
             metavar="PID",
-            help="Shut down cleanly once this process is gone (rmserve run passes its own pid).",
+            help="Shut down cleanly once process PID (≥ 1) is gone (rmserve run passes its own pid).",
             show_default=False,
         ),
     ] = None,
@@ -318,12 +318,13 @@ def demo_model_command(
         ),
     ],
     layers: Annotated[int, typer.Option("--layers", help="Decoder layers (≥ 1).")] = 2,
-    hidden: Annotated[int, typer.Option("--hidden", help="Hidden size; hidden/heads (head dim) must be ≥ 32.")] = 128,
-    heads: Annotated[int, typer.Option("--heads", help="Attention heads.")] = 4,
-    kv_heads: Annotated[int, typer.Option("--kv-heads", help="Key/value heads (divides heads).")] = 2,
-    intermediate: Annotated[int, typer.Option("--intermediate", help="MLP size.")] = 352,
+    hidden: Annotated[int, typer.Option(
+        "--hidden", help="Hidden size (≥ 1): a multiple of --heads, with a head dim (--hidden/--heads) of at least 32.")] = 128,
+    heads: Annotated[int, typer.Option("--heads", help="Attention heads (≥ 1).")] = 4,
+    kv_heads: Annotated[int, typer.Option("--kv-heads", help="Key/value heads (≥ 1; must divide --heads).")] = 2,
+    intermediate: Annotated[int, typer.Option("--intermediate", help="MLP size (≥ 1).")] = 352,
     vocab: Annotated[int, typer.Option("--vocab", help="Tokenizer vocabulary target (300 to 65536).")] = 2000,
-    seed: Annotated[int, typer.Option("--seed", help="Weight seed; same seed and corpus give identical files.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Weight seed (≥ 0); same seed and corpus give identical files.")] = 0,
     max_len: Annotated[int, typer.Option("--max-len", help="Max positions / tokenizer model_max_length (≥ 16).")] = 4096,
     head: Annotated[
         Literal["reward", "causal"],

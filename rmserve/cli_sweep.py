@@ -19,7 +19,9 @@ from rmserve.cli_users import TokenFileOpt, read_client_token
 from rmserve.cli_common import (
     Command,
     EXIT_UNSCORED,
+    STORE_WHY,
     WAIT_READY_HELP,
+    WAIT_READY_WHY,
     WaitLoadOpt,
     WaitRequestOpt,
     WaitRetryAfterOpt,
@@ -137,7 +139,8 @@ def sweep_command(
             "--store",
             metavar="FILE",
             help=with_default(
-                "SQLite score store; scores are kept there as they arrive.",
+                "Score store (SQLite) shared across runs: scores are kept there as they arrive, and groups stored "
+                f"for a checkpoint's fingerprint are not sent again ({STORE_WHY}; there is no --no-store here).",
                 "$RMSERVE_STORE when set, else ~/.local/share/rmserve/scores.sqlite",
             ),
             show_default=False,
@@ -153,15 +156,15 @@ def sweep_command(
         ),
     ] = None,
     max_inflight_groups: Annotated[
-        int, typer.Option("--max-inflight-groups", metavar="N", help="Most groups outstanding per server (1–4096).")
+        int, typer.Option("--max-inflight-groups", metavar="N", help="Most groups outstanding per server (1 to 4096).")
     ] = 32,
     wait_request_s: WaitRequestOpt = 900,
     wait_load_s: WaitLoadOpt = 1800,
     wait_ready_s: Annotated[
         float,
         typer.Option("--wait-ready-s", metavar="SECONDS",
-                     help=f"{WAIT_READY_HELP[:-1]}, at the start (with --wait-for-server) and for a server that stopped "
-                     "answering."),
+                     help=f"{WAIT_READY_HELP}, at the start (with --wait-for-server) and for a server that stopped "
+                     f"answering; {WAIT_READY_WHY}."),
     ] = 600,
     wait_retry_after_s: WaitRetryAfterOpt = 60,
     only: Annotated[
@@ -193,7 +196,7 @@ def sweep_command(
     from rmserve.client.score_store import default_store_path
     from rmserve.errors import FingerprintMismatch
     from rmserve.metrics.render_json import to_json
-    from rmserve.pipelines.sweep import SweepConfig, SweepTally, order_checkpoints, sweep
+    from rmserve.pipelines.sweep import SweepConfig, SweepTally, order_checkpoints, summary_line, sweep
 
     token = read_client_token(token_file)
 
@@ -242,12 +245,8 @@ def sweep_command(
         typer.echo(f"refused: {message}", err=True)
     if not quiet:
         for run in result.runs:
-            where = ", ".join(f"{url} {n}" for url, n in run.per_server.items() if n)
-            typer.echo(
-                f"{run.checkpoint.name} (step {run.checkpoint.step}, fingerprint {run.fingerprint}): "
-                f"{run.n_scored} scored{f' ({where})' if where else ''}, {run.n_stored} from the store",
-                err=True,
-            )
+            typer.echo(run.line(), err=True)
+        typer.echo(summary_line(result.runs), err=True)
         typer.echo(f"wrote {', '.join(p.name for p in result.paths)} in {config.out_dir}", err=True)
     if as_json:
         assert result.document is not None  # sweep() always sets it

@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rmserve.cli_common import Command, print_table
+from rmserve.cli_common import Command, print_table, with_default
 
 users_app = typer.Typer(
     name="users",
@@ -77,18 +77,18 @@ def add_command(
     ] = 1,
     max_inflight_groups: Annotated[
         Optional[int],
-        typer.Option("--max-inflight-groups", help="Groups this user may have in flight (≥ 1). [default: no cap]",
+        typer.Option("--max-inflight-groups", help=with_default("Groups this user may have in flight (≥ 1).", "no cap"),
                      show_default=False),
     ] = None,
     tokens_per_minute: Annotated[
         Optional[int],
-        typer.Option("--tokens-per-minute", help="Prompt tokens this user may send per minute (≥ 1). "
-                     "[default: no limit]", show_default=False),
+        typer.Option("--tokens-per-minute", help=with_default("Prompt tokens this user may send per minute (≥ 1).",
+                                                              "no limit"), show_default=False),
     ] = None,
     expires: Annotated[
         Optional[str],
-        typer.Option("--expires", metavar="TIME", help="Time the token stops working, with a zone (2027-03-31T00:00:00Z). "
-                     "[default: never]", show_default=False),
+        typer.Option("--expires", metavar="TIME", help=with_default(
+                     "Time the token stops working, with a zone (2027-03-31T00:00:00Z).", "never"), show_default=False),
     ] = None,
 ) -> None:
     """Add a user with a new token; the token is printed once (stdout) and never stored."""
@@ -155,8 +155,8 @@ TokenFileOpt = Annotated[
     typer.Option(
         "--token-file",
         metavar="FILE",
-        help="File holding your token for a server started with --users-file (from rmserve users add). "
-        f"[default: the token in ${TOKEN_ENV}; neither: no token is sent]",
+        help=with_default("File holding your token for a server started with --users-file (from rmserve users add).",
+                          f"the token in ${TOKEN_ENV}; neither: no token is sent"),
         show_default=False,
     ),
 ]

@@ -31,6 +31,10 @@ class RMServeError(Exception):
         retry_after_s: for a retryable error read from a server reply, the wait in seconds
             the reply's ``Retry-After`` header asked for; None when it had none, and on
             errors raised locally.
+        quoted: lines quoted after the message, as they were written (the last lines of a
+            server's log, say): ``str(exc)`` is the message and then these, one per line; the
+            command line prints the message as its one ``error:`` line and these below it,
+            unfolded. Never sent on the wire.
     """
 
     type: str = "internal_error"
@@ -45,6 +49,7 @@ class RMServeError(Exception):
         value: Any = None,
         limit: Any = None,
         retry_after_s: float | None = None,
+        quoted: tuple[str, ...] | list[str] = (),
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -52,6 +57,11 @@ class RMServeError(Exception):
         self.value = value
         self.limit = limit
         self.retry_after_s = retry_after_s
+        self.quoted = tuple(quoted)
+
+    def __str__(self) -> str:
+        """The message, then the :attr:`quoted` lines, one per line."""
+        return "\n".join((self.message, *self.quoted))
 
     def __init_subclass__(
         cls, *, type: str | None = None, status: int | None = None, retryable: bool | None = None, **kwargs: Any

@@ -96,7 +96,7 @@ class EngineConfig:
     """Judge only: ``auto`` (RewardBench 2: 4-way ranking, Ties rated; RM-Bench: pairwise), ``ranking`` or ``ratings`` (RewardBench 2; Ties is always rated), ``pairwise`` (RM-Bench)."""
 
     judge_max_tokens: int = 2048
-    """Judge only: most tokens generated per judge call (official 2048); an output cut there counts as unparsed."""
+    """Judge only: most tokens generated per judge call (≥ 1; official 2048); an output cut there counts as unparsed."""
 
     judge_seed: int = 0
     """Judge only: seed (≥ 0) of the 4-way ranking's answer positions, recorded with every verdict so a run repeats exactly."""
@@ -129,19 +129,19 @@ class EngineConfig:
     """Longest scored sequence in tokens, template included (≥ 16); None = the model's own limit."""
 
     block_size: int | None = None
-    """KV-cache block size in tokens (vLLM); prefix sharing happens in whole blocks. A power of 2 from 8 to 256; None = 16 on GPU, 32 on the CPU build (its attention needs a multiple of 32, and its own default of 128 shares little of short prompts)."""
+    """KV-cache block size in tokens (vLLM); prefix sharing happens in whole blocks. A power of 2 (8 to 256); None = 16 on GPU, 32 on the CPU build (its attention needs a multiple of 32, and its own default of 128 shares little of short prompts)."""
 
     gpu_memory_utilization: float = 0.9
     """Fraction of accelerator memory vLLM may use, in (0, 1]."""
 
     kv_cache_memory_bytes: int | None = None
-    """Explicit KV-cache size in bytes (vLLM); overrides ``gpu_memory_utilization`` for the cache. None = vLLM's choice on GPU; on the CPU build ``VLLM_CPU_KVCACHE_SPACE`` GiB when set, else 4 GiB."""
+    """Explicit KV-cache size in bytes (≥ 1048576, 1 MiB) for vLLM; overrides ``gpu_memory_utilization`` for the cache. None = vLLM's choice on GPU; on the CPU build ``VLLM_CPU_KVCACHE_SPACE`` GiB when set, else 4294967296 (4 GiB)."""
 
     tensor_parallel_size: int = 1
-    """Number of accelerators the model is sharded over (vLLM), ≥ 1."""
+    """Number of accelerators vLLM shards the model over (≥ 1)."""
 
     data_parallel_size: int = 1
-    """Number of model replicas (vLLM data parallel ranks, each over tensor_parallel_size accelerators), ≥ 1. Every sequence of a group goes to one rank, so the group's shared prompt is computed once."""
+    """Number of model replicas (≥ 1): vLLM data parallel ranks, each over tensor_parallel_size accelerators. Every sequence of a group goes to one rank, so the group's shared prompt is computed once."""
 
     scheduling_policy: SchedulingPolicy = "fcfs"
     """vLLM's scheduling policy: fcfs (arrival order) or priority (interactive evals before batch sweeps, by the X-RMServe-Priority header)."""
@@ -165,7 +165,7 @@ class EngineConfig:
     """Most tokens the vLLM scheduler packs into one engine step (≥ 16); None = vLLM's default (2048 on the CPU build)."""
 
     max_num_seqs: int | None = None
-    """Most sequences in one engine step (vLLM, ≥ 1); None = vLLM's default."""
+    """Most sequences in one vLLM engine step (≥ 1); None = vLLM's default."""
 
     cpu_threads_bind: str | None = None
     """CPU build only: the CPU ids the engine's compute threads run on, as ``0-3`` or ``0,2`` (``nobind`` = no pinning), one list per rank joined by ``|`` with several ranks (``0|1``); None = ``VLLM_CPU_OMP_THREADS_BIND`` when set, else every CPU this process may use. vLLM's own default keeps one CPU idle for its scheduler, which halves a 2-core machine."""
@@ -540,10 +540,10 @@ class ServerConfig:
     """Interface to listen on: 127.0.0.1 (this machine only) or 0.0.0.0 (accepts remote clients). Default: 127.0.0.1."""
 
     port: int = 8000
-    """TCP port, 0-65535 (0 lets the OS pick a free port). Default: 8000."""
+    """TCP port (0 to 65535; 0 lets the OS pick a free port). Default: 8000."""
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    """Largest request body accepted, bytes (≥ 1024); larger bodies get 413 body_too_large. Default: 32 MiB."""
+    """Largest request body accepted, bytes (≥ 1024); larger bodies get 413 body_too_large. Default: 33554432 (32 MiB)."""
 
     max_inflight_groups: int = 0
     """Most groups admitted at once over all requests (≥ 0); beyond it 429 overloaded; 0 = no limit. Default: 0."""
@@ -570,7 +570,7 @@ class ServerConfig:
     """Seconds a scoring request waits for a checkpoint swap to finish before 503 (≥ 0). Default: 30."""
 
     result_cache_groups: int = 100_000
-    """Recent group results kept so a group sent again (a resumed or retrying client) is answered without engine work; ≥ 0, 0 = off. Keyed by fingerprint and token ids (:mod:`rmserve.server.kinds.result_cache`)."""
+    """Recent group results kept (≥ 0; 0 = off) so that a group sent again (a resumed or retrying client) is answered at once, without engine work: the same token ids for the same model fingerprint get the first reply's rewards. Cleared by a checkpoint swap."""
 
     swap_drain_timeout_s: float = 600.0
     """Seconds a checkpoint swap waits for in-flight scoring to finish (≥ 0); past it the load fails with 503, nothing is loaded and scoring resumes. Default: 600."""
@@ -582,7 +582,7 @@ class ServerConfig:
     """With fair_share: most groups at the engine at once (≥ 1); the rest wait in their user's queue. Default: 64."""
 
     engine_window_tokens: int | None = None
-    """With fair_share: no further group goes to the engine while those there hold this many prompt tokens (≥ 1; 0 = no such bound). It keeps the engine's own first-come-first-served queue short, so a user's group admitted now does not wait behind a long queue of others'. Default: 8 steps of the engine's scheduler budget (vLLM's max_num_batched_tokens); none for engines without one."""
+    """With fair_share: no further group goes to the engine while those there hold this many prompt tokens (≥ 0; 0 = no such bound). It keeps the engine's own first-come-first-served queue short, so a user's group admitted now does not wait behind a long queue of others'. Default: 8 steps of the engine's scheduler budget (vLLM's max_num_batched_tokens); none for engines without one."""
 
     fair_share_quantum_tokens: int = 2048
     """With fair_share: prompt tokens a weight-1 user is credited per round of the queue (≥ 1). Default: 2048."""

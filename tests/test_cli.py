@@ -59,7 +59,7 @@ def test_serve_and_run_declare_every_engine_field_with_the_same_option_and_help(
         assert serve[name].default is None and run[name].default is None, name  # not given = EngineConfig default
     # Help comes from the attribute docstring, its "None = X" clause or the field's default
     # written as [default: X]; reST markup is dropped.
-    assert serve["max_num_seqs"].help == "Most sequences in one engine step (vLLM, ≥ 1).  [default: vLLM's default]"
+    assert serve["max_num_seqs"].help == "Most sequences in one vLLM engine step (≥ 1).  [default: vLLM's default]"
     assert serve["gpu_memory_utilization"].help == (
         "Fraction of accelerator memory vLLM may use, in (0, 1].  [default: 0.9]"
     )
@@ -331,16 +331,18 @@ def test_resolve_dtype():
 
 
 def test_cli_and_launcher_do_not_import_torch(tmp_path):
+    from testkit.records import fake_checkpoint
+
+    folder = fake_checkpoint(tmp_path / "rm", b"w")
     code = (
         "import sys\n"
         "import rmserve.cli, rmserve.pipelines.launch as launch\n"
         "from rmserve.pipelines.evaluate import EvalConfig\n"
-        f"cfg = launch.RunConfig(launch.ServeOptions(model={str(tmp_path)!r}, engine_options={{'dtype': 'float32'}}),\n"
+        f"cfg = launch.RunConfig(launch.ServeOptions(model={str(folder)!r}, engine_options={{'dtype': 'float32'}}),\n"
         f"    EvalConfig(bench='rm-bench', data='d', out_dir={str(tmp_path / 'o')!r}, store={str(tmp_path / 's')!r}))\n"
         "assert launch.store_signature(cfg) is not None\n"
         "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))\n"
     )
-    (tmp_path / "config.json").write_text("{}")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"

@@ -141,11 +141,12 @@ def test_a_load_refused_by_another_users_lease_exits_1_with_the_servers_message_
         assert refused.stderr.splitlines() == [
             f"error: conflict: checkpoint swap refused for bob: alice holds the lease on model 'step' (fingerprint "
             f"{fp1}) since {WALL_SERVER}; it ends after 600 s without alice's pinned work in flight, or when alice or "
-            "an admin releases it (POST /v1/models/release). An admin may force the swap (force: true): "
-            "pinned runs then stop with 409, keep what they scored and resume once that fingerprint is "
-            "served again",
+            "an admin releases it (POST /v1/models/release). An admin may force the swap (force: true): runs "
+            "pinned to that fingerprint then stop with 409, keep what they scored and resume once it is served again",
             FORCE_HINT,
         ]
+        assert FORCE_HINT == ("an admin may add --force to swap anyway; runs pinned to the served checkpoint then "
+                              "stop with a 409, keep what they scored and resume once it is served again")
         listed = models(server.url, "list", env=_as(tokens, "carol"))
         assert listed.stdout.splitlines()[1] == f"step\t{fp1}\tclassifier\talice\t{WALL_ISO}"  # nothing changed
 
@@ -275,3 +276,24 @@ def test_serve_lease_idle_option_reaches_the_server_config(monkeypatch):
     assert bad.exit_code == 2
     assert "Invalid value for '--lease-idle-s': 0.0; it must be > 0 seconds" in " ".join(bad.output.split())
     assert len(calls) == 2
+
+
+def test_a_load_refused_for_pinned_work_alone_prints_the_server_s_message_and_the_force_hint(monkeypatch):
+    from rmserve.errors import Conflict
+    from rmserve.server.sharing.leases import swap_refusal
+
+    message = swap_refusal("root", FAKE_MODEL, None, {"alice": 2}, 600.0)  # no lease: pinned work alone blocks it
+
+    async def refused(self, *args, **kwargs):
+        raise Conflict(message)
+
+    monkeypatch.setattr(RewardClient, "load_checkpoint_reply", refused)
+    result = models("http://127.0.0.1:9", "load", "step", "/ckpts/step-1", env={TOKEN_ENV: "root-token", ADMIN_TOKEN_ENV: ""})
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"error: conflict: checkpoint swap refused for root: pinned work of 1 other user is in flight on model "
+        f"'fake-rm' (fingerprint {FAKE_MODEL.fingerprint}): alice: 2 groups; retry once it is done. An admin may "
+        "force the swap (force: true), which stops those pinned runs with 409; they keep what they scored and resume "
+        "once that fingerprint is served again",
+        FORCE_HINT,
+    ]

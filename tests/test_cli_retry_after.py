@@ -57,8 +57,9 @@ def test_eval_run_and_sweep_take_the_cap_and_default_to_60_s(monkeypatch, data, 
     assert evals[1].client_settings()[2].max_retry_after_s == 2.5
 
     runs = _capture(monkeypatch, launch_module, "run")
-    model = tmp_path / "model"
-    model.mkdir()
+    from testkit.records import fake_checkpoint
+
+    model = fake_checkpoint(tmp_path / "model", b"w")  # run checks the folder's files before anything starts
     result = runner.invoke(cli_app, ["run", str(model), *common, "--wait-retry-after-s", "7"])
     assert result.exit_code == 1, result.output
     assert [c.evaluation.max_retry_after_s for c in runs] == [7.0]

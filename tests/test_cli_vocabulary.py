@@ -311,3 +311,196 @@ def test_an_unknown_option_of_no_command_keeps_the_spelling_guess():
     assert result.exit_code == 2
     error = " ".join(result.stderr.split())
     assert "No such option: --serve" in error and "--server" in error and "it is an option of" not in error
+
+
+# --- defaults, ranges, outputs and reasons, said one way ----------------------------------------
+
+
+def _is_int(param) -> bool:
+    desc = getattr(param, "type_descriptor", None)
+    if desc is not None:
+        return desc.annotation is int and not desc.is_choice
+    return getattr(param.type, "name", "") == "integer"
+
+
+def _flat(text: str | None) -> str:
+    return " ".join((text or "").split())
+
+
+ENGINE_INT_RANGES = {
+    "--judge-max-tokens": "≥ 1", "--judge-seed": "≥ 0", "--max-model-len": "≥ 16", "--block-size": "8 to 256",
+    "--kv-cache-memory-bytes": "≥ 1048576", "--tensor-parallel-size": "≥ 1", "--data-parallel-size": "≥ 1",
+    "--hf-batch-size": "≥ 1", "--max-num-batched-tokens": "≥ 16", "--max-num-seqs": "≥ 1",
+}
+SCORING_INT_RANGES = {
+    "--max-inflight-groups": "1 to 4096", "--groups-per-request": "1 to --max-inflight-groups",
+    "--resamples": "0 to 1000000", "--seed": "≥ 0", "--max-tokens": "2 to the model's max length",
+}
+INT_RANGES: dict[tuple[str, str], str] = {
+    **{("serve", flag): r for flag, r in {
+        "--port": "0 to 65535", "--max-body-bytes": "≥ 1024", "--max-inflight-groups": "≥ 0",
+        "--result-cache-groups": "≥ 0", "--engine-concurrency-groups": "≥ 1", "--engine-window-tokens": "≥ 0",
+        "--fair-share-quantum-tokens": "≥ 1", "--parent-pid": "≥ 1", **ENGINE_INT_RANGES}.items()},
+    **{("run", flag): r for flag, r in {**SCORING_INT_RANGES, **ENGINE_INT_RANGES}.items()},
+    **{("eval", flag): r for flag, r in SCORING_INT_RANGES.items()},
+    **{("sweep", flag): r for flag, r in {"--max-inflight-groups": "1 to 4096", "--resamples": "1 to 1000000",
+                                          "--seed": "≥ 0", "--max-tokens": "2 to the model's max length"}.items()},
+    **{("demo-model", flag): r for flag, r in {
+        "--layers": "≥ 1", "--hidden": "≥ 1", "--heads": "≥ 1", "--kv-heads": "≥ 1", "--intermediate": "≥ 1",
+        "--vocab": "300 to 65536", "--seed": "≥ 0", "--max-len": "≥ 16"}.items()},
+    ("metrics rm-bench", "--resamples"): "0 to 1000000", ("metrics rm-bench", "--seed"): "≥ 0",
+    ("metrics rewardbench2", "--resamples"): "0 to 1000000", ("metrics rewardbench2", "--seed"): "≥ 0",
+    ("metrics compare", "--resamples"): "1 to 1000000", ("metrics compare", "--seed"): "≥ 0",
+    ("users add", "--max-inflight-groups"): "≥ 1", ("users add", "--tokens-per-minute"): "≥ 1",
+}
+"""Every integer option of the CLI and the range its help states, in the one form: ``(A to B)`` or
+``(≥ A)``, numbers written as typed (no digit grouping), optionally followed by ``;`` or ``,`` and
+a note inside the same parentheses."""
+
+OTHER_RANGE_FORMS = re.compile(r"\d\s*[–-]\s*\d|\bfrom \d+ to\b|\bbetween \d|\d,\d{3}|(?<!\()≥ \d|\[\d+, \d+\]")
+"""Ways of writing a range other than the one form (``1–4096``, ``0-65535``, ``from 8 to 256``,
+``1,000,000``, a bare ``, ≥ 1``)."""
+
+
+def test_every_integer_option_states_its_range_in_one_form():
+    found = {(" ".join(argv), p.opts[0]): p for argv, c in COMMANDS for p in _options(c) if _is_int(p)}
+    assert sorted(found) == sorted(INT_RANGES), "an integer option without a stated range, or one no longer there"
+    for (where, flag), param in found.items():
+        text = _flat(param.help)
+        expected = INT_RANGES[(where, flag)]
+        assert re.search(rf"\({re.escape(expected)}[);,]", text), f"{where} {flag}: ({expected}) not in {text!r}"
+        assert not OTHER_RANGE_FORMS.search(text), f"{where} {flag}: {OTHER_RANGE_FORMS.search(text).group(0)!r}"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--groups-per-request", "33"], "Invalid value for '--groups-per-request': must be an integer in [1, 32], got 33"),
+    (["--groups-per-request", "0"], "Invalid value for '--groups-per-request': must be an integer in [1, 32], got 0"),
+    (["--max-inflight-groups", "4097"],
+     "Invalid value for '--max-inflight-groups': must be an integer in [1, 4096], got 4097"),
+])
+def test_the_stated_range_is_the_one_enforced(tmp_path, args, message):
+    result = runner.invoke(app, ["eval", *BASE[("eval",)], *args], terminal_width=400)
+    assert result.exit_code == 2
+    assert message in " ".join(result.stderr.split())
+
+
+BYTE_DEFAULTS = {
+    ("serve", "--max-body-bytes"): "[default: 33554432 (32 MiB)]",
+    ("serve", "--kv-cache-memory-bytes"): (
+        "[default: vLLM's choice on GPU; on the CPU build VLLM_CPU_KVCACHE_SPACE GiB when set, else 4294967296 (4 GiB)]"),
+    ("run", "--kv-cache-memory-bytes"): (
+        "[default: vLLM's choice on GPU; on the CPU build VLLM_CPU_KVCACHE_SPACE GiB when set, else 4294967296 (4 GiB)]"),
+}
+SIZE = re.compile(r"(\d+(?:\.\d+)?) ([KMGT]iB)")
+
+
+def test_byte_options_write_defaults_and_limits_in_bytes_the_unit_they_take():
+    from rmserve.server.config import ServerConfig
+
+    found = {(" ".join(argv), p.opts[0]): p for argv, c in COMMANDS for p in _options(c) if p.metavar == "BYTES"}
+    assert sorted(found) == sorted(BYTE_DEFAULTS)
+    for key, param in found.items():
+        text = _flat(param.help)
+        assert text.endswith(BYTE_DEFAULTS[key]), (key, text)
+        for size in SIZE.finditer(text):  # a size in MiB/GiB only as a gloss on a number of bytes
+            before = text[: size.start()]
+            assert re.search(r"\d+ \($|\d+, $", before), f"{key}: {size.group(0)!r} without the bytes before it"
+    assert ServerConfig().max_body_bytes == 33554432  # the default as written is the default
+
+
+def test_every_default_is_written_by_with_default():
+    for argv, command in COMMANDS:
+        for param in [*_options(command), *(p for p in command.params if p.param_type_name == "argument")]:
+            text = param.help or ""
+            if "[default:" in text:
+                assert text.count("[default:") == 1 and re.fullmatch(r"(?s)(?:.*\S  )?\[default: [^\]]+\]", text), (
+                    f"{' '.join(argv)} {param.name}: a default not written by with_default: {text!r}")
+    expires = next(p for p in _options(BY_PATH[("users", "add")]) if p.name == "expires")
+    assert expires.help == "Time the token stops working, with a zone (2027-03-31T00:00:00Z).  [default: never]"
+
+
+MODULE_NAME = re.compile(r"\brmserve(?:\.[a-z_]+)+")
+
+
+@pytest.mark.parametrize(("argv", "command"), COMMANDS, ids=IDS)
+def test_help_says_what_an_option_does_not_which_module_does_it(argv, command):
+    text = _help(argv)
+    assert not MODULE_NAME.search(text), MODULE_NAME.search(text).group(0)
+    if argv == ("serve",):
+        cache = next(p for p in _options(command) if p.name == "result_cache_groups")
+        assert cache.help == (
+            "Recent group results kept (≥ 0; 0 = off) so that a group sent again (a resumed or retrying client) is "
+            "answered at once, without engine work: the same token ids for the same model fingerprint get the first "
+            "reply's rewards. Cleared by a checkpoint swap.  [default: 100000]"
+        )
+
+
+def test_heatmaps_are_said_to_be_rm_bench_only_where_a_command_takes_either_benchmark():
+    helps = {where: next(p for p in _options(BY_PATH[where]) if p.name == "out").help for where in (("eval",), ("run",))}
+    assert helps[("eval",)] == (
+        "Output folder: scores.jsonl (the same command resumes from it), results.json, table.md and, with "
+        "--bench rm-bench only, the heatmap PNGs."
+    )
+    assert helps[("run",)] == (
+        "Output folder: scores.jsonl (the same command resumes from it), results.json, table.md and, with "
+        "--bench rm-bench only, the heatmap PNGs, and server.log (the server's output)."
+    )
+    for argv, command in COMMANDS:
+        takes_both = any(p.name == "bench" for p in _options(command))
+        for param in _options(command):
+            if takes_both and "heatmap" in (param.help or ""):
+                assert "--bench rm-bench only" in param.help, (argv, param.opts[0])
+
+
+def test_demo_model_help_names_the_flags_its_rules_are_about():
+    helps = {p.opts[0]: p.help for p in _options(BY_PATH[("demo-model",)])}
+    assert helps["--hidden"] == (
+        "Hidden size (≥ 1): a multiple of --heads, with a head dim (--hidden/--heads) of at least 32.")
+    assert helps["--kv-heads"] == "Key/value heads (≥ 1; must divide --heads)."
+    for flag, text in helps.items():
+        assert not re.search(r"(?<![\w-])(?:hidden|heads|kv_heads)/|divides heads|hidden/heads", text), (flag, text)
+
+
+STORE_WHY = (
+    "rmserve eval and run keep their scores in OUT/scores.jsonl and use a store only when asked; rmserve sweep "
+    "keeps its scores only in a store, so it always uses one"
+)
+WAIT_READY_WHY = (
+    "600 by default for a running server; rmserve run waits 1800 by default, as it also starts the server and "
+    "loads the model"
+)
+
+
+def test_options_whose_defaults_differ_between_commands_say_why_in_each():
+    def option(argv, name):
+        return next(p for p in _options(BY_PATH[argv]) if p.name == name)
+
+    for argv in (("eval",), ("run",)):
+        store = option(argv, "store")
+        assert store.help == (
+            "Score store (SQLite) shared across runs: groups stored for the server's model fingerprint are not sent "
+            f"again, new ones are added ({STORE_WHY}).  [default: $RMSERVE_STORE when set, else no store]"
+        )
+        assert option(argv, "no_store").opts == ["--no-store"]
+    sweep_store = option(("sweep",), "store")
+    assert sweep_store.help == (
+        "Score store (SQLite) shared across runs: scores are kept there as they arrive, and groups stored for a "
+        f"checkpoint's fingerprint are not sent again ({STORE_WHY}; there is no --no-store here).  "
+        "[default: $RMSERVE_STORE when set, else ~/.local/share/rmserve/scores.sqlite]"
+    )
+    assert not any(p.name == "no_store" for p in _options(BY_PATH[("sweep",)]))
+
+    assert (option(("eval",), "wait_ready_s").default, option(("sweep",), "wait_ready_s").default,
+            option(("run",), "wait_ready_s").default) == (600, 600, 1800)
+    assert option(("eval",), "wait_ready_s").help == (
+        f"Longest wait for a server to be ready (its /health answering 200: the model loaded), seconds; {WAIT_READY_WHY}."
+    )
+    assert option(("sweep",), "wait_ready_s").help == (
+        "Longest wait for a server to be ready (its /health answering 200: the model loaded), seconds, at the start "
+        f"(with --wait-for-server) and for a server that stopped answering; {WAIT_READY_WHY}."
+    )
+    assert option(("run",), "wait_ready_s").help == (
+        "Longest wait for the server started here to be ready (its model loaded), seconds; 1800 by default, longer "
+        "than the 600 of rmserve eval and sweep (which wait for a running server), as run also starts the server and "
+        "loads the model."
+    )

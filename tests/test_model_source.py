@@ -95,3 +95,48 @@ def test_a_bare_name_close_to_no_folder_stays_a_hub_id(workdir):
     (workdir / "runs" / "demo-rm").mkdir()
     assert model_folder("gpt2") is None
     assert model_folder("Skywork/demo_rm") is None  # ORG/NAME is a hub id even when NAME is close to a folder
+
+
+def _folder_without_weights(workdir: Path) -> Path:
+    folder = workdir / "runs" / "no-weights"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForSequenceClassification"], "num_labels": 1}))
+    (folder / "tokenizer.json").write_text('{"version": "1.0"}')
+    return folder
+
+
+RUN_ARGS = ["--bench", "rm-bench", "--data", ".", "--out", "out"]
+
+
+@pytest.mark.parametrize(("folder", "message"), [
+    ("runs/empty", "Invalid value for 'MODEL': checkpoint 'empty/config.json': is missing"),
+    ("runs/no-weights", "Invalid value for 'MODEL': checkpoint 'no-weights': has no weight files (*.safetensors or *.bin)"),
+])
+@pytest.mark.parametrize("command", [["serve"], ["run", *RUN_ARGS]], ids=["serve", "run"])
+def test_run_checks_a_folder_s_files_as_serve_does_before_any_server_starts(workdir, monkeypatch, command, folder,
+                                                                             message):
+    from rmserve.pipelines import launch
+
+    _folder_without_weights(workdir)
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(launch, "ServerProcess", no_server)
+    result = runner.invoke(app, [command[0], folder, *command[1:]], terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.stderr.split())
+    assert "internal_error" not in result.stderr and "exited with status" not in result.stderr
+    assert not (workdir / "out").exists()
+
+
+def test_run_checks_the_reference_model_s_files_too(workdir):
+    policy = workdir / "runs" / "policy"
+    policy.mkdir()
+    (policy / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (policy / "tokenizer.json").write_text('{"version": "1.0"}')
+    (policy / "model.safetensors").write_bytes(b"w")
+    result = runner.invoke(app, ["run", "runs/policy", "--kind", "dpo", "--ref-model", "runs/empty", *RUN_ARGS],
+                           terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--ref-model': checkpoint 'empty/config.json': is missing" in " ".join(result.stderr.split())

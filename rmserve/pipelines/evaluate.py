@@ -49,7 +49,7 @@ from rmserve.client.score_log import Resumed, ScoreLog
 from rmserve.client.score_store import ScoreStore
 
 from rmserve import errors
-from rmserve.pipelines.progress import ProgressLine, StatusLine, duration_text
+from rmserve.pipelines.progress import EngineBar, ProgressLine, StatusLine, duration_text
 from rmserve.pipelines.outcome import TruncationSummary, Unscored, strict_stop, truncation_summary, unscored
 from rmserve.schema import BENCHMARKS, Group, HealthReply, ModelInfo, ScoreKind, ScoreRecord, Truncation
 
@@ -251,24 +251,16 @@ def pick_model(models: Sequence[ModelInfo], name: str | None) -> ModelInfo:
     return models[0]
 
 
-def progress_bar(total: int, initial: int, quiet: bool, label: str = "scoring"):
-    """The scoring progress display: a tqdm bar on a terminal, a
+def progress_bar(total: int, initial: int, quiet: bool, label: str = "scoring") -> EngineBar | ProgressLine:
+    """The scoring progress display: a tqdm bar on a terminal
+    (:class:`~rmserve.pipelines.progress.EngineBar`), a
     :class:`~rmserve.pipelines.progress.ProgressLine` every few seconds elsewhere, nothing
-    with ``quiet``. Both take ``update(n)``, ``set_postfix_str(text, refresh=False)`` and
-    ``close()``."""
+    with ``quiet``. Both take ``update(n)``, ``set_postfix_str(text, refresh=False)``,
+    ``close()`` and ``cached`` (groups answered from the server's result cache, set by
+    :func:`show_rate`), and both count their rate and ETA over the engine's work only."""
     if not sys.stderr.isatty():
         return ProgressLine(total, initial, label=label, quiet=quiet)
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total,
-        initial=initial,
-        unit="group",
-        desc=label,
-        disable=quiet,
-        file=sys.stderr,
-        dynamic_ncols=True,
-    )
+    return EngineBar(total, initial, label=label, quiet=quiet, stream=sys.stderr)
 
 
 async def wait_for_server(
@@ -375,16 +367,16 @@ async def _score_pending(
 
 
 def show_rate(bar: Any, started: float, engine_tokens: int, cache_groups: int) -> None:
-    """The progress display's tokens per second over groups the engine scored (``engine_tokens``
-    since ``started``, monotonic seconds), and how many groups came from the server's result
-    cache (left out of every rate: a :class:`~rmserve.pipelines.progress.ProgressLine` also
-    leaves them out of groups/s)."""
+    """Give the progress display (:func:`progress_bar`) the tokens per second over groups the
+    engine scored (``engine_tokens`` since ``started``, monotonic seconds) and how many groups
+    came from the server's result cache: they are left out of every rate and ETA the display
+    shows (its ``cached``) and named in its postfix (``40 from the result cache, 25 tok/s (engine
+    work only)``). Call it before the display's ``update`` for the group just done."""
     elapsed_s = max(time.monotonic() - started, 1e-9)
     text = f"{engine_tokens / elapsed_s:,.0f} tok/s"
     if cache_groups:
         text = f"{cache_groups:,} from the result cache, {text} (engine work only)"
-    if isinstance(bar, ProgressLine):
-        bar.cached = cache_groups
+    bar.cached = cache_groups
     bar.set_postfix_str(text, refresh=False)
 
 

@@ -66,8 +66,9 @@ def free_loopback_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a log file ('' when it does not exist)."""
+def log_tail_lines(path: Path, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
+    """The last ``lines`` lines of a log file, each without its line end (() when it does not
+    exist). Only the file's last 64 KiB are read."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -75,8 +76,13 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
             fh.seek(max(0, size - 64 * 1024))
             data = fh.read()
     except FileNotFoundError:
-        return ""
-    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+        return ()
+    return tuple(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file joined by newlines ('' when it does not exist)."""
+    return "\n".join(log_tail_lines(path, lines))
 
 
 PR_SET_PDEATHSIG = 1
@@ -123,9 +129,12 @@ class ServeOptions:
 
     Raises:
         ValueError: from ``__post_init__``: an empty model, an unknown engine option or a bad
-            value (the ``EngineConfig`` message, naming the field and the limit), a
-            non-positive ``startup_timeout_s``, a negative ``stop_grace_s``, an empty
-            ``serve_command``.
+            value (the ``EngineConfig`` message, naming the field and the limit), a model
+            (or ``ref_model``) that ``rmserve serve`` would refuse before loading it — a
+            path-like string that does not exist, or a folder whose files break the kind's
+            rules (no ``config.json``, no weights, …; the message serve gives,
+            :func:`rmserve.cli_common.check_model_sources`) —, a non-positive
+            ``startup_timeout_s``, a negative ``stop_grace_s``, an empty ``serve_command``.
     """
 
     model: str
@@ -157,7 +166,7 @@ class ServeOptions:
             raise ValueError("model must be a path or hub id, got an empty string")
         engine_argv(self.engine_options)  # unknown names, non-boolean switches
         config = EngineConfig(model=self.model, **self.engine_options)  # every value within its limits
-        check_model_sources(config, files=False)  # a path that does not exist; the child checks a folder's files
+        check_model_sources(config)  # the checks rmserve serve makes, before any server starts
         object.__setattr__(self, "engine_options", MappingProxyType(dict(self.engine_options)))
         if not self.startup_timeout_s > 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s!r}")
@@ -264,11 +273,17 @@ class ServerProcess:
         """The child's exit status, or None while it runs (or before it started)."""
         return None if self.process is None else self.process.poll()
 
+    def _log_quote(self) -> tuple[str, tuple[str, ...]]:
+        """What an error says of the log, and the log's last lines (quoted below the message,
+        one per line: :attr:`rmserve.errors.RMServeError.quoted`)."""
+        lines = log_tail_lines(self.log_path)
+        if not lines:
+            return f"{self.log_path} is empty", ()
+        return f"last lines of {self.log_path}:", lines
+
     def _exited_error(self, when: str) -> errors.ServerFault:
-        return errors.ServerFault(
-            f"the server exited with status {self.returncode} {when}; last lines of {self.log_path}:\n"
-            f"{log_tail(self.log_path)}"
-        )
+        said, lines = self._log_quote()
+        return errors.ServerFault(f"the server exited with status {self.returncode} {when}; {said}", quoted=lines)
 
     def wait_ready(self) -> None:
         """Block until ``GET /health`` answers 200.
@@ -307,9 +322,10 @@ class ServerProcess:
                         state = "engine loading" if isinstance(exc, errors.EngineNotReady) else "not listening yet"
                     elapsed_s = time.monotonic() - started
                     if elapsed_s >= self.startup_timeout_s:
+                        said, lines = self._log_quote()
                         raise errors.EngineNotReady(
-                            f"the server at {self.url} was not ready after {self.startup_timeout_s:g} s; "
-                            f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+                            f"the server at {self.url} was not ready after {self.startup_timeout_s:g} s; {said}",
+                            quoted=lines,
                         )
                     status.show(f"{what} {duration_text(elapsed_s)} ({state})", kind=state)
                     await asyncio.sleep(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))

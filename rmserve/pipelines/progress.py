@@ -8,9 +8,14 @@ runner that swaps ``sys.stderr`` gets the text):
   every ``refresh_s``, fitted to the terminal's width (one line, cut with ``…``: a line
   that wrapped could not be rewritten in place and would leave a trail of copies); elsewhere (a log file, CI) it is written as a full line when the wait
   starts, when its kind changes and every ``repeat_s`` after, so a log shows the wait going on.
-- :class:`ProgressLine`: scoring progress without a terminal (on a terminal the pipelines draw
-  a tqdm bar): ``scoring: 120/798 groups, 3.2 groups/s, ETA 3 min 31 s`` every ``interval_s``
-  and once at the end.
+- :class:`ProgressLine`: scoring progress without a terminal, ``scoring: 120/798 groups,
+  3.2 groups/s, ETA 3 min 31 s`` every ``interval_s`` and once at the end; on a terminal
+  :class:`EngineBar`, a tqdm bar with the same figures (``scoring:  15%|█▌   | 120/798 [3.2
+  groups/s, ETA 3 min 31 s]``).
+
+Both count rates and ETAs over the engine's work only (:class:`EngineRate`): groups answered
+from the server's result cache (``cached``, set by the pipeline) and resumed groups are left out
+of groups/s, and the ETA comes from the groups the engine scored since its first one.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
+
+from tqdm.std import tqdm
 
 STATUS_REPEAT_S = 15.0
 """Seconds between repeats of an unchanged status line when stderr is not a terminal."""
@@ -153,17 +160,66 @@ class StatusLine(_Writer):
             self._last_write = None
 
 
+class EngineRate:
+    """Groups per second and an ETA over the groups the engine scored.
+
+    Of the ``n`` groups done, ``initial`` were done before (resumed) and :attr:`cached` came
+    from the server's result cache; the rest, the engine's, are what the figures count:
+
+    - groups/s: the engine's groups over the seconds since this object was made;
+    - ETA: the groups left over the engine's rate since its first group (the wait for that one —
+      a cold engine, a checkpoint load — says nothing about the rest; groups from the cache,
+      answered at once, say nothing either), "ETA unknown" until the engine has scored two;
+      ``done in D`` once ``n`` reaches ``total``.
+
+    Args:
+        total: groups of the run.
+        initial: groups done before the run.
+        clock: seconds, monotonic (a test seam).
+    """
+
+    def __init__(self, total: int, initial: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.total = total
+        self.initial = initial
+        self.clock = clock
+        self.started = clock()
+        self.cached = 0
+        """Groups answered from the server's result cache (set by the pipeline before each update)."""
+        self._first: tuple[float, int] | None = None  # (time, engine groups) when the engine's first group came
+
+    def engine_groups(self, n: int) -> int:
+        """Of ``n`` groups done, those the engine scored in this run (never below 0)."""
+        return max(n - self.initial - self.cached, 0)
+
+    def seen(self, n: int) -> None:
+        """Note that ``n`` groups are done now (call on every update, after :attr:`cached` is set)."""
+        if self._first is None and self.engine_groups(n) > 0:
+            self._first = (self.clock(), self.engine_groups(n))
+
+    def text(self, n: int) -> str:
+        """``3.2 groups/s, ETA 3 min 31 s`` (or ``ETA unknown``, ``done in 50 s``) for ``n`` done."""
+        now = self.clock()
+        elapsed_s = now - self.started
+        engine = self.engine_groups(n)
+        rate = engine / elapsed_s if elapsed_s > 0 else 0.0
+        if n >= self.total:
+            eta = f"done in {duration_text(elapsed_s)}"
+        elif self._first is not None and engine > self._first[1] and now > self._first[0]:
+            since_first = (engine - self._first[1]) / (now - self._first[0])
+            eta = f"ETA {duration_text((self.total - n) / since_first)}"
+        else:
+            eta = "ETA unknown"
+        return f"{rate:.1f} groups/s, {eta}"
+
+
 class ProgressLine(_Writer):
     """Scoring progress as plain lines, for stderr that is not a terminal.
 
     ``scoring: 120/798 groups, 3.2 groups/s, ETA 3 min 31 s`` (plus :meth:`set_postfix_str`'s
-    text) every ``interval_s`` seconds and once on :meth:`close`. The rate counts the groups
-    the engine scored since this line started (``initial`` resumed groups and the
-    :attr:`cached` ones answered from the server's result cache are not counted), over the
-    elapsed time. The ETA is estimated from work done: the groups left over the rate since the
-    first group was done (the wait for the first one — a cold engine, a checkpoint load — says
-    nothing about the rest), "ETA unknown" until then. The method names follow tqdm's, so a
-    pipeline can use either.
+    text) every ``interval_s`` seconds and once on :meth:`close`. Rate and ETA are
+    :class:`EngineRate`'s: the groups the engine scored (``initial`` resumed groups and the
+    :attr:`cached` ones answered from the server's result cache are not counted). The method
+    names follow tqdm's, so a pipeline can use either this or :class:`EngineBar`.
 
     Args:
         total: groups of the run.
@@ -197,29 +253,24 @@ class ProgressLine(_Writer):
         self.label = label
         self.interval_s = interval_s
         self.postfix = ""
-        self._started = clock()
-        self._last_write = self._started
+        self.engine = EngineRate(total, initial, clock)
+        self._last_write = self.engine.started
         self._written_n: int | None = None
         self._closed = False
-        self._first: tuple[float, int] | None = None  # (time, groups done) at the first update
-        self.cached = 0
+
+    @property
+    def cached(self) -> int:
         """Groups of this line answered from the server's result cache (set by the pipeline)."""
+        return self.engine.cached
+
+    @cached.setter
+    def cached(self, groups: int) -> None:
+        self.engine.cached = groups
 
     def text(self) -> str:
         """The current line (without newline)."""
-        now = self.clock()
-        elapsed_s = now - self._started
-        engine_done = self.n - self.initial - self.cached
-        rate = engine_done / elapsed_s if elapsed_s > 0 else 0.0
-        if self.n >= self.total:
-            eta = f"done in {duration_text(elapsed_s)}"
-        elif self._first is not None and self.n > self._first[1] and now > self._first[0]:
-            since_first = (self.n - self._first[1]) / (now - self._first[0])
-            eta = f"ETA {duration_text((self.total - self.n) / since_first)}"
-        else:
-            eta = "ETA unknown"
         extra = f", {self.postfix}" if self.postfix else ""
-        return f"{self.label}: {self.n}/{self.total} groups, {rate:.1f} groups/s, {eta}{extra}"
+        return f"{self.label}: {self.n}/{self.total} groups, {self.engine.text(self.n)}{extra}"
 
     def set_postfix_str(self, text: str, refresh: bool = True) -> None:
         """Text appended to the line (e.g. tokens/s)."""
@@ -228,9 +279,8 @@ class ProgressLine(_Writer):
     def update(self, n: int = 1) -> None:
         """Count ``n`` more groups done; write a line when ``interval_s`` has passed."""
         self.n += n
+        self.engine.seen(self.n)
         now = self.clock()
-        if self._first is None:
-            self._first = (now, self.n)
         if now - self._last_write >= self.interval_s:
             self._emit(now)
 
@@ -247,3 +297,64 @@ class ProgressLine(_Writer):
         self._written_n = self.n
         if not self.quiet:
             self._write(self.text() + "\n")
+
+
+ENGINE_BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{engine}{postfix}]"
+"""The bar's layout: tqdm's bar and counts, then :class:`EngineRate`'s figures in place of tqdm's
+own rate and ETA (which would count groups from the result cache), then the postfix."""
+
+
+class EngineBar(tqdm):
+    """A tqdm bar whose rate and ETA are :class:`EngineRate`'s (for stderr on a terminal).
+
+    ``scoring:  15%|█▌        | 120/798 [3.2 groups/s, ETA 3 min 31 s, 1,234 tok/s]``: tqdm's
+    own rate and remaining time would count the groups answered from the server's result
+    cache (hundreds per second, no engine work) and the wait for the first group; this bar
+    shows the figures :class:`ProgressLine` writes off a terminal. The pipeline sets
+    :attr:`cached` before each :meth:`update`.
+
+    Args:
+        total, initial, label, quiet: as :class:`ProgressLine`.
+        stream: where the bar is drawn (None: ``sys.stderr`` now).
+        clock: seconds, monotonic, for the rate and ETA (a test seam).
+        **kwargs: more tqdm arguments (``ncols``…).
+    """
+
+    def __init__(
+        self,
+        total: int,
+        initial: int = 0,
+        *,
+        label: str = "scoring",
+        quiet: bool = False,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        **kwargs: Any,
+    ) -> None:
+        self.engine = EngineRate(total, initial, clock)
+        kwargs.setdefault("dynamic_ncols", True)
+        super().__init__(
+            total=total, initial=initial, unit="group", desc=label, disable=quiet,
+            file=stream if stream is not None else sys.stderr, bar_format=ENGINE_BAR_FORMAT, **kwargs,
+        )
+
+    @property
+    def cached(self) -> int:
+        """Groups of this bar answered from the server's result cache (set by the pipeline)."""
+        return self.engine.cached
+
+    @cached.setter
+    def cached(self, groups: int) -> None:
+        self.engine.cached = groups
+
+    def update(self, n: float | None = 1) -> bool | None:
+        """Count ``n`` more groups done (noted for the ETA before tqdm redraws)."""
+        self.engine.seen(self.n + int(n or 0))
+        return super().update(n)
+
+    @property
+    def format_dict(self) -> dict[str, Any]:
+        """tqdm's fields for :data:`ENGINE_BAR_FORMAT`, with ``engine``: :meth:`EngineRate.text`."""
+        fields = super().format_dict
+        fields["engine"] = self.engine.text(self.n)  # also once closed (tqdm then sets disable)
+        return fields

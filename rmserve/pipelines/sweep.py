@@ -34,7 +34,8 @@ from typing import Any
 from rmserve.client.client import RewardClient
 from rmserve.client.config import DEFAULT_MAX_RETRY_AFTER_S, PRIORITIES, Concurrency, Retry, Timeouts
 from rmserve.client.records import record_from_result, refused_record
-from rmserve.pipelines.evaluate import progress_bar, wait_for_server
+from rmserve.pipelines.evaluate import progress_bar, show_rate, wait_for_server
+from rmserve.pipelines.progress import duration_text
 from rmserve.pipelines.outcome import strict_stop, unscored
 from rmserve.client.score_store import ScoreStore, checkpoint_signature
 
@@ -220,6 +221,10 @@ class CheckpointRun:
         per_server: server URL → groups it scored for this checkpoint in this run.
         n_unscored: groups of the checkpoint with a response that could not be scored (all
             benchmarks; counted by the figures as the official code counts them).
+        n_from_cache: of ``n_scored``, the groups the servers answered from their result cache
+            (no engine work: left out of every rate).
+        scoring_s: seconds from the first scoring request for this checkpoint to its last
+            answer (0 when nothing was scored).
     """
 
     checkpoint: Checkpoint
@@ -231,6 +236,50 @@ class CheckpointRun:
     loaded: bool
     per_server: dict[str, int] = field(default_factory=dict)
     n_unscored: int = 0
+    n_from_cache: int = 0
+    scoring_s: float = 0.0
+
+    @property
+    def n_engine(self) -> int:
+        """Groups the engines scored for this checkpoint in this run (``n_scored`` less the cached)."""
+        return self.n_scored - self.n_from_cache
+
+    def line(self) -> str:
+        """What the sweep did for this checkpoint, one line: ``step-20 (step 20, fingerprint F):
+        60 scored (URL 60), 0 from the store; 40 by the engine in 12 s (3.3 groups/s), 20 from
+        the servers' result cache`` (the rate counts the engine's groups only; the last two parts
+        only when something was scored)."""
+        where = ", ".join(f"{url} {n}" for url, n in self.per_server.items() if n)
+        text = (
+            f"{self.checkpoint.name} (step {self.checkpoint.step}, fingerprint {self.fingerprint}): "
+            f"{self.n_scored} scored{f' ({where})' if where else ''}, {self.n_stored} from the store"
+        )
+        if self.n_scored:
+            text += f"; {engine_work(self.n_engine, self.scoring_s, self.n_from_cache)}"
+        return text
+
+
+def engine_work(engine_groups: int, seconds: float, from_cache: int) -> str:
+    """``40 by the engine in 12 s (3.3 groups/s), 20 from the servers' result cache``: the rate
+    is the engine's groups over ``seconds``; groups answered from the result cache are named,
+    never counted in it (no cache part when there were none)."""
+    rate = engine_groups / seconds if seconds > 0 else 0.0
+    text = f"{engine_groups} by the engine in {duration_text(seconds)} ({rate:.1f} groups/s)"
+    return f"{text}, {from_cache} from the servers' result cache" if from_cache else text
+
+
+def summary_line(runs: Sequence[CheckpointRun]) -> str:
+    """The sweep in one line: ``sweep: 120 groups scored over 3 checkpoints, 60 from the store;
+    80 by the engine in 30 s (2.7 groups/s), 40 from the servers' result cache`` (seconds and
+    groups summed over the checkpoints; the rate counts the engine's groups only)."""
+    scored = sum(r.n_scored for r in runs)
+    stored = sum(r.n_stored for r in runs)
+    text = (f"sweep: {scored} groups scored over {len(runs)} checkpoint{'s' if len(runs) != 1 else ''}, "
+            f"{stored} from the store")
+    if scored:
+        text += "; " + engine_work(sum(r.n_engine for r in runs), sum(r.scoring_s for r in runs),
+                                   sum(r.n_from_cache for r in runs))
+    return text
 
 
 @dataclass
@@ -276,6 +325,18 @@ class _Server:
     recovery: asyncio.Task[None] | None = None
     """The server's current recovery (see :meth:`_Sweep._start_recovery`); None = none."""
     scored: int = 0
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """What :meth:`_Sweep._score` did for one checkpoint."""
+
+    per_server: dict[str, int]
+    """Server URL → groups it scored."""
+    from_cache: int
+    """Groups the servers answered from their result cache."""
+    seconds: float
+    """Seconds from the first request to the last answer."""
 
 
 class _Refused(errors.FingerprintMismatch):
@@ -449,11 +510,17 @@ class _Sweep:
         self.tally.groups_kept += n_stored
         if n_stored:
             logger.info("%s: %d groups already stored, %d to score", checkpoint.name, n_stored, len(missing))
-        per_server = await self._score(checkpoint, fingerprint, missing)
+        scored = await self._score(checkpoint, fingerprint, missing)
         self.db.flush()
         return CheckpointRun(
-            checkpoint, fingerprint, model, len(self.groups), len(missing), n_stored, loaded=True, per_server=per_server
+            checkpoint, fingerprint, model, len(self.groups), len(missing), n_stored, loaded=True,
+            per_server=scored.per_server, n_from_cache=scored.from_cache, scoring_s=scored.seconds,
         )
+
+    def _cache_counts(self) -> tuple[int, int]:
+        """Groups and prompt tokens the servers have answered from their result cache so far
+        (summed over every server's client)."""
+        return (sum(s.client.cache_groups for s in self.servers), sum(s.client.cache_tokens for s in self.servers))
 
     def _missing(self, fingerprint: str) -> list[Group]:
         """The groups not stored for ``fingerprint``, and those stored as not scored under other
@@ -573,11 +640,13 @@ class _Sweep:
 
     # -- scoring -------------------------------------------------------------------------
 
-    async def _score(self, checkpoint: Checkpoint, fingerprint: str, groups: list[Group]) -> dict[str, int]:
+    async def _score(self, checkpoint: Checkpoint, fingerprint: str, groups: list[Group]) -> _Scored:
         """Score ``groups`` over the servers serving ``fingerprint``, least outstanding first.
 
-        Returns server URL → groups it scored. A retryable failure puts the group back in the
-        queue and the server into recovery (:meth:`_start_recovery`).
+        Returns server URL → groups it scored, how many came from the servers' result cache
+        and the seconds it took. The progress display's rate and ETA leave the cached groups
+        out (:func:`~rmserve.pipelines.evaluate.show_rate`). A retryable failure puts the group
+        back in the queue and the server into recovery (:meth:`_start_recovery`).
 
         Raises:
             rmserve.errors.ConnectionFailed: no server is left (every group scored is stored).
@@ -589,6 +658,9 @@ class _Sweep:
         per_server = {s.url: 0 for s in self.servers}
         window = self.config.max_in_flight
         bar = progress_bar(len(self.groups), len(self.groups) - len(groups), self.config.quiet, checkpoint.name)
+        started = time.monotonic()
+        cache_groups, cache_tokens = self._cache_counts()
+        tokens = 0
         rotation = 0
         try:
             while queue or in_flight:
@@ -632,6 +704,9 @@ class _Sweep:
                         self.tally.groups_kept += 1
                         server.scored += 1
                         per_server[server.url] += 1
+                        tokens += sum(record.num_tokens)
+                        now_groups, now_tokens = self._cache_counts()
+                        show_rate(bar, started, tokens - (now_tokens - cache_tokens), now_groups - cache_groups)
                         bar.update(1)
                         if self.config.strict and not record.scored:
                             fatal = fatal or strict_stop(
@@ -656,7 +731,8 @@ class _Sweep:
             if in_flight:
                 await asyncio.gather(*in_flight, return_exceptions=True)
             self.db.flush()
-        return per_server
+        from_cache = self._cache_counts()[0] - cache_groups
+        return _Scored(per_server, from_cache, time.monotonic() - started if groups else 0.0)
 
     def _recovery_done(self, task: asyncio.Future[Any]) -> None:
         """Handle the outcome of a finished recovery ``task``.
@@ -776,7 +852,7 @@ async def sweep_async(config: SweepConfig, *, tally: SweepTally | None = None) -
             notes.extend(state.notes)
             refused = tuple(state.refused)
             kind = state.kind
-        logger.info("sweep scored %d groups in %.1f s", sum(r.n_scored for r in runs), time.monotonic() - started)
+        logger.info("%s (%.1f s in all)", summary_line(runs), time.monotonic() - started)
         points = []
         for run in runs:
             folder = config.out_dir / "checkpoints" / run.checkpoint.name
@@ -818,6 +894,7 @@ async def sweep_async(config: SweepConfig, *, tally: SweepTally | None = None) -
         },
         "groups_scored": sum(run.n_scored for run in runs),
         "groups_from_store": sum(run.n_stored for run in runs),
+        "groups_from_result_cache": sum(run.n_from_cache for run in runs),
     }
     paths, summary, document = await asyncio.to_thread(
         write_sweep, points, list(datasets), config.out_dir, resamples=config.resamples, seed=config.seed,

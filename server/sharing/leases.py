@@ -151,6 +151,59 @@ def _who(work: dict[str, int]) -> str:
     return ", ".join(f"{user}: {n} group{'s' if n != 1 else ''}" for user, n in sorted(work.items()))
 
 
+FORCE_SENTENCE = (
+    "An admin may force the swap (force: true): runs pinned to that fingerprint then stop with 409, keep what they "
+    "scored and resume once it is served again"
+)
+"""How a refused swap ends when only a lease blocks it (no pinned work of others in flight)."""
+
+FORCE_PINNED_SENTENCE = (
+    "An admin may force the swap (force: true), which stops those pinned runs with 409; they keep what they scored "
+    "and resume once that fingerprint is served again"
+)
+"""How a refused swap ends when other users' pinned work is in flight: forcing stops those runs."""
+
+
+def swap_refusal(user: str, info: ModelInfo, lease: Lease | None, others: dict[str, int], idle_s: float) -> str:
+    """The message of a checkpoint swap refused for ``user``: what blocks it, who can unblock it.
+
+    Args:
+        user: who asked for the swap.
+        info: the served model.
+        lease: a live lease on it held by another user, or None (no lease, or ``user``'s own:
+            neither blocks ``user``).
+        others: pinned groups in flight on ``info.fingerprint`` of users other than ``user``,
+            by name; at least one of ``lease`` and ``others`` blocks the swap.
+        idle_s: the lease's idle limit, seconds.
+
+    Returns:
+        A lease held by another: who holds it since when and how it ends. Pinned work: how many
+        users, each one's groups, and that a retry once it is done goes through; no word of a
+        lease holder when there is none. Then what an admin's ``force`` does: with pinned
+        work, that it stops those runs (which keep what they scored).
+
+    Raises:
+        ValueError: neither ``lease`` nor ``others`` (nothing blocks the swap).
+    """
+    if lease is None and not others:
+        raise ValueError("swap_refusal: nothing blocks the swap")
+    where = f"model {info.name!r} (fingerprint {info.fingerprint})"
+    blockers = []
+    if lease is not None:
+        blockers.append(
+            f"{lease.holder} holds the lease on {where} since {_utc(lease.since)}; it ends after {idle_s:g} s "
+            f"without {lease.holder}'s pinned work in flight, or when {lease.holder} or an admin releases it "
+            "(POST /v1/models/release)"
+        )
+    if others:
+        users = f"{len(others)} other user{'s' if len(others) != 1 else ''}"
+        on = "on it" if lease is not None else f"on {where}"
+        when = "once it is done and the lease has ended" if lease is not None else "once it is done"
+        blockers.append(f"pinned work of {users} is in flight {on}: {_who(others)}; retry {when}")
+    force = FORCE_PINNED_SENTENCE if others else FORCE_SENTENCE
+    return f"checkpoint swap refused for {user}: {'; '.join(blockers)}. {force}"
+
+
 @dataclass(slots=True)
 class LeaseBook:
     """Leases and pinned work of one server (the single model it serves, by name).
@@ -247,35 +300,20 @@ class LeaseBook:
         Raises:
             Forbidden (403, field ``force``): ``force`` asked by a user who is not an admin.
             Conflict (409): not forced, and another user holds a live lease on the model or
-                has pinned work in flight on its fingerprint; names the holder, since when,
-                and how many groups of whom are in flight.
+                has pinned work in flight on its fingerprint (:func:`swap_refusal`'s message:
+                what blocks the load, who can unblock it, what forcing it stops).
         """
         if force and not user.is_admin:
             raise Forbidden(f"force: only an admin may force a checkpoint swap; {user.name} is a {user.role}",
                             field="force")
         lease = self.lease_of(info.name)
+        held = lease if lease is not None and lease.holder != user.name else None  # one's own lease never blocks
         others = {u: n for u, n in self.work_on(info.fingerprint).items() if u != user.name}
-        blocked = others or (lease is not None and lease.holder != user.name)
-        if not blocked:
+        if held is None and not others:
             return False, ()
         if force:
             return True, tuple(sorted(others.items()))
-        where = f"model {info.name!r} (fingerprint {info.fingerprint})"
-        if lease is not None and lease.holder != user.name:
-            blockers = [
-                f"{lease.holder} holds the lease on {where} since {_utc(lease.since)}; it ends after {self.idle_s:g} s "
-                f"without {lease.holder}'s pinned work in flight, or when {lease.holder} or an admin releases it "
-                "(POST /v1/models/release)"
-            ]
-        else:
-            blockers = [f"{'you hold' if lease is not None else 'nobody holds'} the lease on {where}"]
-        if others:
-            blockers.append(f"pinned work of other users is in flight on it: {_who(others)}; retry when it is done")
-        raise Conflict(
-            f"checkpoint swap refused for {user.name}: {'; '.join(blockers)}. An admin may force the swap "
-            "(force: true): pinned runs then stop with 409, keep what they scored and resume once that fingerprint "
-            "is served again"
-        )
+        raise Conflict(swap_refusal(user.name, info, held, others, self.idle_s))
 
     def granted(self, user: str, info: ModelInfo, old_fingerprint: str, overridden: tuple[tuple[str, int], ...],
                 forced: bool) -> None:

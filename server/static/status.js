@@ -95,14 +95,35 @@ function showQueue(body) {
   }
 }
 
+// What blocks a checkpoint load now, from /v1/status's leases (one entry per served model):
+// nothing (an admin may load), a lease held (by whom, how it ends), pinned work in flight
+// (whose, that a load waits for it), and what an admin's force then stops.
+function leasesSummary(leases) {
+  if (leases.length === 0) return "No model is served.";
+  const held = leases.filter((l) => l.holder !== null);
+  const pinned = leases.filter((l) => l.pinned.length > 0);
+  if (held.length === 0 && pinned.length === 0) {
+    return "Nobody holds a lease and no pinned work is in flight: an admin may load a checkpoint (scorers never may).";
+  }
+  const parts = ["Only admins load checkpoints."];
+  for (const l of held) {
+    parts.push(l.holder + " holds the lease on " + l.model + ": another admin's load is refused until the lease " +
+      "ends (once " + l.holder + " has had no pinned work in flight for the server's --lease-idle-s) or is released.");
+  }
+  for (const l of pinned) {
+    parts.push("Loads into " + l.model + " are blocked by the pinned work in flight on it (" + pinnedText(l.pinned) +
+      "): a load by any other user is refused until it is done.");
+  }
+  parts.push(pinned.length > 0
+    ? "An admin may force a load, which stops those pinned runs; they keep what they scored and resume once their " +
+      "checkpoint is served again."
+    : "An admin may force a load; runs pinned to the old checkpoint then stop, keep what they scored and resume once " +
+      "it is served again.");
+  return parts.join(" ");
+}
+
 function showLeases(leases) {
-  const held = leases.filter((l) => l.holder !== null).length;
-  const pinned = leases.filter((l) => l.pinned.length > 0).length;
-  document.getElementById("leases-summary").textContent = leases.length === 0
-    ? "No model is served."
-    : held === 0 && pinned === 0
-      ? "Nobody holds a lease and no pinned work is in flight: an admin may load a checkpoint (scorers never may)."
-      : "Only admins load checkpoints. A load is refused while another admin holds the lease or other users' pinned work is in flight; an admin may force it, and the pinned runs then stop, keep what they scored and resume once their checkpoint is served again.";
+  document.getElementById("leases-summary").textContent = leasesSummary(leases);
   const tbody = document.querySelector("#leases tbody");
   tbody.replaceChildren();
   for (const l of leases) {

@@ -74,28 +74,29 @@ def _run_config(model, data, out, store, engine_options, *serve_extra) -> RunCon
 
 
 def test_store_signature_of_a_dpo_run_is_the_dpo_fingerprint_of_both_folders(tmp_path):
-    policy = fake_checkpoint(tmp_path / "policy", b"\x01" * 512)
-    ref = fake_checkpoint(tmp_path / "ref", b"\x02" * 512)
+    policy = fake_checkpoint(tmp_path / "policy", b"\x01" * 512, causal_lm=True)
+    ref = fake_checkpoint(tmp_path / "ref", b"\x02" * 512, causal_lm=True)
     store = tmp_path / "s.sqlite"
 
-    def signature(**options):
-        return store_signature(_run_config(policy, tmp_path / "d", tmp_path / "o", store, options))
+    def signature(model=policy, **options):
+        return store_signature(_run_config(model, tmp_path / "d", tmp_path / "o", store, options))
 
     policy_sig, ref_sig = checkpoint_signature(policy, "float32"), checkpoint_signature(ref, "float32")
-    assert signature() == policy_sig  # a classifier: the folder's own signature
+    classifier = fake_checkpoint(tmp_path / "rm", b"\x01" * 512)
+    assert signature(classifier) == checkpoint_signature(classifier, "float32")  # a classifier: the folder's own
     with_ref = signature(kind="dpo", ref_model=str(ref))
     assert with_ref == dpo_fingerprint(policy_sig, ref_sig, "reference", "none")
     assert signature(kind="dpo", ref_model=str(ref), compat="official") == dpo_fingerprint(
         policy_sig, ref_sig, "reference", "official")
     free = {mode: signature(kind="dpo", ref_free=mode) for mode in ("avg", "sum", "norm")}
     assert free["avg"] == dpo_fingerprint(policy_sig, None, "avg", "none")
-    assert len({policy_sig, with_ref, *free.values()}) == 5  # never a classifier's, never another mode's
+    assert len({policy_sig, with_ref, *free.values()}) == 5  # never the folder's own signature, never another mode's
     assert signature(kind="dpo", ref_model="org/ref-on-the-hub") is None  # a hub reference cannot be hashed
 
 
 def test_run_kind_dpo_passes_its_options_and_is_answered_from_the_store_next_time(small_rmbench, tmp_path):
-    policy = fake_checkpoint(tmp_path / "policy", b"\x01" * 512)
-    ref = fake_checkpoint(tmp_path / "ref", b"\x02" * 512)
+    policy = fake_checkpoint(tmp_path / "policy", b"\x01" * 512, causal_lm=True)
+    ref = fake_checkpoint(tmp_path / "ref", b"\x02" * 512, causal_lm=True)
     store = tmp_path / "s.sqlite"
     options = {"kind": "dpo", "ref_model": str(ref)}
     first = run(_run_config(policy, small_rmbench, tmp_path / "a", store, options))
@@ -114,10 +115,14 @@ def test_run_kind_dpo_passes_its_options_and_is_answered_from_the_store_next_tim
     second = run(_run_config(policy, small_rmbench, tmp_path / "b", store, options, "--fail-at-start"))
     assert any(n.startswith("answered from the store, no server started") for n in second.notes)
     assert read_scores(tmp_path / "b" / "scores.jsonl").records == records
-    # ... but another mode of the same policy, or the policy as a classifier, is not in the store.
-    for other in ({"kind": "dpo", "ref_free": "avg"}, {}):
-        with pytest.raises(errors.ServerFault, match="exited with status 3 before it was ready"):
-            run(_run_config(policy, small_rmbench, tmp_path / "c", store, other, "--fail-at-start"))
+    # ... but another mode of the same policy is not in the store.
+    with pytest.raises(errors.ServerFault, match="exited with status 3 before it was ready"):
+        run(_run_config(policy, small_rmbench, tmp_path / "c", store, {"kind": "dpo", "ref_free": "avg"},
+                        "--fail-at-start"))
+    # The policy as a classifier is refused before any server starts, as rmserve serve refuses it.
+    with pytest.raises(ValueError, match=r"^model: checkpoint 'policy/config.json': has architectures "
+                                         r"\['LlamaForCausalLM'\]; a reward model must be a \*ForSequenceClassification"):
+        _run_config(policy, small_rmbench, tmp_path / "c", store, {})
 
 
 # --- sweep ------------------------------------------------------------------------------------
@@ -216,8 +221,8 @@ def test_cli_run_kind_dpo_builds_the_run_it_says(small_rmbench, tmp_path, monkey
         raise errors.EngineNotReady("stop here (test)")
 
     monkeypatch.setattr(launch, "run", fake_run)
-    policy = fake_checkpoint(tmp_path / "policy", b"\x01" * 512)
-    ref = fake_checkpoint(tmp_path / "ref", b"\x02" * 512)
+    policy = fake_checkpoint(tmp_path / "policy", b"\x01" * 512, causal_lm=True)
+    ref = fake_checkpoint(tmp_path / "ref", b"\x02" * 512, causal_lm=True)
     args = ["run", str(policy), "--bench", "rm-bench", "--data", str(small_rmbench), "--out", str(tmp_path / "o"),
             "--store", str(tmp_path / "s.sqlite"), "--dtype", "float32", "--quiet"]
     CliRunner().invoke(app, [*args, "--kind", "dpo", "--ref-model", str(ref), "--compat", "official"])
@@ -235,7 +240,7 @@ async def test_sweep_with_a_reference_keys_the_memo_by_the_reference_folder_too(
     root = tmp_path / "run"
     start = fakes.write_fake_checkpoint(root / "init", 0.0)
     folder = fakes.write_fake_checkpoint(root / "step-1", 1.0)
-    ref = fake_checkpoint(tmp_path / "ref", b"\x02" * 512)
+    ref = fake_checkpoint(tmp_path / "ref", b"\x02" * 512, causal_lm=True)
     data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=2, n_code=1)
     base = ModelInfo(name="policy", max_model_len=BIG, dtype="float32", fingerprint="fp-init", engine="fake")
     engine = DPOFakeEngine(model=base, checkpoint_dir=str(start), mode="reference", ref_model=str(ref))

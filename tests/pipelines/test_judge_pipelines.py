@@ -200,7 +200,7 @@ def test_run_keys_a_judge_by_its_settings(tmp_path):
     from rmserve.fingerprint import model_fingerprint
     from rmserve.pipelines.launch import local_fingerprint, store_signature
 
-    folder = fake_checkpoint(tmp_path / "judge", b"\x03" * 512)
+    folder = fake_checkpoint(tmp_path / "judge", b"\x03" * 512, causal_lm=True)
     template = tmp_path / "template.jinja"
     template.write_text("{{ messages }}")
 
@@ -229,7 +229,7 @@ def test_a_judge_behind_an_endpoint_is_never_predicted_from_a_folder(tmp_path):
 
     from rmserve.pipelines.launch import local_fingerprint, store_signature
 
-    folder = fake_checkpoint(tmp_path / "judge", b"\x03" * 512)
+    folder = fake_checkpoint(tmp_path / "judge", b"\x03" * 512, causal_lm=True)
     (tmp_path / "t.jinja").write_text("{{ messages }}")
     options = {"dtype": "float32", "kind": "judge", "judge_url": "http://127.0.0.1:9/v1",
                "chat_template": str(tmp_path / "t.jinja")}

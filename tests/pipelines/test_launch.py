@@ -119,6 +119,45 @@ def test_child_that_dies_early_fails_with_the_log_tail(tmp_path):
     assert "cannot load the model (scripted)" in str(info.value)
 
 
+CHILD_USAGE_ERROR = (
+    "import sys; print('Usage: rmserve serve [OPTIONS] [MODEL]'); print('Try rmserve serve --help for help.'); "
+    "print(); print(\"Error: Invalid value for 'MODEL': checkpoint 'x/config.json': is missing\"); sys.exit(2)"
+)
+
+
+def test_a_child_s_log_lines_are_printed_as_lines_not_folded_into_the_error_line(tmp_path, capsys):
+    import typer
+
+    from rmserve.cli_common import guarded
+
+    log = tmp_path / "server.log"
+    server = ServerProcess([sys.executable, "-c", CHILD_USAGE_ERROR], url=f"http://127.0.0.1:{free_loopback_port()}",
+                           log_path=log, startup_timeout_s=30, stop_grace_s=5, quiet=True)
+    with server, pytest.raises(errors.ServerFault) as info:
+        server.wait_ready()
+    exc = info.value
+    assert exc.message == f"the server exited with status 2 before it was ready; last lines of {log}:"
+    assert exc.quoted[-4:] == (
+        "Usage: rmserve serve [OPTIONS] [MODEL]",
+        "Try rmserve serve --help for help.",
+        "",
+        "Error: Invalid value for 'MODEL': checkpoint 'x/config.json': is missing",
+    )
+    assert exc.quoted[1].startswith("=== rmserve run: ")  # the launcher's header line, then the child's output
+    assert str(exc) == "\n".join((exc.message, *exc.quoted))
+
+    def fail():
+        raise exc
+
+    with pytest.raises(typer.Exit) as stopped:
+        guarded(fail)
+    assert stopped.value.exit_code == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: internal_error: the server exited with status 2 before it was ready; last lines of {log}:",
+        *exc.quoted,
+    ]
+
+
 def test_child_not_ready_in_time_fails_with_the_log_tail(tmp_path):
     with _server(tmp_path, "--startup-delay-s", "30", startup_timeout_s=0.5) as server:
         with pytest.raises(errors.EngineNotReady, match="not ready after 0.5 s") as info:
@@ -220,8 +259,8 @@ def test_child_that_dies_while_starting_names_its_log(tmp_path, capsys):
 TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
 
 
-def _checkpoint(tmp_path) -> Path:
-    folder = fake_checkpoint(tmp_path / "ckpt", b"weights-1")
+def _checkpoint(tmp_path, *, causal_lm: bool = False) -> Path:
+    folder = fake_checkpoint(tmp_path / "ckpt", b"weights-1", causal_lm=causal_lm)
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
     return folder
 
@@ -284,7 +323,7 @@ def test_local_fingerprint_is_the_server_rule_with_the_tokenizer_template(tmp_pa
 
 
 def test_local_fingerprint_of_a_dpo_pair(tmp_path):
-    policy, reference = _checkpoint(tmp_path), fake_checkpoint(tmp_path / "ref", b"ref")
+    policy, reference = _checkpoint(tmp_path, causal_lm=True), fake_checkpoint(tmp_path / "ref", b"ref", causal_lm=True)
     options = {"dtype": "float32", "kind": "dpo", "ref_model": str(reference)}
     expected = dpo_fingerprint(
         model_fingerprint(policy, TEMPLATE, "float32"), model_fingerprint(reference, TEMPLATE, "float32"), "reference"

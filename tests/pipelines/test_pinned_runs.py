@@ -208,8 +208,8 @@ async def test_sweep_refused_by_another_users_lease_says_who_and_resumes_after_r
                 f"lease on model 'bobs' (fingerprint {bobs_fp}) since "
             )
             assert message.endswith(
-                "pinned runs then stop with 409, keep what they scored and resume once that fingerprint is served "
-                "again. Every group scored so far is kept in the score store; "
+                "runs pinned to that fingerprint then stop with 409, keep what they scored and resume once it is "
+                "served again. Every group scored so far is kept in the score store; "
                 "run the same command again to resume without scoring them again"
             )
             assert engine.reloads == [str(bobs)]  # the sweep's load changed nothing

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 import pytest
-from rmserve.pipelines.progress import ProgressLine, StatusLine, duration_text
+from rmserve.pipelines.progress import EngineBar, ProgressLine, StatusLine, duration_text
 
 
 class Clock:
@@ -136,17 +136,64 @@ def test_progress_line_eta_comes_from_work_done_not_from_the_wait_for_the_first_
     assert bar.text() == "scoring: 51/798 groups, 1.5 groups/s, ETA 1 min 15 s"
 
 
-def test_progress_line_leaves_result_cache_groups_out_of_the_rate():
+def test_progress_line_leaves_result_cache_groups_out_of_the_rate_and_the_eta():
     out, clock = io.StringIO(), Clock()
     bar = ProgressLine(100, 0, stream=out, clock=clock)
     clock.now += 1
     bar.cached = 40
-    bar.update(40)  # 40 answered from the server's result cache at once
+    bar.update(40)  # 40 answered from the server's result cache at once: no engine work yet
+    assert bar.text() == "scoring: 40/100 groups, 0.0 groups/s, ETA unknown"
     clock.now += 4
-    bar.update(10)  # then 10 scored by the engine in 4 s
+    bar.update(10)  # the engine's first 10 groups, 5 s after the start
+    assert bar.text() == "scoring: 50/100 groups, 2.0 groups/s, ETA unknown"  # one engine point: no ETA yet
+    clock.now += 4
+    bar.update(10)  # 10 more by the engine in 4 s: 2.5 groups/s since its first; 40 left → 16 s
     bar.set_postfix_str("40 from the result cache, 25 tok/s (engine work only)")
-    assert bar.text() == (  # 10 engine groups over 5 s; ETA: 10 groups in the 4 s since the first, 50 left
-        "scoring: 50/100 groups, 2.0 groups/s, ETA 20 s, 40 from the result cache, 25 tok/s (engine work only)")
+    assert bar.text() == (  # 20 engine groups over 9 s = 2.2 groups/s
+        "scoring: 60/100 groups, 2.2 groups/s, ETA 16 s, 40 from the result cache, 25 tok/s (engine work only)")
+
+
+def test_engine_bar_on_a_terminal_shows_the_engine_rate_and_eta_not_tqdm_s():
+    # tqdm's own rate would be 60 groups over 9 s (6.7 group/s) and its ETA 40 / 6.7 = 6 s.
+    out, clock = io.StringIO(), Clock()
+    bar = EngineBar(100, 0, stream=out, clock=clock, ncols=100, ascii=True, mininterval=0, miniters=1)
+    clock.now += 1
+    bar.cached = 40
+    bar.update(40)
+    clock.now += 4
+    bar.update(10)
+    clock.now += 4
+    bar.update(10)
+    bar.set_postfix_str("40 from the result cache, 25 tok/s (engine work only)", refresh=False)
+    assert str(bar) == (
+        "scoring:  60%|######    | 60/100 [2.2 groups/s, ETA 16 s, 40 from the result cache, 25 tok/s (engine "
+        "work only)]"
+    )
+    clock.now += 1
+    bar.update(40)
+    bar.close()
+    assert out.getvalue().split("\r")[-1] == (
+        "scoring: 100%|##########| 100/100 [6.0 groups/s, done in 10 s, 40 from the result cache, 25 tok/s (engine "
+        "work only)]\n")  # 60 engine groups in 10 s
+    assert "group/s" not in out.getvalue() and "<" not in out.getvalue()  # no tqdm rate, no tqdm remaining time
+
+
+def test_progress_bar_is_an_engine_bar_on_a_terminal_and_a_progress_line_elsewhere(monkeypatch):
+    from rmserve.pipelines.evaluate import progress_bar, show_rate
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("sys.stderr", Terminal())
+    bar = progress_bar(10, 2, quiet=False, label="step-3")
+    assert isinstance(bar, EngineBar) and (bar.desc, bar.n, bar.total) == ("step-3", 2, 10)
+    show_rate(bar, 0.0, 0, 3)
+    assert bar.cached == 3 and bar.postfix == "3 from the result cache, 0 tok/s (engine work only)"
+    bar.close()
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    assert isinstance(progress_bar(10, 2, quiet=False), ProgressLine)
+
 
 def test_progress_line_without_progress_says_eta_unknown_and_closes_silently():
     out, clock = io.StringIO(), Clock()

@@ -12,6 +12,7 @@ import csv
 import json
 import logging
 import math
+import re
 import socket
 import time
 from pathlib import Path
@@ -300,6 +301,8 @@ class ScriptedServer:
         self.polls = 0
         self.loads: list[str] = []
         self.requests: list[str] = []
+        self.cache_groups = 0  # RewardClient's counts of replies from the server's result cache
+        self.cache_tokens = 0
 
     async def __aenter__(self):
         return self
@@ -375,7 +378,7 @@ async def run_scripted(tmp_path, monkeypatch, clients, *, recovery_first, n_chat
         async with state:
             score = state._score(sweep_module.Checkpoint(3, folder), FP, list(dataset.groups))
             if raises is None:
-                per_server = await score
+                per_server = (await score).per_server
             else:
                 with pytest.raises(raises):
                     await score
@@ -565,3 +568,59 @@ def test_cli_sweep_with_nothing_listening_fails_in_seconds_and_keeps_nothing(che
     assert "resume" not in result.stderr  # nothing was scored: no resume hint
     assert not store.exists() and not (tmp_path / "out").exists()
 
+
+
+def test_a_checkpoint_s_line_and_the_summary_count_rates_over_the_engine_s_groups_only():
+    from rmserve.pipelines.sweep import Checkpoint, CheckpointRun, summary_line
+
+    scored = CheckpointRun(Checkpoint(20, Path("/r/step-20")), "fp-20", "step-20", 60, 60, 0, loaded=True,
+                           per_server={"http://a": 40, "http://b": 20}, n_from_cache=20, scoring_s=12.0)
+    stored = CheckpointRun(Checkpoint(3, Path("/r/step-3")), "fp-3", "step-3", 60, 0, 60, loaded=False)
+    assert scored.line() == (  # 40 engine groups in 12 s; the 20 cached ones are named, not counted
+        "step-20 (step 20, fingerprint fp-20): 60 scored (http://a 40, http://b 20), 0 from the store; 40 by the "
+        "engine in 12 s (3.3 groups/s), 20 from the servers' result cache"
+    )
+    assert stored.line() == "step-3 (step 3, fingerprint fp-3): 0 scored, 60 from the store"
+    assert summary_line([stored, scored]) == (
+        "sweep: 60 groups scored over 2 checkpoints, 60 from the store; 40 by the engine in 12 s (3.3 groups/s), "
+        "20 from the servers' result cache"
+    )
+    assert summary_line([stored]) == "sweep: 0 groups scored over 1 checkpoint, 60 from the store"
+
+
+async def test_a_sweep_answered_from_the_servers_result_cache_says_so_and_leaves_it_out_of_its_rates(
+    checkpoints, tmp_path, capsys
+):
+    from rmserve.pipelines.progress import duration_text
+    from rmserve.pipelines.sweep import summary_line
+
+    root, start, folders = checkpoints
+    step3 = [f for f in folders if f.name == "step-3"]
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=3, n_code=2)
+    engine = engine_on(start)
+    with start_server(root, engine) as one:
+        first = await sweep_async(config([one.url], step3, tmp_path, data))
+        calls = engine.n_score_calls
+        capsys.readouterr()
+        # Another store: the checkpoint is loaded and its 5 groups sent again; the server's result
+        # cache (same fingerprint, same tokens) answers them without engine work.
+        (tmp_path / "again").mkdir()
+        again = await sweep_async(config([one.url], step3, tmp_path / "again", data, quiet=False))
+    (run,) = again.runs
+    assert engine.n_score_calls == calls
+    assert (first.runs[0].n_from_cache, first.runs[0].n_engine) == (0, 5)
+    assert (run.n_scored, run.n_from_cache, run.n_engine, run.fingerprint) == (5, 5, 0, first.runs[0].fingerprint)
+    took = duration_text(run.scoring_s)
+    assert run.line() == (
+        f"step-3 (step 3, fingerprint {run.fingerprint}): 5 scored ({one.url} 5), 0 from the store; 0 by the engine "
+        f"in {took} (0.0 groups/s), 5 from the servers' result cache"
+    )
+    assert summary_line(again.runs) == (
+        f"sweep: 5 groups scored over 1 checkpoint, 0 from the store; 0 by the engine in {took} (0.0 groups/s), "
+        "5 from the servers' result cache"
+    )
+    progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("step-3: ")]
+    assert progress and all(re.fullmatch(
+        r"step-3: 5/5 groups, 0\.0 groups/s, done in \d+ s, 5 from the result cache, 0 tok/s \(engine work only\)",
+        line) for line in progress[-1:]), progress
+    assert again.document["groups_from_result_cache"] == 5 and first.document["groups_from_result_cache"] == 0

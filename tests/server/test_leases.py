@@ -12,7 +12,11 @@ authentication middleware used in ``test_fair_queue_app.py``).
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
+from pathlib import Path
 
+import msgspec
 import orjson
 import pytest
 from testkit.app_client import wait_until
@@ -20,7 +24,9 @@ from testkit.auth_stub import user_header_middleware
 from testkit.fakes import FAKE_MODEL, FakeEngine, FakeRenderer, ReloadableFakeEngine, write_fake_checkpoint
 from testkit.judge_fakes import FakeJudgeEngine, rb2_group
 from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
-from rmserve.server.sharing.leases import LEASES_KEY
+import rmserve.server as server_package
+from rmserve.errors import Conflict
+from rmserve.server.sharing.leases import LEASES_KEY, LeaseBook, swap_refusal
 from rmserve.server.sharing.users import User
 from rmserve.fingerprint import judge_fingerprint, model_fingerprint
 
@@ -191,8 +197,8 @@ async def test_swap_is_refused_while_another_user_holds_the_lease_or_has_pinned_
     assert body["error"]["message"] == (
         f"checkpoint swap refused for bob: alice holds the lease on model 'step' (fingerprint {new}) since "
         "2027-01-15 08:00:00 UTC; it ends after 600 s without alice's pinned work in flight, or when alice or an "
-        "admin releases it (POST /v1/models/release). An admin may force the swap (force: true): "
-        "pinned runs then stop with 409, keep what they scored and resume once that fingerprint is served again"
+        "admin releases it (POST /v1/models/release). An admin may force the swap (force: true): runs pinned to "
+        "that fingerprint then stop with 409, keep what they scored and resume once it is served again"
     )
 
     # alice has 2 pinned groups at the (stalled) engine: bob's refusal counts them
@@ -201,9 +207,13 @@ async def test_swap_is_refused_while_another_user_holds_the_lease_or_has_pinned_
     await wait_until(lambda: len(engine.calls) == 2)
     status, body = await load(client, "bob", original)
     assert status == 409
-    assert ("holds the lease on model 'step' (fingerprint " in body["error"]["message"]
-            and "(POST /v1/models/release); pinned work of other users is in flight on it: alice: 2 groups; retry when "
-                "it is done. An admin may force" in body["error"]["message"])
+    assert body["error"]["message"] == (
+        f"checkpoint swap refused for bob: alice holds the lease on model 'step' (fingerprint {new}) since "
+        "2027-01-15 08:00:00 UTC; it ends after 600 s without alice's pinned work in flight, or when alice or an "
+        "admin releases it (POST /v1/models/release); pinned work of 1 other user is in flight on it: alice: "
+        "2 groups; retry once it is done and the lease has ended. An admin may force the swap (force: true), which "
+        "stops those pinned runs with 409; they keep what they scored and resume once that fingerprint is served again"
+    )
     engine.score_gate.set()
     status, body = await alice
     assert status == 200 and [r["rewards"] for r in body["results"]] == [pytest.approx([14.55, 14.41])] * 2
@@ -214,10 +224,11 @@ async def test_swap_is_refused_while_another_user_holds_the_lease_or_has_pinned_
     await wait_until(lambda: len(engine.calls) == 3)
     status, body = await load(client, "alice", original)
     assert status == 409
-    assert body["error"]["message"].startswith(
-        "checkpoint swap refused for alice: you hold the lease on model 'step' (fingerprint ")
-    assert "; pinned work of other users is in flight on it: bob: 1 group; retry when it is done." in (
-        body["error"]["message"])
+    assert body["error"]["message"] == (  # her own lease does not block her: only bob's work is named
+        f"checkpoint swap refused for alice: pinned work of 1 other user is in flight on model 'step' (fingerprint "
+        f"{new}): bob: 1 group; retry once it is done. An admin may force the swap (force: true), which stops those "
+        "pinned runs with 409; they keep what they scored and resume once that fingerprint is served again"
+    )
     engine.score_gate.set()
     assert (await bob)[0] == 200
     assert engine.reloads == [str(second)]  # nothing was loaded by a refused swap
@@ -227,6 +238,134 @@ async def test_swap_is_refused_while_another_user_holds_the_lease_or_has_pinned_
     assert status == 200, body
     assert body["models"][0]["lease_holder"] == "alice"
     assert engine.mixed == 0
+
+
+def _book() -> LeaseBook:
+    return LeaseBook(600.0, clock=Clock(), wall=lambda: WALL)
+
+
+SERVED = msgspec.structs.replace(FAKE_MODEL, name="step", fingerprint="fp-step-1")
+FORCE_STOPS_PINNED = (
+    "An admin may force the swap (force: true), which stops those pinned runs with 409; they keep what they scored "
+    "and resume once that fingerprint is served again"
+)
+
+
+def _refusal(book: LeaseBook, user: User) -> str:
+    with pytest.raises(Conflict) as info:
+        book.check_swap(user, False, SERVED)
+    assert info.value.status == 409 and info.value.field is None
+    return info.value.message
+
+
+def test_a_refusal_for_another_user_s_lease_names_the_holder_and_how_it_ends():
+    book = _book()
+    book.granted("alice", SERVED, "fp-step-0", (), False)
+    assert _refusal(book, USERS["root"]) == (
+        "checkpoint swap refused for root: alice holds the lease on model 'step' (fingerprint fp-step-1) since "
+        "2027-01-15 08:00:00 UTC; it ends after 600 s without alice's pinned work in flight, or when alice or an "
+        "admin releases it (POST /v1/models/release). An admin may force the swap (force: true): runs pinned to "
+        "that fingerprint then stop with 409, keep what they scored and resume once it is served again"
+    )
+
+
+def test_a_refusal_for_pinned_work_without_a_lease_says_what_blocks_and_names_no_holder():
+    book = _book()
+    with book.pinned("alice", "fp-step-1", 3), book.pinned("bob", "fp-step-1", 1):
+        message = _refusal(book, USERS["root"])
+    assert message == (
+        "checkpoint swap refused for root: pinned work of 2 other users is in flight on model 'step' (fingerprint "
+        "fp-step-1): alice: 3 groups, bob: 1 group; retry once it is done. " + FORCE_STOPS_PINNED
+    )
+    assert "nobody" not in message and "holder" not in message and "holds" not in message
+    assert book.check_swap(USERS["root"], False, SERVED) == (False, ())  # done: nothing blocks the load
+
+
+def test_a_refusal_for_a_lease_and_pinned_work_names_both():
+    book = _book()
+    book.granted("alice", SERVED, "fp-step-0", (), False)
+    with book.pinned("alice", "fp-step-1", 2), book.pinned("bob", "fp-step-1", 1):
+        assert _refusal(book, USERS["root"]) == (
+            "checkpoint swap refused for root: alice holds the lease on model 'step' (fingerprint fp-step-1) since "
+            "2027-01-15 08:00:00 UTC; it ends after 600 s without alice's pinned work in flight, or when alice or an "
+            "admin releases it (POST /v1/models/release); pinned work of 2 other users is in flight on it: alice: "
+            "2 groups, bob: 1 group; retry once it is done and the lease has ended. " + FORCE_STOPS_PINNED
+        )
+        assert book.check_swap(USERS["root"], True, SERVED) == (True, (("alice", 2), ("bob", 1)))
+
+
+def test_swap_refusal_needs_something_that_blocks():
+    with pytest.raises(ValueError, match="^swap_refusal: nothing blocks the swap$"):
+        swap_refusal("root", SERVED, None, {}, 600.0)
+
+
+STATUS_JS = Path(server_package.__file__).parent / "static" / "status.js"
+NODE_RUNNER = """
+const vm = require("vm"), fs = require("fs");
+const element = { hidden: true, textContent: "", addEventListener() {} };
+const context = { document: { body: { dataset: {} }, getElementById: () => element, querySelector: () => element },
+  sessionStorage: { getItem: () => null }, fetch: () => new Promise(() => {}), setInterval: () => 0 };
+vm.createContext(context);
+vm.runInContext(fs.readFileSync(process.argv[1], "utf8"), context);
+process.stdout.write(vm.runInContext("leasesSummary", context)(JSON.parse(fs.readFileSync(0, "utf8"))));
+"""
+
+
+def leases_summary(leases: list) -> str:
+    """The status page's lease summary (status.js ``leasesSummary``) for ``leases`` as /v1/status
+    sends them, computed by node (skipped without it; the browser test covers the page itself)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node not found: the status page's lease summary is checked in Chromium only")
+    done = subprocess.run([node, "-e", NODE_RUNNER, str(STATUS_JS)], input=orjson.dumps(leases), capture_output=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout.decode()
+
+
+async def test_pinned_work_without_a_lease_blocks_loads_in_status_and_on_the_page(make_server, checkpoints):
+    _, original, second = checkpoints
+    client, engine, _ = await make_server()
+    served = orjson.loads(await models_body(client))["models"][0]
+    fp = served["fingerprint"]
+    async with client.get("/v1/status") as resp:
+        idle = orjson.loads(await resp.read())["leases"]
+    assert idle == [{"model": "fake-rm", "fingerprint": fp, "holder": None, "since": None, "expires_in_s": None,
+                     "pinned": []}]
+    assert leases_summary(idle) == (
+        "Nobody holds a lease and no pinned work is in flight: an admin may load a checkpoint (scorers never may).")
+
+    engine.score_gate = asyncio.Event()
+    alice = asyncio.create_task(score(client, "alice", fp, ids=("a1", "a2"), responses=("ya", "yb")))
+    await wait_until(lambda: len(engine.calls) == 2)
+    async with client.get("/v1/status") as resp:
+        busy = orjson.loads(await resp.read())["leases"]
+    assert busy == [{"model": "fake-rm", "fingerprint": fp, "holder": None, "since": None, "expires_in_s": None,
+                     "pinned": [{"user": "alice", "groups": 2}]}]
+    assert leases_summary(busy) == (
+        "Only admins load checkpoints. Loads into fake-rm are blocked by the pinned work in flight on it (alice: "
+        "2 groups): a load by any other user is refused until it is done. An admin may force a load, which stops "
+        "those pinned runs; they keep what they scored and resume once their checkpoint is served again."
+    )
+    status, body = await load(client, "root", second)
+    assert status == 409
+    assert body["error"]["message"] == (
+        f"checkpoint swap refused for root: pinned work of 1 other user is in flight on model 'fake-rm' (fingerprint "
+        f"{fp}): alice: 2 groups; retry once it is done. " + FORCE_STOPS_PINNED
+    )
+    engine.score_gate.set()
+    assert (await alice)[0] == 200
+    assert engine.reloads == []  # nothing was loaded by the refused swap
+
+    held = [{"model": "step", "fingerprint": "fp-1", "holder": "alice", "since": WALL, "expires_in_s": 12.0,
+             "pinned": []}]
+    assert leases_summary(held) == (
+        "Only admins load checkpoints. alice holds the lease on step: another admin's load is refused until the lease "
+        "ends (once alice has had no pinned work in flight for the server's --lease-idle-s) or is released. An admin "
+        "may force a load; runs pinned to the old checkpoint then stop, keep what they scored and resume once it is "
+        "served again."
+    )
+    assert leases_summary([]) == "No model is served."
 
 
 async def test_admin_forced_swap_answers_in_flight_work_on_its_checkpoint_then_409(make_server, checkpoints):

@@ -299,9 +299,10 @@ def test_status_page_in_chromium_shows_two_users_work_in_flight(tmp_path):
                 assert lease_row.find_element(By.CSS_SELECTOR, "td.fingerprint").text == FAKE_MODEL.fingerprint
                 # nobody holds the lease, but pinned work is in flight: a load is not free for all
                 assert driver.find_element(By.ID, "leases-summary").text == (
-                    "Only admins load checkpoints. A load is refused while another admin holds the lease or other "
-                    "users' pinned work is in flight; an admin may force it, and the pinned runs then stop, keep what "
-                    "they scored and resume once their checkpoint is served again.")
+                    "Only admins load checkpoints. Loads into fake-rm are blocked by the pinned work in flight on it "
+                    "(alice: 3 groups, bob: 2 groups): a load by any other user is refused until it is done. An admin "
+                    "may force a load, which stops those pinned runs; they keep what they scored and resume once "
+                    "their checkpoint is served again.")
                 assert driver.find_element(By.ID, "error").get_attribute("hidden") is not None
                 assert csp_violations(driver) == []  # the page works under its policy
                 shot = _artifacts(tmp_path) / "status_page.png"

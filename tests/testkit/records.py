@@ -35,10 +35,13 @@ def score_record(
     )
 
 
-def fake_checkpoint(path: Path, weights: bytes) -> Path:
-    """A checkpoint folder with a config, one weight file holding ``weights`` and a tokenizer."""
+def fake_checkpoint(path: Path, weights: bytes, *, causal_lm: bool = False) -> Path:
+    """A checkpoint folder with a config, one weight file holding ``weights`` and a tokenizer:
+    a one-label reward classifier, or with ``causal_lm`` a causal LM (a DPO policy or a judge)."""
     path.mkdir(parents=True)
-    (path / "config.json").write_text('{"architectures": ["LlamaForSequenceClassification"], "num_labels": 1}')
+    config = '{"architectures": ["LlamaForCausalLM"]}' if causal_lm else (
+        '{"architectures": ["LlamaForSequenceClassification"], "num_labels": 1}')
+    (path / "config.json").write_text(config)
     (path / "model.safetensors").write_bytes(weights)
     (path / "tokenizer.json").write_text('{"version": "1.0"}')
     return path
