@@ -511,7 +511,7 @@ class RewardClient:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise errors.ServerFault(f"POST /v1/score: invalid reply ({exc})") from None
         results = check_reply(groups, reply)
-        return ScoreResponse(model=reply.model, fingerprint=reply.fingerprint, results=results)
+        return ScoreResponse(model=reply.model, fingerprint=reply.fingerprint, results=results, scorer=reply.scorer)
 
     @property
     def groups_per_request(self) -> int:
@@ -567,7 +567,8 @@ class RewardClient:
                 self.cache_groups += 1
                 self.cache_tokens += sum(result.num_tokens)
         return [
-            record_from_result(g, r, model=reply.model, fingerprint=reply.fingerprint, truncation=truncation, kind=kind)
+            record_from_result(g, r, model=reply.model, fingerprint=reply.fingerprint, truncation=truncation, kind=kind,
+                               scorer=reply.scorer)
             for g, r in zip(groups, reply.results, strict=True)
         ]
 

@@ -502,6 +502,7 @@ ENGINE_METAVARS: dict[str, str] = {
     "chat_template": "FILE",
     "served_model_name": "NAME",
     "cpu_threads_bind": "CPUS",
+    "label_weights": "WEIGHT[,WEIGHT...]",
 }
 """Placeholder of each engine option that is not an integer (``N``), a switch or a choice."""
 
@@ -706,7 +707,7 @@ def model_argument(model: str | None, engine_options: Mapping[str, object]) -> s
 def check_model_sources(config: Any, *, files: bool = True) -> None:
     """Before any engine starts, tell each model path of an engine config (``model``, a DPO
     ``ref_model``) from a hub id and, with ``files``, check a folder's files with the kind's
-    rules (:func:`rmserve.server.swaps.checkpoints.check_model_source`; without ``files``
+    rules and, for the model, its head settings (:func:`rmserve.server.swaps.checkpoints.check_model_source`; without ``files``
     only :func:`~rmserve.server.swaps.checkpoints.model_folder`, for a launcher whose child
     ``rmserve serve`` checks the files); a judge behind ``--judge-url`` names a model at the
     endpoint and is not checked here.
@@ -719,7 +720,8 @@ def check_model_sources(config: Any, *, files: bool = True) -> None:
 
     def check(model: str, field: str) -> None:
         if files:
-            check_model_source(model, config.kind, field)
+            head = getattr(config, "head_settings", None) if field == "model" else None
+            check_model_source(model, config.kind, field, head)
         else:
             model_folder(model, field)
 
