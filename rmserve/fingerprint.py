@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rmserve.errors import ServerFault
 from rmserve.judge_records import JUDGE_READER_VERSION
-from rmserve.schema import DPO_KIND, JUDGE_KIND, LENGTH_KIND, JudgeSampling, RewardHead
+from rmserve.schema import CLASSIFIER_REWARD_HEAD, DPO_KIND, JUDGE_KIND, LENGTH_KIND, JudgeSampling, RewardHead
 
 FINGERPRINT_HEX_CHARS = 16
 TOKENIZER_FILES: tuple[str, ...] = (
@@ -74,8 +74,8 @@ def model_fingerprint(
 
     ``dtype`` (``float32``, ``bfloat16`` …) is hashed when given; engines pass the dtype they
     compute in, so a fingerprint names the model, the template and the numerics. ``head`` is
-    how the reward is read (:func:`head_sections`; None or the default ``RewardHead()``, the
-    one-label classifier, add nothing).
+    how the reward is read (:func:`head_sections`; None or
+    ``CLASSIFIER_REWARD_HEAD``, the one-label classifier, add nothing).
 
     Returns:
         The first :data:`FINGERPRINT_HEX_CHARS` hex characters of the sha256 described in
@@ -113,11 +113,12 @@ def model_fingerprint(
 
 def head_sections(head: RewardHead | None) -> list[tuple[str, str]]:
     """The fingerprint sections of a reward head: none for None and for the default
-    ``RewardHead()`` (the one-label classifier, so its fingerprints keep their values), else
+    :data:`~rmserve.schema.CLASSIFIER_REWARD_HEAD` (the one-label classifier, so its fingerprints keep
+    their values), else
     ``head`` (the name) and each setting the head has: ``label_index`` (decimal),
     ``label_weights`` (``repr`` of each weight as a float, comma-joined: ``1`` and ``1.0`` are
     one weight) and ``head_token_id`` (decimal)."""
-    if head is None or head == RewardHead():
+    if head is None or head == CLASSIFIER_REWARD_HEAD:
         return []
     sections = [("head", head.name)]
     if head.label_index is not None:

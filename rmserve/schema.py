@@ -74,11 +74,11 @@ class RewardHead(msgspec.Struct, frozen=True, omit_defaults=True):
             (reward = Σ weight_i · logit_i).
         token_id: ``lm-logit``: the vocabulary id whose logit is the reward.
 
-    The default, ``RewardHead()``, is the one-label classifier; every field but ``name`` is
-    None (and left out of the JSON) where the head has no such setting.
+    Every field but ``name`` is None (and left out of the JSON) where the head has no such
+    setting; the one-label classifier is :data:`CLASSIFIER_REWARD_HEAD`.
     """
 
-    name: HeadName = CLASSIFIER_HEAD
+    name: HeadName
     label_index: int | None = None
     label_weights: tuple[float, ...] | None = None
     token_id: int | None = None
@@ -93,6 +93,10 @@ class RewardHead(msgspec.Struct, frozen=True, omit_defaults=True):
         if self.token_id is not None:
             return f"{self.name} (token id {self.token_id})"
         return self.name
+
+
+CLASSIFIER_REWARD_HEAD = RewardHead(CLASSIFIER_HEAD)
+"""The head of a one-label ``*ForSequenceClassification`` (what rmserve served before heads were recorded)."""
 
 
 class Scorer(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -518,7 +518,7 @@ def check_reward_head(model: str, head: HeadSettings | None = None) -> RewardHea
     (:func:`rmserve.server.kinds.heads.resolve_head`).
 
     Returns:
-        The :class:`~rmserve.schema.RewardHead` to serve (``RewardHead()``: the one-label classifier).
+        The :class:`~rmserve.schema.RewardHead` to serve (``CLASSIFIER_REWARD_HEAD``: the one-label classifier).
 
     Raises:
         ServerFault: unreadable config, or no head rmserve serves: an unknown head (naming the

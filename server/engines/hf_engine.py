@@ -67,6 +67,7 @@ from rmserve.server.kinds.heads import read_reward
 from rmserve.errors import EngineError, ServerFault
 from rmserve.schema import (
     ATTENTION_UNKNOWN,
+    CLASSIFIER_REWARD_HEAD,
     JUDGE_KIND,
     LM_LOGIT_HEAD,
     JudgeEngineInfo,
@@ -96,7 +97,7 @@ class _ClassifierLoaded(_TorchLoaded):
 
     base: Any
     head: Any
-    reward_head: RewardHead = RewardHead()
+    reward_head: RewardHead = CLASSIFIER_REWARD_HEAD
 
 
 class TokenLogit:

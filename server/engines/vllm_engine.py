@@ -100,7 +100,7 @@ from rmserve.server.engines.vllm_compat import (
 from rmserve.server.kinds.heads import read_reward
 
 from rmserve.errors import EngineError, EngineNotReady, ServerFault
-from rmserve.schema import LM_LOGIT_HEAD, JUDGE_KIND, JudgeEngineInfo, JudgeSampling, Message, ModelInfo, RewardHead
+from rmserve.schema import CLASSIFIER_REWARD_HEAD, LM_LOGIT_HEAD, JUDGE_KIND, JudgeEngineInfo, JudgeSampling, Message, ModelInfo, RewardHead
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +302,7 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
         config: the settings; after :meth:`restart` its ``model`` is the checkpoint last started.
     """
 
-    _head: RewardHead = RewardHead()
+    _head: RewardHead = CLASSIFIER_REWARD_HEAD
     """The head of the checkpoint last started (:func:`~rmserve.server.config.check_reward_head`)."""
 
     _num_values: int = 1

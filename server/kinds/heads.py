@@ -35,6 +35,7 @@ from typing import Any
 
 from rmserve.schema import (
     CLASSIFIER_HEAD,
+    CLASSIFIER_REWARD_HEAD,
     HEAD_NAMES,
     LM_LOGIT_HEAD,
     MULTI_LABEL_HEAD,
@@ -215,7 +216,8 @@ def resolve_head(config: Mapping[str, Any], settings: HeadSettings = HeadSetting
         settings: what the server was asked.
 
     Returns:
-        The :class:`~rmserve.schema.RewardHead` (``RewardHead()`` for the one-label classifier).
+        The :class:`~rmserve.schema.RewardHead` (:data:`~rmserve.schema.CLASSIFIER_REWARD_HEAD` for the
+            one-label classifier).
 
     Raises:
         HeadProblem: the message starts with ``has``, names what was found (architectures, label
@@ -249,7 +251,7 @@ def resolve_head(config: Mapping[str, Any], settings: HeadSettings = HeadSetting
                 f"has {labels_found(config)}: its logit is the reward; --label-index and --label-weights are for a "
                 f"{MULTI_LABEL_HEAD} head (num_labels > 1): drop them"
             )
-        return RewardHead()
+        return CLASSIFIER_REWARD_HEAD
     return _multi_label_head(config, labels, settings)
 
 
