@@ -350,6 +350,7 @@ async def _score_inputs(request: web.Request, decode, route: str, shape: str) ->
         state.require_ready()
     async with swap.scoring_slot(state, app[CONFIG_KEY].swap_wait_s):
         info, renderer = state.require_ready()
+        raw_input.check_served_head(info, route)
         truncation = wire.pooling_truncation(
             pool_request, max_model_len=info.max_model_len, default_side=renderer.truncation_side
         )

@@ -139,3 +139,21 @@ async def test_an_lm_logit_server_refuses_a_classifier_checkpoint(make_client):
         "reads the LM head of a causal LM (*ForCausalLM or *LMHeadModel); a *ForSequenceClassification is served "
         "with the classifier or multi-label head (leave out --head)"))
     assert engine.reloads == []
+
+
+@pytest.mark.parametrize("route", ["/classify", "/pooling"])
+async def test_vllm_routes_refuse_a_multi_label_head(make_client, route):
+    _, make = make_client
+    head = RewardHead("multi-label", label_weights=(0.5, 0.5))
+    client, _ = await make(FakeEngine(model=msgspec.structs.replace(FAKE_MODEL, head=head)),
+                           HeadSettings(label_weights=(0.5, 0.5)))
+    async with client.post(route, json={"input": "hi"}) as resp:
+        status, body = resp.status, orjson.loads(await resp.read())
+    assert (status, error_of(body)) == (400, {
+        "type": "invalid_request", "field": "model",
+        "message": f"POST {route} answers as vLLM's classify task, which gives every label; this model has the "
+                   "multi-label (weights 0.5, 0.5) head, which reads one reward from its labels: use POST /v1/score "
+                   "or POST /get_reward",
+    })
+    status, body = await post_score(client, VALID)  # /v1/score reads the head's one reward
+    assert status == 200 and tuple(body["results"][0]["rewards"]) == pytest.approx(BASE_REWARDS)
