@@ -515,7 +515,7 @@ class RewardClient:
             if result.from_result_cache:
                 self.cache_groups += 1
                 self.cache_tokens += sum(result.num_tokens)
-        return ScoreResponse(model=reply.model, fingerprint=reply.fingerprint, results=results)
+        return ScoreResponse(model=reply.model, fingerprint=reply.fingerprint, results=results, scorer=reply.scorer)
 
     @property
     def groups_per_request(self) -> int:
@@ -567,7 +567,8 @@ class RewardClient:
                 field="fingerprint",
             )
         return [
-            record_from_result(g, r, model=reply.model, fingerprint=reply.fingerprint, truncation=truncation, kind=kind)
+            record_from_result(g, r, model=reply.model, fingerprint=reply.fingerprint, truncation=truncation, kind=kind,
+                               scorer=reply.scorer)
             for g, r in zip(groups, reply.results, strict=True)
         ]
 

@@ -20,6 +20,7 @@ from rmserve.schema import (
     RequestGroup,
     ResponseError,
     ScoreKind,
+    Scorer,
     ScoreRecord,
     ScoreResponse,
     Truncation,
@@ -48,6 +49,7 @@ def record_from_result(
     fingerprint: str,
     truncation: Truncation | None = None,
     kind: ScoreKind | None = None,
+    scorer: Scorer | None = None,
 ) -> ScoreRecord:
     """The stored record of one scored group: key, rewards (null where a response could not be
     scored, with its :class:`~rmserve.schema.ResponseError` in ``errors``), token counts, the
@@ -56,7 +58,8 @@ def record_from_result(
     :class:`~rmserve.schema.ModelInfo`; None: a classifier), what kind of score the rewards
     are; a generative judge's ``judge`` record (its calls, texts and the group's score) and
     its ``judge_sampling`` and ``judge_engine`` (how it decoded, what decoded) are copied
-    unchanged."""
+    unchanged; ``scorer`` is what scored it (the reply's :attr:`~rmserve.schema.ScoreResponse.scorer`:
+    engine, attention implementation, head; None: the server did not say)."""
     kind = kind or ScoreKind()
     return ScoreRecord(
         benchmark=group.benchmark,
@@ -80,6 +83,7 @@ def record_from_result(
         judge=result.judge,
         judge_sampling=result.judge_sampling,
         judge_engine=result.judge_engine,
+        scorer=scorer,
     )
 
 

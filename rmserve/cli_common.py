@@ -502,6 +502,7 @@ ENGINE_METAVARS: dict[str, str] = {
     "chat_template": "FILE",
     "served_model_name": "NAME",
     "cpu_threads_bind": "CPUS",
+    "label_weights": "WEIGHT[,WEIGHT...]",
 }
 """Placeholder of each engine option that is not an integer (``N``), a switch or a choice."""
 
@@ -709,7 +710,7 @@ def model_argument(model: str | None, engine_options: Mapping[str, object]) -> s
 def check_model_sources(config: Any) -> None:
     """Before any engine starts (``rmserve serve``, and ``rmserve run`` before it starts one),
     tell each model path of an engine config (``model``, a DPO ``ref_model``) from a hub id
-    and check a folder's files with the kind's rules
+    and check a folder's files with the kind's rules and, for the model, its head settings
     (:func:`rmserve.server.swaps.checkpoints.check_model_source`); a judge behind
     ``--judge-url`` names a model at the endpoint and is not checked here.
 
@@ -720,7 +721,7 @@ def check_model_sources(config: Any) -> None:
     from rmserve.server.swaps.checkpoints import check_model_source
 
     if getattr(config, "judge_url", None) is None:
-        check_model_source(config.model, config.kind, "model")
+        check_model_source(config.model, config.kind, "model", getattr(config, "head_settings", None))
     if getattr(config, "ref_model", None) is not None:
         check_model_source(config.ref_model, config.kind, "ref_model")
 

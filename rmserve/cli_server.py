@@ -335,6 +335,11 @@ def demo_model_command(
             "--kind dpo or judge; two seeds make a pair).",
         ),
     ] = "reward",
+    labels: Annotated[  # not num_labels: serve's help names the config key num_labels, which is no flag there
+        int,
+        typer.Option("--num-labels", help="Labels of a reward head (1 to 64); a model with more than one is served "
+                     "with --label-index or --label-weights (the multi-label head)."),
+    ] = 1,
 ) -> None:
     """Build a tiny RANDOM-WEIGHT reward model (LlamaForSequenceClassification, 1 label) or causal LM for tests and benchmarks.
 
@@ -346,7 +351,7 @@ def demo_model_command(
     config = bad_parameter(
         lambda: DemoModelConfig(
             layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-            intermediate=intermediate, vocab=vocab, seed=seed, max_len=max_len, kind=head,
+            intermediate=intermediate, vocab=vocab, seed=seed, max_len=max_len, kind=head, num_labels=labels,
         )
     )
     banner = "!" * 78

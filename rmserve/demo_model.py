@@ -1,7 +1,7 @@
 """A tiny random-weight reward model for tests and benchmarks (no download).
 
 :func:`build_demo_model` writes a ``LlamaForSequenceClassification`` checkpoint
-(``num_labels=1``, fp32 safetensors; ``kind="reward"``) or a ``LlamaForCausalLM`` of the same
+(``num_labels=1`` unless asked for more, fp32 safetensors; ``kind="reward"``) or a ``LlamaForCausalLM`` of the same
 shape (``kind="causal"``: a policy or reference for DPO scoring; two seeds make a pair)
 with a byte-level BPE tokenizer trained on a local
 corpus and a chat template that starts with BOS and closes every turn with EOS. The weights
@@ -69,8 +69,10 @@ class DemoModelConfig:
         vocab: tokenizer vocabulary target incl. 256 byte symbols and 6 special tokens (300…65536).
         seed: torch seed for the weights; same seed + same corpus → identical files.
         max_len: ``max_position_embeddings`` and the tokenizer's ``model_max_length`` (≥ 16).
-        kind: ``reward`` (a one-label sequence classifier) or ``causal`` (a causal LM with an
-            LM head, same tokenizer and template: a DPO policy or reference).
+        kind: ``reward`` (a sequence classifier) or ``causal`` (a causal LM with an LM head,
+            same tokenizer and template: a DPO policy or reference, or an ``lm-logit`` reward head).
+        num_labels: ``reward`` only: labels of the classifier (1: a one-label reward head; more:
+            a multi-label head, served with ``--label-index`` or ``--label-weights``).
 
     Raises:
         ValueError: naming the field and the limit.
@@ -85,6 +87,7 @@ class DemoModelConfig:
     seed: int = 0
     max_len: int = 4096
     kind: str = "reward"
+    num_labels: int = 1
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -104,6 +107,9 @@ class DemoModelConfig:
         need(self.seed >= 0, f"seed: {self.seed} must be ≥ 0")
         need(self.max_len >= 16, f"max_len: {self.max_len} must be ≥ 16")
         need(self.kind in ("reward", "causal"), f"kind: {self.kind!r} must be reward or causal")
+        need(isinstance(self.num_labels, int) and 1 <= self.num_labels <= 64,
+             f"num_labels: {self.num_labels!r} must be an integer from 1 to 64")
+        need(self.kind == "reward" or self.num_labels == 1, "num_labels: only for a reward model (head reward)")
 
     @property
     def head_dim(self) -> int:
@@ -252,7 +258,7 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
         bos_token_id=ids[BOS_TOKEN],
         eos_token_id=ids[EOS_TOKEN],
         pad_token_id=ids[PAD_TOKEN],
-        num_labels=1,
+        num_labels=config.num_labels,
         tie_word_embeddings=False,
         architectures=["LlamaForSequenceClassification" if config.kind == "reward" else "LlamaForCausalLM"],
     )

@@ -13,7 +13,10 @@
 4. the chat template actually used (an override file's text, else the tokenizer's);
 5. for hub ids, the snapshot commit (weights are not fetched for the fingerprint);
 6. the compute dtype when given (the same weights in bfloat16 and float32 give different
-   rewards, so their scores must not share a fingerprint).
+   rewards, so their scores must not share a fingerprint);
+7. the reward head when it is not the one-label classifier (:func:`head_sections`: the head's
+   name, label index or weights, token id), so a default classifier keeps the fingerprint it
+   had before heads were recorded and existing score files still resume.
 
 No torch import; ``huggingface_hub`` only for hub ids.
 """
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from rmserve.errors import ServerFault
 from rmserve.judge_records import JUDGE_READER_VERSION
-from rmserve.schema import DPO_KIND, JUDGE_KIND, LENGTH_KIND, JudgeSampling
+from rmserve.schema import CLASSIFIER_REWARD_HEAD, DPO_KIND, JUDGE_KIND, LENGTH_KIND, JudgeSampling, RewardHead
 
 FINGERPRINT_HEX_CHARS = 16
 TOKENIZER_FILES: tuple[str, ...] = (
@@ -64,11 +67,15 @@ def resolve_model_dir(model: str | Path) -> tuple[Path, str | None]:
     return local, local.name
 
 
-def model_fingerprint(model: str | Path, chat_template: str | None, dtype: str | None = None) -> str:
+def model_fingerprint(
+    model: str | Path, chat_template: str | None, dtype: str | None = None, head: RewardHead | None = None
+) -> str:
     """Short hex fingerprint of ``model`` (folder or hub id) scored with ``chat_template`` in ``dtype``.
 
     ``dtype`` (``float32``, ``bfloat16`` …) is hashed when given; engines pass the dtype they
-    compute in, so a fingerprint names the model, the template and the numerics.
+    compute in, so a fingerprint names the model, the template and the numerics. ``head`` is
+    how the reward is read (:func:`head_sections`; None or
+    ``CLASSIFIER_REWARD_HEAD``, the one-label classifier, add nothing).
 
     Returns:
         The first :data:`FINGERPRINT_HEX_CHARS` hex characters of the sha256 described in
@@ -99,7 +106,28 @@ def model_fingerprint(model: str | Path, chat_template: str | None, dtype: str |
     section("revision", (revision or "").encode())
     if dtype is not None:
         section("dtype", dtype.encode())
+    for label, value in head_sections(head):
+        section(label, value.encode())
     return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
+
+
+def head_sections(head: RewardHead | None) -> list[tuple[str, str]]:
+    """The fingerprint sections of a reward head: none for None and for the default
+    :data:`~rmserve.schema.CLASSIFIER_REWARD_HEAD` (the one-label classifier, so its fingerprints keep
+    their values), else
+    ``head`` (the name) and each setting the head has: ``label_index`` (decimal),
+    ``label_weights`` (``repr`` of each weight as a float, comma-joined: ``1`` and ``1.0`` are
+    one weight) and ``head_token_id`` (decimal)."""
+    if head is None or head == CLASSIFIER_REWARD_HEAD:
+        return []
+    sections = [("head", head.name)]
+    if head.label_index is not None:
+        sections.append(("label_index", str(int(head.label_index))))
+    if head.label_weights is not None:
+        sections.append(("label_weights", ",".join(repr(float(w)) for w in head.label_weights)))
+    if head.token_id is not None:
+        sections.append(("head_token_id", str(int(head.token_id))))
+    return sections
 
 
 def _sampled_digest(path: Path) -> str:

@@ -47,6 +47,76 @@ LENGTH_KIND: ModelKind = "length"
 MODEL_KINDS: tuple[ModelKind, ...] = (CLASSIFIER_KIND, DPO_KIND, JUDGE_KIND, LENGTH_KIND)
 """Every :data:`ModelKind`, in the order the CLI lists them."""
 
+HeadName = Literal["classifier", "multi-label", "lm-logit"]
+"""How a sequence classifier's reward is read from the model (``rmserve.server.kinds.heads``):
+``classifier`` — the one logit of a one-label ``*ForSequenceClassification`` at the last token;
+``multi-label`` — one label, or a weighted sum of the labels, of a ``*ForSequenceClassification``
+with ``num_labels > 1``; ``lm-logit`` — the logit of one vocabulary id of a ``*ForCausalLM``'s
+LM head at the last position (Llama-3.1-Nemotron-70B-Reward-HF reads id 0)."""
+
+CLASSIFIER_HEAD: HeadName = "classifier"
+MULTI_LABEL_HEAD: HeadName = "multi-label"
+LM_LOGIT_HEAD: HeadName = "lm-logit"
+HEAD_NAMES: tuple[HeadName, ...] = (CLASSIFIER_HEAD, MULTI_LABEL_HEAD, LM_LOGIT_HEAD)
+"""Every :data:`HeadName`, in the order the CLI and the docs list them."""
+
+ATTENTION_UNKNOWN = "unknown"
+"""What :attr:`Scorer.attention` says when the engine's attention implementation cannot be read."""
+
+
+class RewardHead(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Which head a reward is read from, and how (:data:`HeadName`).
+
+    Attributes:
+        name: the head.
+        label_index: ``multi-label`` read as one label: its index (0-based, below ``num_labels``).
+        label_weights: ``multi-label`` read as a weighted sum: one weight per label, label order
+            (reward = Σ weight_i · logit_i).
+        token_id: ``lm-logit``: the vocabulary id whose logit is the reward.
+
+    Every field but ``name`` is None (and left out of the JSON) where the head has no such
+    setting; the one-label classifier is :data:`CLASSIFIER_REWARD_HEAD`.
+    """
+
+    name: HeadName
+    label_index: int | None = None
+    label_weights: tuple[float, ...] | None = None
+    token_id: int | None = None
+
+    def describe(self) -> str:
+        """Words for messages: ``classifier``, ``multi-label (label 2)``,
+        ``multi-label (weights 0.5, 0.5)``, ``lm-logit (token id 0)``."""
+        if self.label_index is not None:
+            return f"{self.name} (label {self.label_index})"
+        if self.label_weights is not None:
+            return f"{self.name} (weights {', '.join(f'{w:g}' for w in self.label_weights)})"
+        if self.token_id is not None:
+            return f"{self.name} (token id {self.token_id})"
+        return self.name
+
+
+CLASSIFIER_REWARD_HEAD = RewardHead(CLASSIFIER_HEAD)
+"""The head of a one-label ``*ForSequenceClassification`` (what rmserve served before heads were recorded)."""
+
+
+class Scorer(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What scored a reply's rewards: the engine, its attention implementation and, for a
+    sequence classifier, the head the reward was read from.
+
+    Attributes:
+        engine: the engine's registered name (``vllm``, ``hf``; :attr:`ModelInfo.engine`).
+        attention: the attention implementation the engine runs, as it names it (vLLM: its
+            attention backend, e.g. ``CPU_ATTN``, ``FLASH_ATTN``; transformers: the model
+            config's ``_attn_implementation``, e.g. ``sdpa``, ``eager``); :data:`ATTENTION_UNKNOWN`
+            when it cannot be read (never a guess).
+        head: the head (None for kinds without one: DPO, judge, length).
+    """
+
+    engine: str
+    attention: str = ATTENTION_UNKNOWN
+    head: RewardHead | None = None
+
+
 RB2_SUBSETS: tuple[str, ...] = ("Factuality", "Precise IF", "Math", "Safety", "Focus", "Ties")
 """RewardBench 2 subsets in leaderboard column order."""
 
@@ -325,11 +395,18 @@ class GroupResult(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class ScoreResponse(msgspec.Struct, frozen=True, omit_defaults=True):
-    """Body of a successful ``POST /v1/score`` reply."""
+    """Body of a successful ``POST /v1/score`` reply.
+
+    ``scorer`` says what scored the rewards (engine, attention implementation, head; see
+    :class:`Scorer`), as the served model's :class:`ModelInfo` reports it
+    (:meth:`ModelInfo.scorer`); left out when the engine reports neither a head nor an
+    attention implementation.
+    """
 
     model: str
     fingerprint: str
     results: tuple[GroupResult, ...]
+    scorer: Scorer | None = None
 
 
 class ModelInfo(msgspec.Struct, frozen=True):
@@ -359,6 +436,11 @@ class ModelInfo(msgspec.Struct, frozen=True):
     ``lease_holder`` names the user whose checkpoint load holds the model's lease and
     ``lease_since`` the Unix time (seconds) it was taken; both ``msgspec.UNSET`` (left out of
     the JSON) while nobody holds it (:mod:`rmserve.server.sharing.leases`).
+
+    ``head`` (kind ``classifier``) is the head the reward is read from (:class:`RewardHead`;
+    the fingerprint covers it, :func:`rmserve.fingerprint.model_fingerprint`) and
+    ``attention`` the attention implementation the engine runs (:attr:`Scorer.attention`);
+    both ``msgspec.UNSET`` (left out of the JSON) for an engine that does not report them.
     """
 
     name: str
@@ -379,6 +461,19 @@ class ModelInfo(msgspec.Struct, frozen=True):
     judge_engine: JudgeEngineInfo | msgspec.UnsetType = msgspec.UNSET
     lease_holder: str | msgspec.UnsetType = msgspec.UNSET
     lease_since: float | msgspec.UnsetType = msgspec.UNSET
+    head: RewardHead | msgspec.UnsetType = msgspec.UNSET
+    attention: str | msgspec.UnsetType = msgspec.UNSET
+
+    def scorer(self) -> Scorer | None:
+        """What scores with this model (:class:`Scorer`: ``engine``, ``attention``, ``head``);
+        None when the engine reports neither a head nor an attention implementation."""
+        if self.head is msgspec.UNSET and self.attention is msgspec.UNSET:
+            return None
+        return Scorer(
+            engine=self.engine,
+            attention=ATTENTION_UNKNOWN if self.attention is msgspec.UNSET else self.attention,
+            head=None if self.head is msgspec.UNSET else self.head,
+        )
 
     def judge_settings(self) -> tuple[int | None, int | None]:
         """``(judge_max_tokens, judge_seed)``, each None when not sent (other kinds)."""
@@ -758,9 +853,11 @@ class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
             decoded (:attr:`GroupResult.judge_sampling`, :attr:`GroupResult.judge_engine`,
             copied unchanged). None (omitted) in records written before rmserve recorded
             them: their settings are unknown (the metrics say so).
+        scorer: what scored the group (engine, attention implementation, head), copied from
+            the reply (:attr:`ScoreResponse.scorer`). None (omitted) in records written
+            before rmserve recorded it, or from an engine that reports none.
 
-    The last eight are omitted when at their defaults, so a classifier's record encodes
-    exactly as before they existed.
+    The last nine are omitted when at their defaults.
     """
 
     benchmark: str
@@ -784,6 +881,7 @@ class ScoreRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     judge: JudgeGroupResult | None = None
     judge_sampling: JudgeSampling | None = None
     judge_engine: JudgeEngineInfo | None = None
+    scorer: Scorer | None = None
 
     @property
     def key(self) -> GroupKey:

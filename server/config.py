@@ -14,7 +14,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from rmserve.errors import ServerFault
-from rmserve.schema import CLASSIFIER_KIND, DPO_KIND, JUDGE_KIND, LENGTH_KIND, MODEL_KINDS, ModelKind
+from rmserve.schema import (
+    CLASSIFIER_KIND,
+    DPO_KIND,
+    HEAD_NAMES,
+    JUDGE_KIND,
+    LENGTH_KIND,
+    LM_LOGIT_HEAD,
+    MODEL_KINDS,
+    MULTI_LABEL_HEAD,
+    HeadName,
+    ModelKind,
+    RewardHead,
+)
+from rmserve.server.kinds.heads import HeadSettings, parse_label_weights
 
 if TYPE_CHECKING:
     from rmserve.server.sharing.auth import UserLine
@@ -78,10 +91,22 @@ class EngineConfig:
     """
 
     model: str
-    """Local checkpoint folder or hub id: a ``*ForSequenceClassification`` model with one label (kind ``classifier``), a causal LM policy (kind ``dpo``), a chat model (kind ``judge``) or any model whose tokenizer counts the tokens (kind ``length``: only the tokenizer is loaded)."""
+    """Local checkpoint folder or hub id: a reward model (kind ``classifier``: a ``*ForSequenceClassification``, or a causal LM read at one logit with ``head`` ``lm-logit``), a causal LM policy (kind ``dpo``), a chat model (kind ``judge``) or any model whose tokenizer counts the tokens (kind ``length``: only the tokenizer is loaded)."""
 
     kind: ModelKind = CLASSIFIER_KIND
-    """What the model is: ``classifier`` (a one-label reward head), ``dpo`` (a policy scored by its implicit reward; needs --ref-model or --ref-free), ``judge`` (a chat model that ranks, rates or compares the answers) or ``length`` (the length baseline: reward = the response's token count, see --length-sign)."""
+    """What the model is: ``classifier`` (a reward head, see --head), ``dpo`` (a policy scored by its implicit reward; needs --ref-model or --ref-free), ``judge`` (a chat model that ranks, rates or compares the answers) or ``length`` (the length baseline: reward = the response's token count, see --length-sign)."""
+
+    head: HeadName | None = None
+    """Classifier only: the head the reward is read from: ``classifier`` (the one label of a *ForSequenceClassification), ``multi-label`` (a *ForSequenceClassification with num_labels > 1, read with label_index or label_weights) or ``lm-logit`` (a *ForCausalLM: the LM-head logit of head_token_id at the last position, as Llama-3.1-Nemotron-70B-Reward-HF). None = found from the checkpoint's config (classifier or multi-label by its label count; a causal LM needs --head lm-logit)."""
+
+    label_index: int | None = None
+    """Multi-label head only: the label (0-based, below num_labels) whose logit is the reward."""
+
+    label_weights: str | None = None
+    """Multi-label head only: one weight per label, comma-separated in label order (0.5,0.3,0.2); the reward is the weighted sum of the labels' logits."""
+
+    head_token_id: int | None = None
+    """lm-logit head only: the vocabulary id whose LM-head logit at the last position is the reward (below vocab_size). None = 0, the id Llama-3.1-Nemotron-70B-Reward-HF reads."""
 
     ref_model: str | None = None
     """DPO only: folder or hub id of the reference model (same tokenizer as the policy). Reward = sum of the answer's log-probs under the policy minus under the reference."""
@@ -236,6 +261,7 @@ class EngineConfig:
         if self.kind != LENGTH_KIND and self.length_sign != "longest":
             raise ValueError("length_sign: only for kind length; add --kind length or drop --length-sign")
         self._check_judge()
+        self._check_head()
         if self.ref_free is not None and self.ref_free not in ("avg", "sum", "norm"):
             raise ValueError(f"ref_free: {self.ref_free!r} is not one of avg, sum, norm")
         if self.compat not in ("none", "official"):
@@ -252,6 +278,46 @@ class EngineConfig:
             )
         if self.ref_model is not None and not self.ref_model:
             raise ValueError("ref_model: must be a non-empty path or hub id")
+
+    def _check_head(self) -> None:
+        """The head options: names and ranges, one label rule at most, each with its head, kind
+        classifier only (the checkpoint's label count and vocabulary are checked at start)."""
+        given = [name for name in ("head", "label_index", "label_weights", "head_token_id") if getattr(self, name) is not None]
+        if given and self.kind != CLASSIFIER_KIND:
+            raise ValueError(
+                f"{' / '.join(given)}: only for kind classifier (a reward head); drop "
+                f"{', '.join('--' + name.replace('_', '-') for name in given)} or use --kind classifier"
+            )
+        if self.head is not None and self.head not in HEAD_NAMES:
+            raise ValueError(f"head: {self.head!r} is not one of {', '.join(HEAD_NAMES)}")
+        if self.label_index is not None and (not _is_int(self.label_index) or self.label_index < 0):
+            raise ValueError(f"label_index: {self.label_index!r} must be an integer ≥ 0")
+        if self.head_token_id is not None and (not _is_int(self.head_token_id) or self.head_token_id < 0):
+            raise ValueError(f"head_token_id: {self.head_token_id!r} must be an integer ≥ 0")
+        if self.label_weights is not None:
+            if not isinstance(self.label_weights, str):
+                raise ValueError(f"label_weights: {self.label_weights!r} must be weights separated by commas")
+            parse_label_weights(self.label_weights)
+        if self.label_index is not None and self.label_weights is not None:
+            raise ValueError(
+                "label_index / label_weights: give one: --label-index I reads one label, --label-weights w1,... "
+                "their weighted sum"
+            )
+        labelled = "label_index" if self.label_index is not None else "label_weights" if self.label_weights is not None else None
+        if labelled is not None and self.head not in (None, MULTI_LABEL_HEAD):
+            raise ValueError(
+                f"{labelled}: only for the {MULTI_LABEL_HEAD} head (num_labels > 1); --head {self.head} reads "
+                f"{'one label' if self.head != LM_LOGIT_HEAD else 'one vocabulary logit'}"
+            )
+        if self.head_token_id is not None and self.head != LM_LOGIT_HEAD:
+            raise ValueError(f"head_token_id: only with --head {LM_LOGIT_HEAD} (a causal LM read at one vocabulary logit)")
+
+    @property
+    def head_settings(self) -> HeadSettings:
+        """The head options as :class:`~rmserve.server.kinds.heads.HeadSettings` (weights parsed)."""
+        weights = None if self.label_weights is None else parse_label_weights(self.label_weights)
+        return HeadSettings(choice=self.head, label_index=self.label_index, label_weights=weights,
+                            token_id=self.head_token_id)
 
     def _check_judge(self) -> None:
         if self.protocol not in ("auto", "ranking", "ratings", "pairwise"):
@@ -442,30 +508,56 @@ def _valid_cpu_list(text: object) -> bool:
     return True
 
 
-def check_reward_head(model: str) -> None:
-    """Fail fast, before any weight is loaded, unless ``model`` is a one-label classifier.
+def check_reward_head(model: str, head: HeadSettings | None = None) -> RewardHead:
+    """Fail fast, before any weight is loaded, unless ``model`` has a head rmserve serves under
+    the head settings ``head``; returns that head.
 
-    Reads only the model config (transformers ``AutoConfig``; imported here); the rule is
-    :func:`rmserve.server.swaps.checkpoints.architecture_problem` for kind ``classifier``, the
-    labels counted on ``AutoConfig.to_dict()``.
+    Reads only the model config (a local folder's ``config.json`` as JSON, else transformers
+    ``AutoConfig``, imported then; labels counted on ``AutoConfig.to_dict()``); the rule is
+    :func:`rmserve.server.swaps.checkpoints.architecture_problem` for kind ``classifier``
+    (:func:`rmserve.server.kinds.heads.resolve_head`).
+
+    Returns:
+        The :class:`~rmserve.schema.RewardHead` to serve (``CLASSIFIER_REWARD_HEAD``: the one-label classifier).
 
     Raises:
-        ServerFault: unreadable config, no ``*ForSequenceClassification`` architecture, or
-            not exactly one label (per-token reward heads such as ``*ForRewardModel`` are not
-            served: the sequence reward must come from the ``classify`` pooling path); the
-            message starts with the quoted ``model``.
+        ServerFault: unreadable config, or no head rmserve serves: an unknown head (naming the
+            architectures, the heads rmserve knows and ``--head``), several labels without
+            ``--label-index`` / ``--label-weights`` (naming the label count and both flags), an
+            index out of range (naming the label count), a weight count other than the labels'
+            (per-token reward heads such as ``*ForRewardModel`` are not served); the message
+            starts with the quoted ``model``.
     """
-    from transformers import AutoConfig
+    from rmserve.server.kinds.heads import HeadProblem, resolve_head
 
-    from rmserve.server.swaps.checkpoints import architecture_problem
+    config = _read_model_config(model, "")
+    try:
+        return resolve_head(config, head or HeadSettings())
+    except HeadProblem as problem:
+        raise ServerFault(f"{model!r} {problem}") from None
+
+
+def _read_model_config(model: str, field: str) -> dict:
+    """The config of ``model`` as a mapping: a folder's ``config.json`` read as JSON, else a hub
+    id's through transformers ``AutoConfig`` (imported only then; ``to_dict()``).
+
+    Raises:
+        ServerFault: unreadable config; the message starts with ``field:`` when ``field`` is given.
+    """
+    import json
 
     try:
-        config = AutoConfig.from_pretrained(model).to_dict()
+        folder = Path(model)
+        if folder.is_dir():
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8-sig"))
+        else:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(model).to_dict()
     except Exception as exc:  # noqa: BLE001
-        raise ServerFault(f"cannot read the model config of {model!r}: {type(exc).__name__}: {exc}") from exc
-    problem = architecture_problem(CLASSIFIER_KIND, config)
-    if problem is not None:
-        raise ServerFault(f"{model!r} {problem}")
+        where = f"{field}: " if field else ""
+        raise ServerFault(f"{where}cannot read the model config of {model!r}: {type(exc).__name__}: {exc}") from exc
+    return config if isinstance(config, dict) else {}
 
 
 def check_lm_head(model: str, field: str, kind: ModelKind = DPO_KIND) -> None:
@@ -485,21 +577,10 @@ def check_lm_head(model: str, field: str, kind: ModelKind = DPO_KIND) -> None:
             (a ``*ForSequenceClassification`` reward model is told to use ``--kind classifier``);
             the message starts with ``field:`` and the quoted ``model``.
     """
-    import json
-
     from rmserve.server.swaps.checkpoints import architecture_problem
 
-    try:
-        folder = Path(model)
-        if folder.is_dir():
-            config = json.loads((folder / "config.json").read_text(encoding="utf-8-sig"))
-        else:
-            from transformers import AutoConfig
-
-            config = AutoConfig.from_pretrained(model).to_dict()
-    except Exception as exc:  # noqa: BLE001
-        raise ServerFault(f"{field}: cannot read the model config of {model!r}: {type(exc).__name__}: {exc}") from exc
-    problem = architecture_problem(kind, config if isinstance(config, dict) else {})
+    config = _read_model_config(model, field)
+    problem = architecture_problem(kind, config)
     if problem is not None:
         raise ServerFault(f"{field}: {model!r} {problem}")
 

@@ -114,9 +114,12 @@ def test_serve_options_argv_round_trips_through_the_serve_parser(captured, tmp_p
         "judge_system_prompt": False,
         "judge_thinking": "off",
     }
-    # ref_free excludes ref_model, the judge options need kind judge and length_sign kind
-    # length: they are carried in the second, third and fourth round trips below.
-    assert sorted([*values, "ref_free", *judge_values, "length_sign"]) == sorted(ENGINE_FIELDS), (
+    head_values = ({"head": "multi-label", "label_weights": "0.5,1,-2"}, {"label_index": 2},
+                   {"head": "lm-logit", "head_token_id": 5})
+    # ref_free excludes ref_model, the judge options need kind judge, length_sign kind length and
+    # the head options kind classifier: they are carried in the round trips after the first.
+    head_fields = {name for options in head_values for name in options}
+    assert sorted([*values, "ref_free", *judge_values, "length_sign", *head_fields]) == sorted(ENGINE_FIELDS), (
         "give the new EngineConfig field a non-default value here"
     )
     defaults = EngineConfig(model="m")
@@ -151,6 +154,14 @@ def test_serve_options_argv_round_trips_through_the_serve_parser(captured, tmp_p
     result = runner.invoke(app, argv[3:])
     assert result.exit_code == 0, result.output
     assert calls[0][0] == EngineConfig(model="org/rm", **length)
+    for options in head_values:
+        calls.clear()
+        assert all(getattr(defaults, name) != value for name, value in options.items())
+        head = {**{k: v for k, v in values.items() if k not in ("ref_model", "kind")}, **options}
+        argv = ServeOptions(model="org/rm", engine_options=head).argv("127.0.0.1", 5123)
+        result = runner.invoke(app, argv[3:])
+        assert result.exit_code == 0, result.output
+        assert calls[0][0] == EngineConfig(model="org/rm", **head)
 
 
 def test_engine_options_not_given_keep_the_engine_config_defaults(captured):

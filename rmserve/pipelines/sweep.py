@@ -792,7 +792,7 @@ class _Sweep:
         (result,) = reply.results
         return record_from_result(
             group, result, model=reply.model, fingerprint=reply.fingerprint, truncation=self.config.truncation,
-            kind=self.kind,
+            kind=self.kind, scorer=reply.scorer,
         )
 
 

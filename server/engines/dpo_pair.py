@@ -376,6 +376,7 @@ class DPOEngine(EngineLifecycle[_DPOLoaded]):
             mode=self.mode,
             ref_model=None if cfg.ref_model is None else _model_name(cfg.ref_model),
             compat=cfg.compat,
+            attention=policy_info.attention,
         )
         return _DPOLoaded(LoadedModel(info, renderer, local_checkpoint(model)), tokenizer)
 

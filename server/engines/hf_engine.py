@@ -1,10 +1,13 @@
 """The transformers engines: a reference and fallback for the vLLM ones.
 
-:class:`HFEngine` loads ``AutoModelForSequenceClassification`` and scores a group's
-sequences in right-padded batches. The reward is the score head applied to the hidden
+:class:`HFEngine` loads ``AutoModelForSequenceClassification`` (an ``lm-logit`` head:
+``AutoModelForCausalLM``) and scores a group's sequences in right-padded batches. The reward is
+read (:func:`~rmserve.server.kinds.heads.read_reward`) from the score head applied to the hidden
 state at each sequence's last real token, found from the attention mask
 (``position = mask.sum(-1) - 1``) — never by looking for the pad id, which breaks when
-pad == EOS. No activation is applied (raw logits), no prefix cache
+pad == EOS; for an ``lm-logit`` head the "score head" is the LM head, read at the head's token
+id (the model's own logit there). ``info().attention`` is the model config's
+``_attn_implementation`` (``sdpa``, ``eager`` …). No activation is applied (raw logits), no prefix cache
 (``num_cached_tokens = 0``). Forward passes run in a worker thread, one at a time, so the
 event loop stays free. A checkpoint swap is :meth:`HFEngine.reload_weights` (same
 architecture: the tokenizer and renderer are kept) or :meth:`HFEngine.restart` (any
@@ -28,7 +31,7 @@ import dataclasses
 import gc
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,8 +62,19 @@ from rmserve.server.engines.protocol import (
 )
 from rmserve.server.render.chat import Renderer
 
+from rmserve.server.kinds.heads import read_reward
+
 from rmserve.errors import EngineError, ServerFault
-from rmserve.schema import JUDGE_KIND, JudgeEngineInfo, JudgeSampling, Message
+from rmserve.schema import (
+    ATTENTION_UNKNOWN,
+    CLASSIFIER_REWARD_HEAD,
+    JUDGE_KIND,
+    LM_LOGIT_HEAD,
+    JudgeEngineInfo,
+    JudgeSampling,
+    Message,
+    RewardHead,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +92,70 @@ class _TorchLoaded(Loaded):
 
 @dataclass(frozen=True, slots=True)
 class _ClassifierLoaded(_TorchLoaded):
-    """A sequence classifier split into its base model and its ``score`` head."""
+    """A reward model split into its base model and its score head (the ``score`` layer, or
+    for an ``lm-logit`` head the LM head's column of the head's token), with the head read."""
 
     base: Any
     head: Any
+    reward_head: RewardHead = CLASSIFIER_REWARD_HEAD
+
+
+class TokenLogit:
+    """The score head of an ``lm-logit`` reward: the model's LM head at one vocabulary id.
+
+    ``TokenLogit(lm_head, t)(hidden)`` is ``lm_head(hidden)[:, t:t+1]``, shape (batch, 1): the
+    model's own logit of token ``t`` (whatever the LM head computes, bias included).
+    """
+
+    def __init__(self, lm_head: Any, token_id: int) -> None:
+        self.lm_head = lm_head
+        self.token_id = int(token_id)
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)[:, self.token_id : self.token_id + 1]
+
+
+def attention_implementation(model: Any) -> str:
+    """The attention implementation a transformers model runs: its config's
+    ``_attn_implementation`` (``sdpa``, ``eager``, ``flash_attention_2`` …), else
+    :data:`~rmserve.schema.ATTENTION_UNKNOWN`."""
+    value = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return str(value) if isinstance(value, str) and value else ATTENTION_UNKNOWN
+
+
+def load_reward_model(path: str, head: RewardHead, dtype: str, device: torch.device) -> tuple[Any, Any, Any]:
+    """Load the model of a reward head: ``(model, base, score head)``.
+
+    ``classifier`` and ``multi-label``: ``AutoModelForSequenceClassification`` and its
+    ``score`` layer; ``lm-logit``: ``AutoModelForCausalLM`` and :class:`TokenLogit` of its
+    output embeddings (the LM head). ``base`` is the decoder (``model.<base_model_prefix>``).
+
+    Raises:
+        ServerFault: transformers could not load ``path``, or the model has no such head over a
+            base model (the transformers engine supports Llama/Qwen/Mistral/Gemma-style models).
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    loader = AutoModelForCausalLM if head.name == LM_LOGIT_HEAD else AutoModelForSequenceClassification
+    try:
+        model = loader.from_pretrained(path, **_dtype_kwargs(dtype))
+    except Exception as exc:  # noqa: BLE001
+        raise ServerFault(f"transformers could not load {path!r}: {type(exc).__name__}: {exc}") from exc
+    model = model.to(device).eval()
+    base = getattr(model, model.base_model_prefix, None)
+    if head.name == LM_LOGIT_HEAD:
+        lm_head = model.get_output_embeddings()
+        score = None if lm_head is None else TokenLogit(lm_head, int(head.token_id or 0))
+        what = "an LM head"
+    else:
+        score = getattr(model, "score", None)
+        what = "a 'score' head"
+    if score is None or base is None:
+        raise ServerFault(
+            f"{path!r} ({type(model).__name__}) has no {what} over a base model; "
+            "the transformers engine supports Llama/Qwen/Mistral/Gemma-style models"
+        )
+    return model, base, score
 
 
 class _TorchLifecycle(EngineLifecycle[LoadedT]):
@@ -155,34 +229,24 @@ class HFEngine(_TorchLifecycle[_ClassifierLoaded], OwnRenderer):
         """Load model and tokenizer.
 
         Raises:
-            ServerFault: not a one-label ``*ForSequenceClassification`` with a ``score``
-                head, or loading failed.
+            ServerFault: no head rmserve serves under the head settings
+                (:func:`~rmserve.server.config.check_reward_head`), no such head over a base
+                model, or loading failed.
         """
-        from transformers import AutoModelForSequenceClassification
-
         cfg = self.config
         dtype = cfg.resolved_dtype()
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        check_reward_head(cfg.model)
-        try:
-            model = AutoModelForSequenceClassification.from_pretrained(cfg.model, **_dtype_kwargs(dtype))
-        except Exception as exc:  # noqa: BLE001
-            raise ServerFault(f"transformers could not load {cfg.model!r}: {type(exc).__name__}: {exc}") from exc
-        model = model.to(device).eval()
-        head = getattr(model, "score", None)
-        base = getattr(model, model.base_model_prefix, None)
-        if head is None or base is None:
-            raise ServerFault(
-                f"{cfg.model!r} ({type(model).__name__}) has no 'score' head over a base model; "
-                "the transformers engine supports Llama/Qwen/Mistral/Gemma-style classifiers"
-            )
+        reward_head = check_reward_head(cfg.model, cfg.head_settings)
+        model, base, head = load_reward_model(cfg.model, reward_head, dtype, device)
         max_model_len = _context_limit(model, cfg)
         renderer = Renderer.from_pretrained(cfg.model, max_model_len=max_model_len, chat_template_path=cfg.chat_template)
         pad_id = model.config.pad_token_id
-        info = self._model_info(cfg.name, cfg.model, renderer, max_model_len, dtype)
+        info = self._model_info(cfg.name, cfg.model, renderer, max_model_len, dtype, head=reward_head,
+                                attention=attention_implementation(model))
         return _ClassifierLoaded(
             record=LoadedModel(info, renderer, local_checkpoint(cfg.model)),
             model=model, device=device, pad_id=int(pad_id) if pad_id is not None else 0, base=base, head=head,
+            reward_head=reward_head,
         )
 
     async def score_group(
@@ -193,7 +257,8 @@ class HFEngine(_TorchLifecycle[_ClassifierLoaded], OwnRenderer):
         answer_starts: Sequence[int] | None = None,
         priority: int = 0,
     ) -> list[SequenceScore]:
-        """Score one group's sequences (raw logits; ``num_cached_tokens`` is always 0).
+        """Score one group's sequences (the head's reward read from the raw logits,
+        :func:`~rmserve.server.kinds.heads.read_reward`; ``num_cached_tokens`` is always 0).
 
         ``priority`` is accepted and ignored (groups run in the order they arrive), and so is
         ``answer_starts`` (a classifier scores the whole sequence; part of the one
@@ -223,6 +288,7 @@ class HFEngine(_TorchLifecycle[_ClassifierLoaded], OwnRenderer):
         return length_sorted_rewards(
             loaded.base, loaded.head, token_ids, pad_id=loaded.pad_id, device=loaded.device,
             max_batch_tokens=sys.maxsize, max_batch_size=self.config.hf_batch_size,
+            read=lambda values: read_reward(loaded.reward_head, values),
         )
 
     async def _reload(self, loaded: _ClassifierLoaded, folder: Path) -> _ClassifierLoaded:
@@ -230,7 +296,8 @@ class HFEngine(_TorchLifecycle[_ClassifierLoaded], OwnRenderer):
         progress); the renderer (same tokenizer) is kept, the fingerprint recomputed.
 
         Raises:
-            EngineError: the checkpoint could not be loaded or is not a one-label classifier.
+            EngineError: the checkpoint could not be loaded, or its head (under this engine's
+                head settings) is not the served one.
         """
         try:
             return await asyncio.to_thread(self._load_classifier, loaded, str(folder))
@@ -238,19 +305,19 @@ class HFEngine(_TorchLifecycle[_ClassifierLoaded], OwnRenderer):
             raise _reload_failed(exc) from exc
 
     def _load_classifier(self, loaded: _ClassifierLoaded, path: str) -> _ClassifierLoaded:
-        from transformers import AutoModelForSequenceClassification
-
         dtype = loaded.info.dtype
-        model = AutoModelForSequenceClassification.from_pretrained(path, **_dtype_kwargs(dtype))
-        model = model.to(loaded.device).eval()
-        head = getattr(model, "score", None)
-        base = getattr(model, model.base_model_prefix, None)
-        if model.config.num_labels != 1 or head is None or base is None:
-            raise ValueError(f"checkpoint is not a one-label classifier with a 'score' head ({type(model).__name__})")
-        info = self._model_info(loaded.info.name, path, loaded.renderer, loaded.info.max_model_len, dtype)
+        reward_head = check_reward_head(path, self.config.head_settings)
+        if reward_head != loaded.reward_head:
+            raise ValueError(
+                f"checkpoint has the {reward_head.describe()} head, the served model the "
+                f"{loaded.reward_head.describe()} head"
+            )
+        model, base, head = load_reward_model(path, reward_head, dtype, loaded.device)
+        info = self._model_info(loaded.info.name, path, loaded.renderer, loaded.info.max_model_len, dtype,
+                                head=reward_head, attention=attention_implementation(model))
         return _ClassifierLoaded(
             record=LoadedModel(info, loaded.renderer, local_checkpoint(path)),
-            model=model, device=loaded.device, pad_id=loaded.pad_id, base=base, head=head,
+            model=model, device=loaded.device, pad_id=loaded.pad_id, base=base, head=head, reward_head=reward_head,
         )
 
 
@@ -295,26 +362,32 @@ def right_padded(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch
 
 
 def last_token_rewards(
-    base: Any, head: Any, sequences: Sequence[Sequence[int]], *, pad_id: int, device: torch.device
+    base: Any, head: Any, sequences: Sequence[Sequence[int]], *, pad_id: int, device: torch.device,
+    read: Callable[[Sequence[float]], float] | None = None,
 ) -> list[float]:
     """Score a batch: right-pad, run ``base``, apply ``head`` at each last real token.
 
     Args:
         base: the decoder (``model.model`` for Llama), returning ``last_hidden_state``
             of shape (batch, seq, hidden).
-        head: the score head, hidden → 1.
+        head: the score head, hidden → k values (k = 1 without ``read``).
         sequences: token-id lists (any lengths ≥ 1).
         pad_id: filler id for padding (masked out; its value does not matter).
+        read: the reward of one sequence from its k head values (a reward head's
+            :func:`~rmserve.server.kinds.heads.read_reward`); None: the one value itself.
 
     Returns:
-        One float per sequence: ``head(hidden[b, mask[b].sum() - 1])``.
+        One float per sequence: ``read(head(hidden[b, mask[b].sum() - 1]))``.
     """
     input_ids, attention_mask = right_padded(sequences, pad_id)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     hidden = base(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     last = attention_mask.sum(dim=-1) - 1
     pooled = hidden[torch.arange(hidden.shape[0], device=device), last]
-    return head(pooled).float().reshape(-1).tolist()
+    values = head(pooled).float()
+    if read is None:
+        return values.reshape(-1).tolist()
+    return [read(row) for row in values.reshape(values.shape[0], -1).tolist()]
 
 
 def length_sorted_rewards(
@@ -326,10 +399,11 @@ def length_sorted_rewards(
     device: torch.device,
     max_batch_tokens: int,
     max_batch_size: int,
+    read: Callable[[Sequence[float]], float] | None = None,
 ) -> list[float]:
     """Rewards of many sequences (any groups) through :func:`length_sorted_batches`.
 
-    Each batch goes through :func:`last_token_rewards`; the result is in input order.
+    Each batch goes through :func:`last_token_rewards` (with ``read``); the result is in input order.
     """
     rewards = [0.0] * len(sequences)
     batches = length_sorted_batches(
@@ -337,7 +411,8 @@ def length_sorted_rewards(
     )
     with torch.inference_mode():
         for batch in batches:
-            values = last_token_rewards(base, head, [sequences[j] for j in batch], pad_id=pad_id, device=device)
+            values = last_token_rewards(base, head, [sequences[j] for j in batch], pad_id=pad_id, device=device,
+                                        read=read)
             for j, value in zip(batch, values, strict=True):
                 rewards[j] = value
     return rewards
@@ -408,7 +483,8 @@ class HFLogprobEngine(_TorchLifecycle[_TorchLoaded]):
             template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
         pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
         name = Path(model_path).name if Path(model_path).is_dir() else model_path
-        info = self._model_info(name, model_path, template, max_model_len, dtype)
+        info = self._model_info(name, model_path, template, max_model_len, dtype,
+                                attention=attention_implementation(model))
         return _TorchLoaded(record=LoadedModel(info, None, local_checkpoint(model_path)),
                             model=model, device=device, pad_id=int(pad_id))
 
@@ -621,7 +697,8 @@ class HFJudgeEngine(_TorchLifecycle[_JudgeLoaded]):
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
         renderer = JudgeRenderer(tokenizer, chat_template=template, max_prompt_tokens=context - 1,
                                  enable_thinking=enable_thinking(cfg.judge_thinking))
-        info = self._model_info(cfg.name, cfg.model, template, context - 1, dtype)
+        info = self._model_info(cfg.name, cfg.model, template, context - 1, dtype,
+                                attention=attention_implementation(model))
         info = msgspec.structs.replace(
             info, kind=JUDGE_KIND, mode=cfg.protocol, compat=cfg.compat, judge_sampling=self.sampling,
             judge_engine=JudgeEngineInfo(self.kind, str(transformers.__version__), True, HF_BATCH_INVARIANT),

@@ -34,9 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+import msgspec
+
 from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, RMServeError
 from rmserve.fingerprint import model_fingerprint
-from rmserve.schema import ModelInfo
+from rmserve.schema import ModelInfo, RewardHead
 from rmserve.server.engines.protocol import LoadedModel
 
 if TYPE_CHECKING:
@@ -321,7 +323,8 @@ class EngineLifecycle(Generic[LoadedT]):
         return loaded.record
 
     def _model_info(
-        self, name: str, model: str, renderer: Renderer | str | None, max_model_len: int, dtype: str
+        self, name: str, model: str, renderer: Renderer | str | None, max_model_len: int, dtype: str,
+        *, head: RewardHead | None = None, attention: str | None = None,
     ) -> ModelInfo:
         """The :class:`ModelInfo` this engine serves for the weights at ``model``.
 
@@ -333,12 +336,18 @@ class EngineLifecycle(Generic[LoadedT]):
                 itself (None: none).
             max_model_len: the resolved context limit, in tokens.
             dtype: the resolved weight dtype (e.g. ``"bfloat16"``); it enters the fingerprint.
+            head: a sequence classifier's reward head (:class:`~rmserve.schema.RewardHead`); it
+                enters the fingerprint and ``ModelInfo.head`` (None: no head, left unset).
+            attention: the attention implementation the engine runs (``ModelInfo.attention``;
+                None: not reported).
         """
         template = renderer if renderer is None or isinstance(renderer, str) else renderer.chat_template
         return ModelInfo(
             name=name,
             max_model_len=max_model_len,
             dtype=dtype,
-            fingerprint=model_fingerprint(model, template, dtype),
+            fingerprint=model_fingerprint(model, template, dtype, head),
             engine=self.kind,
+            head=msgspec.UNSET if head is None else head,
+            attention=msgspec.UNSET if attention is None else attention,
         )

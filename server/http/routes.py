@@ -370,6 +370,7 @@ async def _score_inputs(request: web.Request, decode, route: str, shape: str) ->
         state.require_ready()
     async with swap.scoring_slot(state, app[CONFIG_KEY].swap_wait_s):
         info, renderer = state.require_ready()
+        raw_input.check_served_head(info, route)
         truncation = wire.pooling_truncation(
             pool_request, max_model_len=info.max_model_len, default_side=renderer.truncation_side
         )
@@ -566,10 +567,10 @@ async def load_model(request: web.Request) -> web.Response:
     load = wire.decode_load_request(await request.read())
     app = served_models(request.app).resolve(load.model)
     config = app[CONFIG_KEY]
-    app[STATE_KEY].require_ready()
+    served, _ = app[STATE_KEY].require_ready()
     _refuse_swap(app)
     folder = swap.resolve_checkpoint(load.path, config.checkpoint_roots)
-    await swap.check_files(folder, app[ENGINE_KEY], app[KIND_KEY])
+    await swap.check_files(folder, app[ENGINE_KEY], app[KIND_KEY], served)
     user = request.get(USER_KEY, ANONYMOUS)
     info, kind = await swap.start_swap(app, load, folder, user)
     return json_response(wire.encode_load_response([leases_of(app).annotate(info)], kind), 200)

@@ -17,7 +17,8 @@ once, and calls the hooks below for the rest:
 - :meth:`RewardKind.model_info` — the model info the app publishes for the engine's;
 - :attr:`RewardKind.swap_refusal` — None where checkpoint swaps (reload, restart) are allowed,
   else the message of the 422 that refuses them;
-- :meth:`RewardKind.check_checkpoint` — the kind's file rules for a swap's folder;
+- :meth:`RewardKind.check_checkpoint` — the kind's file rules for a swap's folder (given the
+  model served: a classifier's head may not change);
 - :attr:`RewardKind.needs_renderer` — whether the app builds a renderer from the engine.
 
 :data:`KINDS` maps each :data:`~rmserve.schema.ModelKind` to its class as ``"module:attr"``,
@@ -102,8 +103,9 @@ class RewardKind(Protocol):
     def model_info(self, info: ModelInfo) -> ModelInfo:
         """The model info the app publishes, from the engine's."""
 
-    def check_checkpoint(self, folder: Path) -> None:
-        """Refuse a swap's checkpoint folder from its files (``InvalidCheckpoint``, 422)."""
+    def check_checkpoint(self, folder: Path, served: ModelInfo | None = None) -> None:
+        """Refuse a swap's checkpoint folder from its files (``InvalidCheckpoint``, 422);
+        ``served`` is the model served now (a classifier keeps its head), None when unknown."""
 
 
 def kind_class(name: str) -> type:

@@ -16,8 +16,11 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
+
 from rmserve.server.engines.protocol import ExtraValue, RewardEngine, SequenceScore
 from rmserve.server.kinds.base import PreparedGroup
+from rmserve.server.kinds.heads import HeadSettings
 from rmserve.server.kinds.result_cache import group_key
 from rmserve.server.render.chat import RenderedGroup, Renderer
 from rmserve.server.swaps.checkpoints import check_checkpoint
@@ -122,17 +125,26 @@ def prepared_group(fingerprint: str, rendered: RenderedGroup) -> PreparedGroup:
 
 class ClassifierKind:
     """The :class:`~rmserve.server.kinds.base.RewardKind` of a sequence classifier (see the
-    module docstring). Checkpoint swaps reload or restart; the folder must hold a one-label
-    ``*ForSequenceClassification`` (:func:`rmserve.server.swaps.checkpoints.check_checkpoint`)."""
+    module docstring). Checkpoint swaps reload or restart; the folder must hold a head rmserve
+    serves under the server's head settings, the same head as the model served
+    (:func:`rmserve.server.swaps.checkpoints.check_checkpoint`).
+
+    Args:
+        head: the server's head settings (``--head``, ``--label-index``, ``--label-weights``,
+            ``--head-token-id``; default: none given, the head is found from the config).
+    """
 
     name: ModelKind = CLASSIFIER_KIND
     needs_renderer = True
     swap_refusal: str | None = None
 
+    def __init__(self, head: HeadSettings = HeadSettings()) -> None:
+        self.head = head
+
     @classmethod
     def from_engine_config(cls, config: object) -> ClassifierKind:
-        """The kind of an :class:`~rmserve.server.config.EngineConfig` (no settings of its own)."""
-        return cls()
+        """The kind of an :class:`~rmserve.server.config.EngineConfig` (its head settings)."""
+        return cls(getattr(config, "head_settings", HeadSettings()))
 
     @classmethod
     def serves(cls, engine: object) -> bool:
@@ -141,8 +153,8 @@ class ClassifierKind:
 
     @classmethod
     def of_engine(cls, engine: object, settings: None = None) -> ClassifierKind:
-        """The kind of ``engine`` (no settings of its own)."""
-        return cls()
+        """The kind of ``engine`` (the head settings of its config, when it has one)."""
+        return cls.from_engine_config(getattr(engine, "config", None))
 
     def check_request(self, request: ScoreRequest) -> None:
         """No request rule beyond the wire's."""
@@ -180,6 +192,8 @@ class ClassifierKind:
         """The engine's info, unchanged."""
         return info
 
-    def check_checkpoint(self, folder: Path) -> None:
-        """:func:`rmserve.server.swaps.checkpoints.check_checkpoint` with this kind's rules."""
-        check_checkpoint(folder, self.name)
+    def check_checkpoint(self, folder: Path, served: ModelInfo | None = None) -> None:
+        """:func:`rmserve.server.swaps.checkpoints.check_checkpoint` with this kind's rules and
+        head settings; the folder's head must be ``served``'s (when it reports one)."""
+        served_head = None if served is None or served.head is msgspec.UNSET else served.head
+        check_checkpoint(folder, self.name, self.head, served_head)

@@ -594,6 +594,6 @@ class JudgeKind:
         """:meth:`JudgeSettings.model_info` (kind, protocol, settings and the bound fingerprint)."""
         return self.settings.model_info(info)
 
-    def check_checkpoint(self, folder: Path) -> None:
+    def check_checkpoint(self, folder: Path, served: ModelInfo | None = None) -> None:
         """A judge is never swapped (:attr:`swap_refusal`)."""
         raise InvalidCheckpoint(SWAP_REFUSAL, field="path")

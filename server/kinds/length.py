@@ -69,6 +69,6 @@ class LengthKind(ClassifierKind):
             for wire in request.groups
         ]
 
-    def check_checkpoint(self, folder: Path) -> None:
+    def check_checkpoint(self, folder: Path, served: ModelInfo | None = None) -> None:
         """A length server is never swapped (:attr:`swap_refusal`)."""
         raise InvalidCheckpoint(SWAP_REFUSAL, field="path")

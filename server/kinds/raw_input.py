@@ -18,7 +18,8 @@ queue, the result cache and ``/metrics`` as for ``POST /v1/score``). It is the c
 - an input whose tokens are empty (an empty text without special tokens) is refused with 400.
 
 Only a classifier server serves these routes (:func:`check_served_kind`): a DPO policy, a judge
-and the length baseline have no value vLLM's classify task would give.
+and the length baseline have no value vLLM's classify task would give; nor does a multi-label head
+(:func:`check_served_head`: vLLM would answer every label).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
+import msgspec
+
 from rmserve.server.kinds.base import PreparedGroup, RewardKind
 from rmserve.server.kinds.classifier import ClassifierKind, prepared_group
 from rmserve.server.render.chat import RenderedGroup, Renderer
@@ -36,6 +39,7 @@ from rmserve.server.render.chat import RenderedGroup, Renderer
 from rmserve.errors import InvalidRequest
 from rmserve.schema import (
     CLASSIFIER_KIND,
+    MULTI_LABEL_HEAD,
     ActivationApplied,
     ModelInfo,
     RequestGroup,
@@ -56,6 +60,23 @@ def check_served_kind(kind: RewardKind, route: str) -> None:
             f"{route} serves sequence classifiers (kind classifier); this model is kind {kind.name}: "
             "use POST /v1/score",
             field="model", value=kind.name,
+        )
+
+
+def check_served_head(info: ModelInfo, route: str) -> None:
+    """Refuse ``route`` (vLLM's ``/classify`` or ``/pooling``) for a multi-label head: vLLM's
+    classify task answers every label (probabilities or logits), while this server reads one
+    reward from them; answering that one value in vLLM's shape would be silently different.
+
+    Raises:
+        InvalidRequest: field ``model``, naming the head and the routes that answer its reward.
+    """
+    head = None if info.head is msgspec.UNSET else info.head
+    if head is not None and head.name == MULTI_LABEL_HEAD:
+        raise InvalidRequest(
+            f"{route} answers as vLLM's classify task, which gives every label; this model has the "
+            f"{head.describe()} head, which reads one reward from its labels: use POST /v1/score or POST /get_reward",
+            field="model", value=head.name,
         )
 
 

@@ -152,4 +152,4 @@ async def score_request(
             metrics.result_cache_hits.inc()
         elif (observed := kind.observation(group, result)) is not None:
             metrics.observe_group(*observed)
-    return ScoreResponse(model=info.name, fingerprint=info.fingerprint, results=tuple(results))
+    return ScoreResponse(model=info.name, fingerprint=info.fingerprint, results=tuple(results), scorer=info.scorer())

@@ -7,10 +7,14 @@ the files themselves decide is checked here instead, in milliseconds, on a few K
 
 - ``config.json`` exists and is a JSON object;
 - the kind's architecture rule (:func:`architecture_problem`, also what a server checks at
-  start): for a sequence-classifier reward model an ``*ForSequenceClassification``
-  architecture and exactly one label (the reward logit), counted as transformers counts it —
-  the length of ``id2label`` when present, else ``num_labels``, else transformers' default of
-  2; for a DPO policy (kind ``dpo``) a causal-LM architecture (``*ForCausalLM`` / ``*LMHeadModel``);
+  start): for a sequence-classifier reward model a head rmserve serves under the server's head
+  settings (:func:`rmserve.server.kinds.heads.resolve_head`: a one-label
+  ``*ForSequenceClassification``, one with more labels and a label index or weights, or a causal
+  LM named with ``--head lm-logit``; labels counted as transformers counts them — the length of
+  ``id2label`` when present, else ``num_labels``, else transformers' default of 2) and, at a
+  swap, the head of the model served (:func:`~rmserve.server.kinds.heads.swap_head_problem`: a
+  swap never changes the head); for a DPO policy (kind ``dpo``) a causal-LM architecture
+  (``*ForCausalLM`` / ``*LMHeadModel``);
 - tokenizer files: at least one of :data:`~rmserve.fingerprint.TOKENIZER_FILES`, and every
   JSON one among them parses;
 - weights: a ``*.safetensors`` or ``*.bin`` file, or an index (``*.index.json``) whose every
@@ -29,21 +33,24 @@ from pathlib import Path
 from typing import Any
 
 from rmserve.fingerprint import TOKENIZER_FILES
+from rmserve.server.kinds.heads import (  # noqa: F401 - the architecture names are re-exported
+    CAUSAL_LM_SUFFIXES,
+    CLASSIFIER_SUFFIX,
+    TRANSFORMERS_DEFAULT_NUM_LABELS,
+    HeadProblem,
+    HeadSettings,
+    swap_head_problem,
+    is_causal_lm_architecture,
+    is_classifier_architecture,
+    num_labels,
+    resolve_head,
+)
 
 from rmserve.errors import InvalidCheckpoint
-from rmserve.schema import CLASSIFIER_KIND, DPO_KIND, JUDGE_KIND, LENGTH_KIND, ModelKind
+from rmserve.schema import CLASSIFIER_KIND, DPO_KIND, JUDGE_KIND, LENGTH_KIND, ModelKind, RewardHead
 
 WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".bin")
 """File suffixes that hold weights (safetensors, PyTorch pickles)."""
-
-CAUSAL_LM_SUFFIXES: tuple[str, ...] = ("ForCausalLM", "LMHeadModel")
-"""Architecture name endings of a causal LM with an LM head (``LlamaForCausalLM``, ``GPT2LMHeadModel``)."""
-
-CLASSIFIER_SUFFIX = "ForSequenceClassification"
-"""Architecture name ending of a sequence classifier (``LlamaForSequenceClassification``)."""
-
-TRANSFORMERS_DEFAULT_NUM_LABELS = 2
-"""What transformers' ``PretrainedConfig`` assumes when a config names neither ``id2label`` nor ``num_labels``."""
 
 
 def _refuse(folder: Path, message: str, file: str | None = None) -> InvalidCheckpoint:
@@ -60,36 +67,13 @@ def _read_json(folder: Path, name: str) -> Any:
         raise _refuse(folder, f"is not readable JSON ({type(exc).__name__}: {exc})", name) from None
 
 
-def is_causal_lm_architecture(name: object) -> bool:
-    """True for an architecture name ending in one of :data:`CAUSAL_LM_SUFFIXES`."""
-    return isinstance(name, str) and name.endswith(CAUSAL_LM_SUFFIXES)
-
-
-def is_classifier_architecture(name: object) -> bool:
-    """True for an architecture name ending in :data:`CLASSIFIER_SUFFIX`."""
-    return isinstance(name, str) and name.endswith(CLASSIFIER_SUFFIX)
-
-
-def num_labels(config: Mapping[str, Any]) -> int:
-    """The number of labels transformers gives a model with this config (``config.json``
-    content, or ``AutoConfig(...).to_dict()``).
-
-    ``len(id2label)`` when ``id2label`` is a mapping (transformers derives ``num_labels`` from it;
-    an ``AutoConfig``'s ``to_dict()`` always holds it), else ``num_labels``, else
-    :data:`TRANSFORMERS_DEFAULT_NUM_LABELS`.
-    """
-    id2label = config.get("id2label")
-    if isinstance(id2label, dict):
-        return len(id2label)
-    value = config.get("num_labels")
-    return int(value) if isinstance(value, int) else TRANSFORMERS_DEFAULT_NUM_LABELS
-
-
 CAUSAL_LM_KINDS: tuple[ModelKind, ...] = (DPO_KIND, JUDGE_KIND)
 """Kinds whose model must be a causal LM with an LM head (a DPO policy and its reference; a local judge)."""
 
 
-def architecture_problem(kind: ModelKind, config: Mapping[str, Any]) -> str | None:
+def architecture_problem(
+    kind: ModelKind, config: Mapping[str, Any], head: HeadSettings | None = None
+) -> str | None:
     """Why a model with this config cannot be served as ``kind``; None when it can.
 
     The one statement of the architecture rules, for the start checks
@@ -98,29 +82,26 @@ def architecture_problem(kind: ModelKind, config: Mapping[str, Any]) -> str | No
     reads the config and prefixes the model or file it names.
 
     Args:
-        kind: ``classifier`` (an ``*ForSequenceClassification`` with exactly one label, counted
-            by :func:`num_labels`), ``dpo`` or ``judge`` (a causal LM: an architecture ending in
-            one of :data:`CAUSAL_LM_SUFFIXES`); other kinds have no architecture rule.
+        kind: ``classifier`` (a head rmserve serves under ``head``:
+            :func:`rmserve.server.kinds.heads.resolve_head`), ``dpo`` or ``judge`` (a causal LM:
+            an architecture ending in one of :data:`CAUSAL_LM_SUFFIXES`); other kinds have no
+            architecture rule.
         config: the model config as a mapping (``config.json`` content or ``AutoConfig.to_dict()``).
+        head: kind ``classifier``: the server's head settings (None: none given, the head is
+            found from the config).
 
     Returns:
         The rule broken, starting with ``has``: the architectures or label count found, the rule
-        and the fix (a causal LM offered as a classifier is told ``--kind dpo``, a classifier
+        and the fix (an unknown head names the heads rmserve knows and ``--head``; a causal LM
+        offered as a classifier is told ``--head lm-logit`` and ``--kind dpo``, a classifier
         offered as a causal LM ``--kind classifier``).
     """
     architectures = list(config.get("architectures") or [])
     if kind == CLASSIFIER_KIND:
-        if not any(is_classifier_architecture(a) for a in architectures):
-            hint = (
-                "; it is a causal LM: to score a DPO policy by its implicit reward use --kind dpo "
-                "with --ref-model REF or --ref-free avg|sum|norm"
-                if any(is_causal_lm_architecture(a) for a in architectures)
-                else ""
-            )
-            return f"has architectures {architectures!r}; a reward model must be a *ForSequenceClassification{hint}"
-        labels = num_labels(config)
-        if labels != 1:
-            return f"has {labels} labels (num_labels/id2label); a reward model must have exactly 1, the reward logit"
+        try:
+            resolve_head(config, head or HeadSettings())
+        except HeadProblem as problem:
+            return str(problem)
         return None
     if kind not in CAUSAL_LM_KINDS or any(is_causal_lm_architecture(a) for a in architectures):
         return None
@@ -136,23 +117,33 @@ def architecture_problem(kind: ModelKind, config: Mapping[str, Any]) -> str | No
     )
 
 
-def check_config(folder: Path, kind: ModelKind = CLASSIFIER_KIND) -> dict[str, Any]:
+def check_config(
+    folder: Path, kind: ModelKind = CLASSIFIER_KIND, head: HeadSettings | None = None,
+    served_head: RewardHead | None = None,
+) -> dict[str, Any]:
     """Read ``folder/config.json`` and check it describes a model of ``kind``; returns the config.
 
     Args:
         folder: a local checkpoint folder.
         kind: the kind served; its architecture rule is :func:`architecture_problem`'s (kinds
             without one: only readability is checked).
+        head: kind ``classifier``: the server's head settings (None: found from the config).
+        served_head: kind ``classifier``, at a swap: the head of the model served; the
+            folder's head (under ``head``) must be the same
+            (:func:`~rmserve.server.kinds.heads.swap_head_problem`). None: not compared.
 
     Raises:
         InvalidCheckpoint (422, field ``path``): missing or unreadable config, not a JSON
-            object, or the rule :func:`architecture_problem` names (prefixed with
-            ``checkpoint 'FOLDER/config.json':``).
+            object, the rule :func:`architecture_problem` names, or another head than the
+            served one, naming both (prefixed with ``checkpoint 'FOLDER/config.json':``).
     """
     config = _read_json(folder, "config.json")
     if not isinstance(config, dict):
         raise _refuse(folder, f"holds a JSON {type(config).__name__}, not an object", "config.json")
-    problem = architecture_problem(kind, config)
+    if kind == CLASSIFIER_KIND and served_head is not None:
+        problem = swap_head_problem(config, head or HeadSettings(), served_head)
+    else:
+        problem = architecture_problem(kind, config, head)
     if problem is not None:
         raise _refuse(folder, problem, "config.json")
     return config
@@ -200,15 +191,20 @@ def check_weight_files(folder: Path) -> tuple[str, ...]:
     return weights
 
 
-def check_checkpoint(folder: str | Path, kind: ModelKind = CLASSIFIER_KIND) -> None:
-    """All file checks of a checkpoint folder before it is loaded: config, tokenizer, weights.
+def check_checkpoint(
+    folder: str | Path, kind: ModelKind = CLASSIFIER_KIND, head: HeadSettings | None = None,
+    served_head: RewardHead | None = None,
+) -> None:
+    """All file checks of a checkpoint folder before it is loaded: config (with the head
+    settings ``head`` and, at a swap, the ``served_head``: :func:`check_config`), tokenizer,
+    weights.
 
     Raises:
         InvalidCheckpoint (422, field ``path``): the first rule the folder breaks (see the
             module docstring); nothing else is touched.
     """
     folder = Path(folder)
-    check_config(folder, kind)
+    check_config(folder, kind, head, served_head)
     check_tokenizer_files(folder)
     check_weight_files(folder)
 
@@ -294,10 +290,13 @@ def near_folder(name: str) -> str | None:
     return candidates[close[0]] if close else None
 
 
-def check_model_source(model: str, kind: ModelKind, field: str = "model") -> Path | None:
+def check_model_source(
+    model: str, kind: ModelKind, field: str = "model", head: HeadSettings | None = None
+) -> Path | None:
     """Before any engine starts: :func:`model_folder`, then, for a folder, the file checks of
-    :func:`check_checkpoint` with ``kind``'s rules (a ``length`` server reads the tokenizer
-    only, so only its tokenizer files are checked). Hub ids are left to the engine's loader.
+    :func:`check_checkpoint` with ``kind``'s rules and the head settings ``head`` (a ``length``
+    server reads the tokenizer only, so only its tokenizer files are checked). Hub ids are
+    left to the engine's loader.
 
     Returns:
         The folder, or None for a hub id.
@@ -313,7 +312,7 @@ def check_model_source(model: str, kind: ModelKind, field: str = "model") -> Pat
         if kind == LENGTH_KIND:
             check_tokenizer_files(folder)
         else:
-            check_checkpoint(folder, kind)
+            check_checkpoint(folder, kind, head)
     except InvalidCheckpoint as exc:
         raise ValueError(f"{field}: {exc}") from None
     return folder

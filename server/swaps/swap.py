@@ -104,13 +104,14 @@ def resolve_checkpoint(path: str, roots: Sequence[str]) -> Path:
     return resolved
 
 
-async def check_files(folder: Path, engine: object = None, kind: object = None) -> None:
+async def check_files(folder: Path, engine: object = None, kind: object = None, served: object = None) -> None:
     """Refuse a checkpoint folder its own files rule out, before the engine is touched.
 
     Runs the engine's own rules when it has them
     (:class:`~rmserve.server.engines.protocol.SupportsCheckpointCheck`: a DPO engine wants a causal
     LM whose vocabulary matches its reference), else the served kind's
-    (:meth:`~rmserve.server.kinds.base.RewardKind.check_checkpoint`), else (no kind given)
+    (:meth:`~rmserve.server.kinds.base.RewardKind.check_checkpoint`, given the ``served``
+    :class:`~rmserve.schema.ModelInfo`: a classifier's head may not change), else (no kind given)
     :func:`~rmserve.server.swaps.checkpoints.check_checkpoint` (config: a one-label
     ``*ForSequenceClassification``; tokenizer files present and their JSON parses; weight
     files present, every shard of an index), in a worker thread: a tokenizer JSON can be
@@ -122,7 +123,10 @@ async def check_files(folder: Path, engine: object = None, kind: object = None) 
     if isinstance(engine, SupportsCheckpointCheck):
         await asyncio.to_thread(engine.check_checkpoint, folder)
         return
-    await asyncio.to_thread(check_checkpoint if kind is None else kind.check_checkpoint, folder)
+    if kind is None:
+        await asyncio.to_thread(check_checkpoint, folder)
+    else:
+        await asyncio.to_thread(kind.check_checkpoint, folder, served)
 
 
 def _shape(folder: Path) -> dict[str, object]:

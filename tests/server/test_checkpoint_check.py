@@ -13,6 +13,16 @@ from rmserve.errors import InvalidCheckpoint, ServerFault
 
 GOOD_CONFIG = {"architectures": ["LlamaForSequenceClassification"], "id2label": {"0": "LABEL_0"}}
 
+KNOWN_HEADS = (
+    "the heads it knows: classifier (a *ForSequenceClassification with one label); multi-label (a "
+    "*ForSequenceClassification with num_labels > 1); lm-logit (a *ForCausalLM, named with --head lm-logit)"
+)
+CAUSAL_LM_FIX = (
+    "a causal LM whose reward is one LM-head logit (as Llama-3.1-Nemotron-70B-Reward-HF) is served with --head "
+    "lm-logit [--head-token-id N]; to score a DPO policy by its implicit reward use --kind dpo with --ref-model REF "
+    "or --ref-free avg|sum|norm"
+)
+
 
 def _folder(tmp_path: Path, *, config=GOOD_CONFIG, tokenizer: str | None = '{"model": {}}',
             weights: tuple[str, ...] = ("model.safetensors",)) -> Path:
@@ -49,13 +59,14 @@ def test_num_labels_counts_as_transformers_does(config, expected):
     ("kwargs", "message"),
     [
         ({"config": {**GOOD_CONFIG, "id2label": {"0": "A", "1": "B"}}},
-         "checkpoint 'ckpt/config.json': has 2 labels (num_labels/id2label); a reward model must have exactly 1, the reward logit"),
+         "checkpoint 'ckpt/config.json': has 2 labels (num_labels/id2label: 0 A, 1 B); rmserve reads one reward from "
+         "them: give --label-index I (0 ≤ I < 2) for one label, or --label-weights w1,...,w2 for their weighted sum"),
         ({"config": {"architectures": ["LlamaForCausalLM"], "num_labels": 1}},
-         "checkpoint 'ckpt/config.json': has architectures ['LlamaForCausalLM']; a reward model must be a "
-         "*ForSequenceClassification; it is a causal LM: to score a DPO policy by its implicit reward use --kind dpo "
-         "with --ref-model REF or --ref-free avg|sum|norm"),
+         "checkpoint 'ckpt/config.json': has architectures ['LlamaForCausalLM'], whose reward head rmserve does not "
+         f"know; {KNOWN_HEADS}; {CAUSAL_LM_FIX}"),
         ({"config": {"architectures": ["LlamaForSequenceClassification"]}},
-         "checkpoint 'ckpt/config.json': has 2 labels (num_labels/id2label); a reward model must have exactly 1, the reward logit"),
+         "checkpoint 'ckpt/config.json': has 2 labels (num_labels/id2label); rmserve reads one reward from them: give "
+         "--label-index I (0 ≤ I < 2) for one label, or --label-weights w1,...,w2 for their weighted sum"),
         ({"config": None}, "checkpoint 'ckpt/config.json': is missing"),
         ({"config": "[1, 2]"}, "checkpoint 'ckpt/config.json': holds a JSON list, not an object"),
         ({"tokenizer": None},
@@ -104,13 +115,14 @@ CAUSAL_LM_RULE = "needs a causal LM with an LM head (*ForCausalLM or *LMHeadMode
     [
         ("classifier", GOOD_CONFIG, None),
         ("classifier", {"architectures": ["GPT2LMHeadModel"]},
-         "has architectures ['GPT2LMHeadModel']; a reward model must be a *ForSequenceClassification; it is a "
-         "causal LM: to score a DPO policy by its implicit reward use --kind dpo with --ref-model REF or "
-         "--ref-free avg|sum|norm"),
+         f"has architectures ['GPT2LMHeadModel'], whose reward head rmserve does not know; {KNOWN_HEADS}; "
+         f"{CAUSAL_LM_FIX}"),
         ("classifier", {"architectures": ["BertModel"]},
-         "has architectures ['BertModel']; a reward model must be a *ForSequenceClassification"),
+         f"has architectures ['BertModel'], whose reward head rmserve does not know; {KNOWN_HEADS}; give --head NAME "
+         "when the checkpoint has one of them"),
         ("classifier", {"architectures": ["LlamaForSequenceClassification"], "num_labels": 3},
-         "has 3 labels (num_labels/id2label); a reward model must have exactly 1, the reward logit"),
+         "has 3 labels (num_labels/id2label); rmserve reads one reward from them: give --label-index I (0 ≤ I < 3) "
+         "for one label, or --label-weights w1,...,w3 for their weighted sum"),
         ("dpo", {"architectures": ["LlamaForCausalLM"]}, None),
         ("judge", {"architectures": ["GPT2LMHeadModel"]}, None),
         ("dpo", GOOD_CONFIG,

@@ -207,6 +207,7 @@ async def test_models_without_exactly_one_label_are_refused(kind, demo_model_dir
     (two_labels / "config.json").write_text(json.dumps(config))
 
     engine = build_engine(EngineConfig(model=str(two_labels), engine=kind, dtype="float32", max_model_len=4096))
-    message = f"{str(two_labels)!r} has 2 labels (num_labels/id2label); a reward model must have exactly 1, the reward logit"
+    message = (f"{str(two_labels)!r} has 2 labels (num_labels/id2label: 0 bad, 1 good); rmserve reads one reward from "
+               "them: give --label-index I (0 ≤ I < 2) for one label, or --label-weights w1,...,w2 for their weighted sum")
     with pytest.raises(ServerFault, match=f"^{re.escape(message)}$"):
         await engine.start()

@@ -35,8 +35,9 @@ NO_TOKENIZER = ("has no tokenizer files (expected one of tokenizer.json, tokeniz
 
 def _two_labels(root):
     write_fake_checkpoint(root / "two-labels", 1.0, num_labels=2)
-    return "two-labels", ("checkpoint 'two-labels/config.json': has 2 labels (num_labels/id2label); a reward "
-                          "model must have exactly 1, the reward logit")
+    return "two-labels", ("checkpoint 'two-labels/config.json': has 2 labels (num_labels/id2label); rmserve reads "
+                          "one reward from them: give --label-index I (0 ≤ I < 2) for one label, or --label-weights "
+                          "w1,...,w2 for their weighted sum")
 
 
 def _no_weights(root):
@@ -103,10 +104,10 @@ async def test_scoring_is_answered_while_the_files_are_checked(make_swap_client,
     entered, release = threading.Event(), threading.Event()
     real_check = classifier.check_checkpoint  # the classifier kind's swap rules
 
-    def held_check(folder, kind="classifier"):
+    def held_check(folder, kind="classifier", *head):
         entered.set()
         release.wait(30)
-        return real_check(folder, kind)
+        return real_check(folder, kind, *head)
 
     monkeypatch.setattr(classifier, "check_checkpoint", held_check)
     client, engine = await make_swap_client(engine=_engine_on(original), swap_wait_s=0.0)

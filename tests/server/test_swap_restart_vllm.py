@@ -124,8 +124,10 @@ async def test_vllm_restart_on_other_shape_then_failed_restart_restores(demo_mod
         async with client.post("/v1/models/load", json={"name": "broken", "path": str(broken)}, headers=AUTH) as resp:
             body = await resp.json()
             assert resp.status == 422, body
-        assert body["error"]["message"] == ("checkpoint 'two-labels/config.json': has 2 labels (num_labels/id2label); "
-                                            "a reward model must have exactly 1, the reward logit")
+        assert body["error"]["message"] == (
+            "checkpoint 'two-labels/config.json': has 2 labels (num_labels/id2label), so the multi-label head; the "
+            "served model has the classifier head, and a swap keeps the head (the fingerprint and what the rewards "
+            "mean); start a server on this checkpoint instead")
         assert (await served()).fingerprint == info.fingerprint  # nothing was restarted
 
         async with client.post("/v1/models/load", json={"name": "corrupt", "path": str(corrupt)}, headers=AUTH) as resp:
@@ -169,7 +171,8 @@ async def test_hf_restart_on_other_shape(demo_model_dir, rmbench_dir, restart_ch
             await engine.restart(str(deeper / "missing"))
         assert engine.info() == info  # nothing was stopped
         message = (f"the transformers engine did not start on checkpoint 'two-labels': {str(broken)!r} has 2 labels "
-                   "(num_labels/id2label); a reward model must have exactly 1, the reward logit")
+                   "(num_labels/id2label); rmserve reads one reward from them: give --label-index I (0 ≤ I < 2) for one "
+                   "label, or --label-weights w1,...,w2 for their weighted sum")
         with pytest.raises(EngineError, match=f"^{re.escape(message)}$"):
             await engine.restart(str(broken))
         with pytest.raises(EngineNotReady, match="no model is loaded"):

@@ -146,8 +146,9 @@ async def test_checkpoint_with_two_labels_is_refused_before_the_engine_is_touche
         refusal_s = time.perf_counter() - started
         assert (status, body["error"]) == (422, {
             "type": "invalid_checkpoint", "field": "path",
-            "message": "checkpoint 'two-labels/config.json': has 2 labels (num_labels/id2label); a reward model "
-                       "must have exactly 1, the reward logit",
+            "message": "checkpoint 'two-labels/config.json': has 2 labels (num_labels/id2label), so the multi-label "
+                       "head; the served model has the classifier head, and a swap keeps the head (the fingerprint "
+                       "and what the rewards mean); start a server on this checkpoint instead",
         })
         assert refusal_s < 1.0, f"the refusal took {refusal_s:.3f} s"  # the bound on CPU
         async with client.post("/v1/score", data=payload, headers={"Content-Type": "application/json"}) as resp:

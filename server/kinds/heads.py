@@ -1,0 +1,421 @@
+"""The reward heads of a sequence classifier: which head of a checkpoint the reward is read
+from, which engines serve it, and how the reward is read.
+
+A head is found from the checkpoint's config (its ``architectures`` and label count), or named
+with ``--head``; :data:`HEADS` is the registry (one :class:`HeadRule` per head, the table of
+``docs/kinds.md``):
+
+====================  ==============================================  ===========  ==================================
+head                  checkpoint                                      engines      reward
+====================  ==============================================  ===========  ==================================
+``classifier``        ``*ForSequenceClassification``, 1 label         vllm, hf     ``logits[0]`` at the last token
+``multi-label``       ``*ForSequenceClassification``, ``num_labels``  vllm, hf     ``logits[I]`` (``--label-index``) or
+                      > 1                                                          Σ wᵢ·logitsᵢ (``--label-weights``)
+``lm-logit``          ``*ForCausalLM`` (only with ``--head``)         vllm, hf     the LM-head logit of vocabulary id
+                                                                                   ``--head-token-id`` (default 0) at
+                                                                                   the last position
+====================  ==============================================  ===========  ==================================
+
+:func:`resolve_head` turns a config and the server's :class:`HeadSettings` into the served
+:class:`~rmserve.schema.RewardHead` or a :class:`HeadProblem` whose message starts with
+``has`` (the start checks prefix the model, the swap checks the folder's ``config.json``);
+:func:`read_reward` reads one reward from an engine's per-label values. A causal LM is never
+taken for an ``lm-logit`` head unless asked: any causal LM has an LM head, and most are
+policies, not reward models.
+
+No torch, no transformers: the CLI, the swap checks and both engines use this module.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rmserve.schema import (
+    CLASSIFIER_HEAD,
+    CLASSIFIER_REWARD_HEAD,
+    HEAD_NAMES,
+    LM_LOGIT_HEAD,
+    MULTI_LABEL_HEAD,
+    HeadName,
+    RewardHead,
+)
+
+CAUSAL_LM_SUFFIXES: tuple[str, ...] = ("ForCausalLM", "LMHeadModel")
+"""Architecture name endings of a causal LM with an LM head (``LlamaForCausalLM``, ``GPT2LMHeadModel``)."""
+
+CLASSIFIER_SUFFIX = "ForSequenceClassification"
+"""Architecture name ending of a sequence classifier (``LlamaForSequenceClassification``)."""
+
+TRANSFORMERS_DEFAULT_NUM_LABELS = 2
+"""What transformers' ``PretrainedConfig`` assumes when a config names neither ``id2label`` nor ``num_labels``."""
+
+DEFAULT_HEAD_TOKEN_ID = 0
+"""The vocabulary id an ``lm-logit`` head reads when ``--head-token-id`` is not given (the id
+Llama-3.1-Nemotron-70B-Reward-HF's card reads)."""
+
+LOGIT_TRANSFORM_KEYS: tuple[str, ...] = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+"""Config keys of models that transform their LM-head logits after the projection (Gemma 2/3
+soft-capping, Cohere and Granite scaling). An ``lm-logit`` head reads the raw projection
+``hidden · W[id]`` (vLLM's converted score head computes exactly that), so such a model is refused
+rather than scored off its own logits."""
+
+
+@dataclass(frozen=True)
+class HeadRule:
+    """One head of the registry (:data:`HEADS`).
+
+    Attributes:
+        name: the head (``--head NAME``).
+        checkpoint: which checkpoints have it (architecture and config markers), in words.
+        engines: the engines that serve it (registered names).
+        reward: how the reward is read, in words.
+        examples: public reward models of this head.
+        detected: whether it is found from the config alone (else only with ``--head``).
+    """
+
+    name: HeadName
+    checkpoint: str
+    engines: tuple[str, ...]
+    reward: str
+    examples: tuple[str, ...]
+    detected: bool = True
+
+
+HEADS: dict[HeadName, HeadRule] = {
+    CLASSIFIER_HEAD: HeadRule(
+        CLASSIFIER_HEAD,
+        "a *ForSequenceClassification with one label",
+        ("vllm", "hf"),
+        "the label's logit at the last token (no activation)",
+        ("Skywork-Reward-V2-Llama-3.1-8B", "Skywork-Reward-V2-Qwen3-8B"),
+    ),
+    MULTI_LABEL_HEAD: HeadRule(
+        MULTI_LABEL_HEAD,
+        "a *ForSequenceClassification with num_labels > 1",
+        ("vllm", "hf"),
+        "one label's logit at the last token (--label-index I) or the weighted sum of the labels' logits "
+        "(--label-weights w1,...)",
+        ("attribute reward models (helpfulness, correctness, ...)",),
+    ),
+    LM_LOGIT_HEAD: HeadRule(
+        LM_LOGIT_HEAD,
+        "a *ForCausalLM, named with --head lm-logit",
+        ("vllm", "hf"),
+        "the LM-head logit of one vocabulary id (--head-token-id N, default 0) at the last position "
+        "(vLLM: the LM-head row becomes a one-label score head at load)",
+        ("Llama-3.1-Nemotron-70B-Reward-HF",),
+        detected=False,
+    ),
+}
+"""Head name → its rule, in :data:`~rmserve.schema.HEAD_NAMES` order."""
+
+assert tuple(HEADS) == HEAD_NAMES
+
+
+@dataclass(frozen=True)
+class HeadSettings:
+    """What a server was asked about heads (``EngineConfig``: ``--head``, ``--label-index``,
+    ``--label-weights``, ``--head-token-id``); checked against a checkpoint by :func:`resolve_head`.
+
+    Attributes:
+        choice: the head named with ``--head``; None = found from the config.
+        label_index: the label read, for a multi-label head.
+        label_weights: the weights of the labels' sum, for a multi-label head.
+        token_id: the vocabulary id read, for an ``lm-logit`` head (None = :data:`DEFAULT_HEAD_TOKEN_ID`).
+    """
+
+    choice: HeadName | None = None
+    label_index: int | None = None
+    label_weights: tuple[float, ...] | None = None
+    token_id: int | None = None
+
+
+class HeadProblem(ValueError):
+    """A checkpoint's config and the head settings do not give a head rmserve serves; the
+    message starts with ``has`` (the caller prefixes the model or file it names)."""
+
+
+def is_causal_lm_architecture(name: object) -> bool:
+    """True for an architecture name ending in one of :data:`CAUSAL_LM_SUFFIXES`."""
+    return isinstance(name, str) and name.endswith(CAUSAL_LM_SUFFIXES)
+
+
+def is_classifier_architecture(name: object) -> bool:
+    """True for an architecture name ending in :data:`CLASSIFIER_SUFFIX`."""
+    return isinstance(name, str) and name.endswith(CLASSIFIER_SUFFIX)
+
+
+def num_labels(config: Mapping[str, Any]) -> int:
+    """The number of labels transformers gives a model with this config (``config.json``
+    content, or ``AutoConfig(...).to_dict()``).
+
+    ``len(id2label)`` when ``id2label`` is a mapping (transformers derives ``num_labels`` from it;
+    an ``AutoConfig``'s ``to_dict()`` always holds it), else ``num_labels``, else
+    :data:`TRANSFORMERS_DEFAULT_NUM_LABELS`.
+    """
+    id2label = config.get("id2label")
+    if isinstance(id2label, dict):
+        return len(id2label)
+    value = config.get("num_labels")
+    return int(value) if isinstance(value, int) else TRANSFORMERS_DEFAULT_NUM_LABELS
+
+
+def label_names(config: Mapping[str, Any]) -> list[str] | None:
+    """The labels' names from ``id2label`` in index order, or None when it has none or only
+    transformers' placeholders (``LABEL_0``, ``LABEL_1``, …)."""
+    id2label = config.get("id2label")
+    if not isinstance(id2label, dict):
+        return None
+    try:
+        names = [str(id2label[key]) for key in sorted(id2label, key=lambda k: int(k))]
+    except (TypeError, ValueError):
+        return None
+    if all(name == f"LABEL_{i}" for i, name in enumerate(names)):
+        return None
+    return names
+
+
+def known_heads() -> str:
+    """The heads rmserve knows, in words, for messages (each with the checkpoint it fits)."""
+    return "; ".join(f"{rule.name} ({rule.checkpoint})" for rule in HEADS.values())
+
+
+def detect_head(config: Mapping[str, Any]) -> HeadName | None:
+    """The head found from the config alone: ``classifier`` for a
+    ``*ForSequenceClassification`` with one label, ``multi-label`` with more; None for anything
+    else (a causal LM is an ``lm-logit`` head only when named with ``--head``)."""
+    architectures = list(config.get("architectures") or [])
+    if not any(is_classifier_architecture(a) for a in architectures):
+        return None
+    return CLASSIFIER_HEAD if num_labels(config) == 1 else MULTI_LABEL_HEAD
+
+
+def _vocab_size(config: Mapping[str, Any]) -> int | None:
+    for source in (config, config.get("text_config") or {}):
+        value = source.get("vocab_size") if isinstance(source, Mapping) else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def resolve_head(config: Mapping[str, Any], settings: HeadSettings = HeadSettings()) -> RewardHead:
+    """The head a model with this config is served with under ``settings``.
+
+    Rules: with ``settings.choice`` None the head is :func:`detect_head`'s; a named head must fit
+    the checkpoint (``classifier``: a one-label ``*ForSequenceClassification``;
+    ``multi-label``: one with ``num_labels`` > 1; ``lm-logit``: a causal LM whose logits are
+    not transformed after the projection, :data:`LOGIT_TRANSFORM_KEYS`). A multi-label head
+    needs exactly one of ``label_index`` (0 ≤ I < num_labels) and ``label_weights`` (one per
+    label); an ``lm-logit`` head's token id must be below ``vocab_size``.
+
+    Args:
+        config: the model config as a mapping (``config.json`` content or ``AutoConfig.to_dict()``).
+        settings: what the server was asked.
+
+    Returns:
+        The :class:`~rmserve.schema.RewardHead` (:data:`~rmserve.schema.CLASSIFIER_REWARD_HEAD` for the
+            one-label classifier).
+
+    Raises:
+        HeadProblem: the message starts with ``has``, names what was found (architectures, label
+            count, vocabulary size), the rule and the fix (the heads rmserve knows and
+            ``--head`` for an unknown head; ``--label-index`` / ``--label-weights`` for several
+            labels; the label count for an index out of range).
+    """
+    architectures = list(config.get("architectures") or [])
+    name = settings.choice or detect_head(config)
+    if name is None:
+        raise HeadProblem(_unknown_head(architectures, config))
+    if name == LM_LOGIT_HEAD:
+        return _lm_logit_head(architectures, config, settings)
+    if not any(is_classifier_architecture(a) for a in architectures):
+        hint = (
+            f"; for a causal LM whose reward is one LM-head logit use --head {LM_LOGIT_HEAD}"
+            if any(is_causal_lm_architecture(a) for a in architectures) else ""
+        )
+        raise HeadProblem(
+            f"has architectures {architectures!r}; the {name} head needs a *ForSequenceClassification{hint}"
+        )
+    labels = num_labels(config)
+    if name == CLASSIFIER_HEAD:
+        if labels != 1:
+            raise HeadProblem(
+                f"has {labels_found(config)}; the {CLASSIFIER_HEAD} head reads exactly 1: serve it with --head "
+                f"{MULTI_LABEL_HEAD} and --label-index I or --label-weights w1,...,w{labels}"
+            )
+        if settings.label_index is not None or settings.label_weights is not None:
+            raise HeadProblem(
+                f"has {labels_found(config)}: its logit is the reward; --label-index and --label-weights are for a "
+                f"{MULTI_LABEL_HEAD} head (num_labels > 1): drop them"
+            )
+        return CLASSIFIER_REWARD_HEAD
+    return _multi_label_head(config, labels, settings)
+
+
+def _unknown_head(architectures: list[str], config: Mapping[str, Any]) -> str:
+    """The problem of a config whose head is not found, naming the architectures, the heads
+    rmserve knows and ``--head``."""
+    if any(is_causal_lm_architecture(a) for a in architectures):
+        fix = (
+            f"a causal LM whose reward is one LM-head logit (as Llama-3.1-Nemotron-70B-Reward-HF) is served "
+            f"with --head {LM_LOGIT_HEAD} [--head-token-id N]; to score a DPO policy by its implicit reward use "
+            "--kind dpo with --ref-model REF or --ref-free avg|sum|norm"
+        )
+    elif "auto_map" in config:
+        fix = "it ships its own modeling code (auto_map), which rmserve does not run"
+    else:
+        fix = "give --head NAME when the checkpoint has one of them"
+    return (
+        f"has architectures {architectures!r}, whose reward head rmserve does not know; the heads it knows: "
+        f"{known_heads()}; {fix}"
+    )
+
+
+def labels_found(config: Mapping[str, Any]) -> str:
+    """``3 labels (num_labels/id2label: 0 helpfulness, 1 correctness, 2 coherence)``: the label
+    count of a config as messages name it, with the labels' names when ``id2label`` has real ones."""
+    labels = num_labels(config)
+    names = label_names(config)
+    listed = f": {', '.join(f'{i} {n}' for i, n in enumerate(names))}" if names else ""
+    return f"{labels} label{'s' if labels != 1 else ''} (num_labels/id2label{listed})"
+
+
+def _multi_label_head(config: Mapping[str, Any], labels: int, settings: HeadSettings) -> RewardHead:
+    found = labels_found(config)
+    if labels < 2:
+        raise HeadProblem(
+            f"has {found}; the {MULTI_LABEL_HEAD} head needs num_labels > 1: serve it with the {CLASSIFIER_HEAD} "
+            "head (leave out --head, --label-index and --label-weights)"
+        )
+    if settings.label_index is None and settings.label_weights is None:
+        raise HeadProblem(
+            f"has {found}; rmserve reads one reward from them: give --label-index I (0 ≤ I < {labels}) for one "
+            f"label, or --label-weights w1,...,w{labels} for their weighted sum"
+        )
+    if settings.label_index is not None:
+        index = settings.label_index
+        if not 0 <= index < labels:
+            raise HeadProblem(f"has {found}; --label-index {index} is out of range (0 … {labels - 1})")
+        return RewardHead(MULTI_LABEL_HEAD, label_index=index)
+    weights = tuple(settings.label_weights or ())
+    if len(weights) != labels:
+        raise HeadProblem(
+            f"has {found}; --label-weights gives {len(weights)} weight{'s' if len(weights) != 1 else ''}: it "
+            f"needs one per label, {labels}"
+        )
+    return RewardHead(MULTI_LABEL_HEAD, label_weights=weights)
+
+
+def _lm_logit_head(architectures: list[str], config: Mapping[str, Any], settings: HeadSettings) -> RewardHead:
+    if not any(is_causal_lm_architecture(a) for a in architectures):
+        hint = "; a *ForSequenceClassification is served with the classifier or multi-label head (leave out --head)" if any(
+            is_classifier_architecture(a) for a in architectures) else ""
+        raise HeadProblem(
+            f"has architectures {architectures!r}; the {LM_LOGIT_HEAD} head reads the LM head of a causal LM "
+            f"(*ForCausalLM or *LMHeadModel){hint}"
+        )
+    transformed = {key: config[key] for key in LOGIT_TRANSFORM_KEYS if config.get(key) not in (None, 1, 1.0)}
+    if transformed:
+        detail = ", ".join(f"{k}={v!r}" for k, v in transformed.items())
+        raise HeadProblem(
+            f"has {detail}: the model transforms its logits after the LM-head projection, and the "
+            f"{LM_LOGIT_HEAD} head reads the projection itself (hidden · W[id]); rmserve does not serve it"
+        )
+    token = DEFAULT_HEAD_TOKEN_ID if settings.token_id is None else settings.token_id
+    vocab = _vocab_size(config)
+    if vocab is None:
+        raise HeadProblem(f"has no vocab_size; the {LM_LOGIT_HEAD} head cannot check --head-token-id {token}")
+    if not 0 <= token < vocab:
+        raise HeadProblem(f"has vocab_size {vocab}; --head-token-id {token} is out of range (0 … {vocab - 1})")
+    return RewardHead(LM_LOGIT_HEAD, token_id=token)
+
+
+def head_change(served: RewardHead, new: RewardHead | str, found: str = "") -> str | None:
+    """Why a checkpoint whose head is ``new`` (a resolved head, or only its name) cannot replace
+    one served with ``served`` in a swap; None when the heads are the same (name and settings:
+    the server's settings resolve both). Names both heads, what was found (``found``, e.g.
+    ``3 labels``) and the way out (a server started on the new checkpoint)."""
+    new_name = new if isinstance(new, str) else new.name
+    if new_name == served.name and (isinstance(new, str) or new == served):
+        return None
+    what = new if isinstance(new, str) else new.describe()
+    return (
+        f"has {f'{found}, so ' if found else ''}the {what} head; the served model has the {served.describe()} head, "
+        "and a swap keeps the head (the fingerprint and what the rewards mean); start a server on this checkpoint "
+        "instead"
+    )
+
+
+def swap_head_problem(config: Mapping[str, Any], settings: HeadSettings, served: RewardHead) -> str | None:
+    """Why a checkpoint with this config cannot replace the model served with the head
+    ``served``, under the server's head settings; None when it can.
+
+    The folder's head is found as at start (``settings.choice``, else :func:`detect_head`): a
+    different head is refused naming both (:func:`head_change`); the same head must resolve
+    (:func:`resolve_head`: its label index, weights or token id fit the folder) to the served
+    head's settings.
+
+    Returns:
+        The problem, starting with ``has``.
+    """
+    name = settings.choice or detect_head(config)
+    if name is not None and name != served.name:
+        return head_change(served, name, labels_found(config))
+    try:
+        new = resolve_head(config, settings)
+    except HeadProblem as problem:
+        return str(problem)
+    return head_change(served, new)
+
+
+def read_reward(head: RewardHead, values: Sequence[float]) -> float:
+    """The reward of one sequence from the engine's values at its last token: the head's one
+    value (``classifier``, ``lm-logit``: the converted score head's), the label at
+    ``label_index`` or the weighted sum ``Σ wᵢ·vᵢ`` (``multi-label``, summed in float64).
+
+    Args:
+        head: the served head.
+        values: the score head's outputs, label order (one for ``classifier`` and ``lm-logit``,
+            ``num_labels`` for ``multi-label``).
+
+    Raises:
+        ValueError: not as many values as the head reads (one, or the label count the index or
+            weights need), naming both counts.
+    """
+    if head.name == MULTI_LABEL_HEAD:
+        if head.label_index is not None:
+            if not 0 <= head.label_index < len(values):
+                raise ValueError(f"the engine gave {len(values)} label values; label_index {head.label_index} is out of range")
+            return float(values[head.label_index])
+        weights = head.label_weights or ()
+        if len(values) != len(weights):
+            raise ValueError(f"the engine gave {len(values)} label values for {len(weights)} label weights")
+        return math.fsum(float(w) * float(v) for w, v in zip(weights, values, strict=True))
+    if len(values) != 1:
+        raise ValueError(f"the engine gave {len(values)} values; the {head.name} head reads exactly one")
+    return float(values[0])
+
+
+def parse_label_weights(text: str) -> tuple[float, ...]:
+    """``w1,w2,…`` as floats (spaces around a weight allowed).
+
+    Raises:
+        ValueError: an empty list, an entry that is not a number, or a weight that is NaN or ±inf
+            (naming the entry and its position).
+    """
+    parts = [part.strip() for part in text.split(",")]
+    if not text.strip() or any(not part for part in parts):
+        raise ValueError(f"label_weights: {text!r} must be numbers separated by commas (e.g. 0.5,0.3,0.2)")
+    weights = []
+    for i, part in enumerate(parts):
+        try:
+            weight = float(part)
+        except ValueError:
+            raise ValueError(f"label_weights: weight {i} ({part!r}) of {text!r} is not a number") from None
+        if not math.isfinite(weight):
+            raise ValueError(f"label_weights: weight {i} ({part!r}) of {text!r} must be finite")
+        weights.append(weight)
+    return tuple(weights)
