@@ -100,13 +100,13 @@ class EngineConfig:
     """Classifier only: the head the reward is read from: ``classifier`` (the one label of a *ForSequenceClassification), ``multi-label`` (a *ForSequenceClassification with num_labels > 1, read with label_index or label_weights) or ``lm-logit`` (a *ForCausalLM: the LM-head logit of head_token_id at the last position, as Llama-3.1-Nemotron-70B-Reward-HF). None = found from the checkpoint's config (classifier or multi-label by its label count; a causal LM needs --head lm-logit)."""
 
     label_index: int | None = None
-    """Multi-label head only: the label (0-based, below num_labels) whose logit is the reward."""
+    """Multi-label head only: the label whose logit is the reward (≥ 0; below the checkpoint's num_labels, 0-based)."""
 
     label_weights: str | None = None
     """Multi-label head only: one weight per label, comma-separated in label order (0.5,0.3,0.2); the reward is the weighted sum of the labels' logits."""
 
     head_token_id: int | None = None
-    """lm-logit head only: the vocabulary id whose LM-head logit at the last position is the reward (below vocab_size). None = 0, the id Llama-3.1-Nemotron-70B-Reward-HF reads."""
+    """lm-logit head only: the vocabulary id whose LM-head logit at the last position is the reward (≥ 0; below the checkpoint's vocab_size). None = 0, the id Llama-3.1-Nemotron-70B-Reward-HF reads."""
 
     ref_model: str | None = None
     """DPO only: folder or hub id of the reference model (same tokenizer as the policy). Reward = sum of the answer's log-probs under the policy minus under the reference."""

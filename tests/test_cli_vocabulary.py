@@ -331,6 +331,7 @@ ENGINE_INT_RANGES = {
     "--judge-max-tokens": "≥ 1", "--judge-seed": "≥ 0", "--max-model-len": "≥ 16", "--block-size": "8 to 256",
     "--kv-cache-memory-bytes": "≥ 1048576", "--tensor-parallel-size": "≥ 1", "--data-parallel-size": "≥ 1",
     "--hf-batch-size": "≥ 1", "--max-num-batched-tokens": "≥ 16", "--max-num-seqs": "≥ 1",
+    "--label-index": "≥ 0", "--head-token-id": "≥ 0",
 }
 SCORING_INT_RANGES = {
     "--max-inflight-groups": "1 to 4096", "--groups-per-request": "1 to --max-inflight-groups",
@@ -347,7 +348,7 @@ INT_RANGES: dict[tuple[str, str], str] = {
                                           "--seed": "≥ 0", "--max-tokens": "2 to the model's max length"}.items()},
     **{("demo-model", flag): r for flag, r in {
         "--layers": "≥ 1", "--hidden": "≥ 1", "--heads": "≥ 1", "--kv-heads": "≥ 1", "--intermediate": "≥ 1",
-        "--vocab": "300 to 65536", "--seed": "≥ 0", "--max-len": "≥ 16"}.items()},
+        "--vocab": "300 to 65536", "--seed": "≥ 0", "--max-len": "≥ 16", "--num-labels": "1 to 64"}.items()},
     ("metrics rm-bench", "--resamples"): "0 to 1000000", ("metrics rm-bench", "--seed"): "≥ 0",
     ("metrics rewardbench2", "--resamples"): "0 to 1000000", ("metrics rewardbench2", "--seed"): "≥ 0",
     ("metrics compare", "--resamples"): "1 to 1000000", ("metrics compare", "--seed"): "≥ 0",

@@ -121,7 +121,8 @@ def test_run_kind_dpo_passes_its_options_and_is_answered_from_the_store_next_tim
                         "--fail-at-start"))
     # The policy as a classifier is refused before any server starts, as rmserve serve refuses it.
     with pytest.raises(ValueError, match=r"^model: checkpoint 'policy/config.json': has architectures "
-                                         r"\['LlamaForCausalLM'\]; a reward model must be a \*ForSequenceClassification"):
+                                         r"\['LlamaForCausalLM'\], whose reward head rmserve does not know; .* to score a DPO policy "
+                                         r"by its implicit reward use --kind dpo with --ref-model REF"):
         _run_config(policy, small_rmbench, tmp_path / "c", store, {})
 
 
