@@ -212,7 +212,22 @@ class EngineRate:
         return f"{rate:.1f} groups/s, {eta}"
 
 
-class ProgressLine(_Writer):
+class _EngineCounted:
+    """What a line or bar counting through :class:`EngineRate` (its ``engine``) shares."""
+
+    engine: EngineRate
+
+    @property
+    def cached(self) -> int:
+        """Groups answered from the server's result cache (set by the pipeline)."""
+        return self.engine.cached
+
+    @cached.setter
+    def cached(self, groups: int) -> None:
+        self.engine.cached = groups
+
+
+class ProgressLine(_EngineCounted, _Writer):
     """Scoring progress as plain lines, for stderr that is not a terminal.
 
     ``scoring: 120/798 groups, 3.2 groups/s, ETA 3 min 31 s`` (plus :meth:`set_postfix_str`'s
@@ -258,15 +273,6 @@ class ProgressLine(_Writer):
         self._written_n: int | None = None
         self._closed = False
 
-    @property
-    def cached(self) -> int:
-        """Groups of this line answered from the server's result cache (set by the pipeline)."""
-        return self.engine.cached
-
-    @cached.setter
-    def cached(self, groups: int) -> None:
-        self.engine.cached = groups
-
     def text(self) -> str:
         """The current line (without newline)."""
         extra = f", {self.postfix}" if self.postfix else ""
@@ -304,7 +310,7 @@ ENGINE_BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{eng
 own rate and ETA (which would count groups from the result cache), then the postfix."""
 
 
-class EngineBar(tqdm):
+class EngineBar(_EngineCounted, tqdm):
     """A tqdm bar whose rate and ETA are :class:`EngineRate`'s (for stderr on a terminal).
 
     ``scoring:  15%|█▌        | 120/798 [3.2 groups/s, ETA 3 min 31 s, 1,234 tok/s]``: tqdm's
@@ -337,15 +343,6 @@ class EngineBar(tqdm):
             total=total, initial=initial, unit="group", desc=label, disable=quiet,
             file=stream if stream is not None else sys.stderr, bar_format=ENGINE_BAR_FORMAT, **kwargs,
         )
-
-    @property
-    def cached(self) -> int:
-        """Groups of this bar answered from the server's result cache (set by the pipeline)."""
-        return self.engine.cached
-
-    @cached.setter
-    def cached(self, groups: int) -> None:
-        self.engine.cached = groups
 
     def update(self, n: float | None = 1) -> bool | None:
         """Count ``n`` more groups done (noted for the ETA before tqdm redraws)."""

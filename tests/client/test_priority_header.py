@@ -8,19 +8,7 @@ from aiohttp import web
 from rmserve.client.client import PRIORITY_HEADER, RewardClient
 from rmserve.client.config import Retry, Timeouts
 from rmserve.server.http.app import STATE_KEY, ServerConfig, create_app
-from testkit.fakes import FakeEngine, FakeRenderer
-
-
-class PriorityEngine(FakeEngine):
-    """A fake engine that also records the priority of every ``score_group`` call."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.priorities: list[int] = []
-
-    async def score_group(self, token_ids, request_id, *, answer_starts=None, priority=0):
-        self.priorities.append(priority)
-        return await super().score_group(token_ids, request_id, priority=priority)
+from testkit.fakes import FakeRenderer, PriorityEngine
 
 
 def _client(http, priority):

@@ -14,7 +14,7 @@ import orjson
 import pytest
 from testkit.app_client import fake_app_client, wait_until
 from testkit.auth_stub import user_header_middleware
-from testkit.fakes import FakeEngine, FakeRenderer
+from testkit.fakes import FakeEngine, FakeRenderer, PriorityEngine
 from rmserve.server.http.app import ServerConfig, create_app
 from rmserve.server.sharing.users import User
 
@@ -172,18 +172,6 @@ def test_the_app_builds_its_queue_from_the_config():
     assert queue is not None
     assert (queue.concurrency, queue.quantum_tokens, queue.interactive_boost) == (7, 300, 2.0)
     assert queue_of(create_app(ServerConfig(fair_share=False), FakeEngine(), FakeRenderer())) is None
-
-
-class PriorityEngine(FakeEngine):
-    """The fake engine, recording the ``priority`` each group reached it with."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.priorities: list[int] = []
-
-    async def score_group(self, token_ids, request_id, *, answer_starts=None, priority=0):
-        self.priorities.append(priority)
-        return await super().score_group(token_ids, request_id, answer_starts=answer_starts, priority=priority)
 
 
 CHATML_QUERY = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>"

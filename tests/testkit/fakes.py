@@ -382,3 +382,15 @@ class RestartableFakeEngine(ReloadableFakeEngine):
                                fingerprint=model_fingerprint(path, None), engine=self.model.engine)
         self.started = True
         return self.loaded()
+
+
+class PriorityEngine(FakeEngine):
+    """The fake engine, recording the ``priority`` each group reached it with (``priorities``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.priorities: list[int] = []
+
+    async def score_group(self, token_ids, request_id, *, answer_starts=None, priority=0):
+        self.priorities.append(priority)
+        return await super().score_group(token_ids, request_id, answer_starts=answer_starts, priority=priority)
