@@ -402,7 +402,7 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
             raise EngineError(
                 f"expected {self._num_values} score-head value(s) per sequence, got {data.numel()} (request {request_id})"
             )
-        values = [float(v) for v in data.reshape(-1).tolist()]
+        values = [float(v) for v in data.reshape(-1)]  # a tensor of the head's values, label order
         try:
             reward = read_reward(self._head, values)
         except ValueError as exc:
