@@ -170,7 +170,8 @@ class EngineRate:
     - ETA: the groups left over the engine's rate since its first group (the wait for that one —
       a cold engine, a checkpoint load — says nothing about the rest; groups from the cache,
       answered at once, say nothing either), "ETA unknown" until the engine has scored two;
-      ``done in D`` once ``n`` reaches ``total``.
+      ``done in D`` once ``n`` reaches ``total``; a run whose groups all came from before or
+      from the cache ends on ``none by the engine, done in D`` (no rate of ``0.0 groups/s``).
 
     Args:
         total: groups of the run.
@@ -203,6 +204,8 @@ class EngineRate:
         engine = self.engine_groups(n)
         rate = engine / elapsed_s if elapsed_s > 0 else 0.0
         if n >= self.total:
+            if engine == 0:  # every group resumed or answered from the cache: no rate to speak of
+                return f"none by the engine, done in {duration_text(elapsed_s)}"
             eta = f"done in {duration_text(elapsed_s)}"
         elif self._first is not None and engine > self._first[1] and now > self._first[0]:
             since_first = (engine - self._first[1]) / (now - self._first[0])

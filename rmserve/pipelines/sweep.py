@@ -262,7 +262,10 @@ class CheckpointRun:
 def engine_work(engine_groups: int, seconds: float, from_cache: int) -> str:
     """``40 by the engine in 12 s (3.3 groups/s), 20 from the servers' result cache``: the rate
     is the engine's groups over ``seconds``; groups answered from the result cache are named,
-    never counted in it (no cache part when there were none)."""
+    never counted in it (no cache part when there were none); ``none by the engine, 20 from the
+    servers' result cache`` when the engine scored none."""
+    if engine_groups == 0:
+        return f"none by the engine, {from_cache} from the servers' result cache" if from_cache else "none by the engine"
     rate = engine_groups / seconds if seconds > 0 else 0.0
     text = f"{engine_groups} by the engine in {duration_text(seconds)} ({rate:.1f} groups/s)"
     return f"{text}, {from_cache} from the servers' result cache" if from_cache else text

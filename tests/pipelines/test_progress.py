@@ -153,6 +153,17 @@ def test_progress_line_leaves_result_cache_groups_out_of_the_rate_and_the_eta():
         "scoring: 60/100 groups, 2.2 groups/s, ETA 16 s, 40 from the result cache, 25 tok/s (engine work only)")
 
 
+def test_a_run_answered_all_from_the_cache_ends_without_a_rate():
+    # 30 groups resumed, 70 answered by the result cache in 2 s: the engine scored none, so the
+    # end says so instead of "0.0 groups/s".
+    out, clock = io.StringIO(), Clock()
+    bar = ProgressLine(100, 30, stream=out, clock=clock)
+    clock.now += 2
+    bar.cached = 70
+    bar.update(70)
+    assert bar.text() == "scoring: 100/100 groups, none by the engine, done in 2 s"
+
+
 def test_engine_bar_on_a_terminal_shows_the_engine_rate_and_eta_not_tqdm_s():
     # tqdm's own rate would be 60 groups over 9 s (6.7 group/s) and its ETA 40 / 6.7 = 6 s.
     out, clock = io.StringIO(), Clock()

@@ -47,7 +47,7 @@ async def test_groups_from_the_result_cache_are_named_and_left_out_of_the_rates(
         await evaluate_async(config("b"), session=http.session)
     assert len(engine.calls) == calls  # every group came from the server's result cache
     last = [line for line in capsys.readouterr().err.splitlines() if line.startswith("scoring: ")][-1]
-    assert last.startswith("scoring: 3/3 groups, 0.0 groups/s, done in ")
+    assert last.startswith("scoring: 3/3 groups, none by the engine, done in ")
     assert last.endswith(", 3 from the result cache, 0 tok/s (engine work only)")
     assert ("3 of the 3 groups scored were answered from the server's result cache (the same model scored them "
             "before); the rates leave them out") in caplog.messages
