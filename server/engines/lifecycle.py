@@ -45,6 +45,28 @@ if TYPE_CHECKING:
     from rmserve.server.render.chat import Renderer
 
 
+def model_info_text(info: ModelInfo) -> str:
+    """``model demo-rm (classifier, head classifier), engine vllm, float32, max_model_len 4096,
+    fingerprint 3f…``: a served model in words for the logs (the fields set, no struct repr)."""
+    what = [info.kind]
+    head = getattr(info, "head", msgspec.UNSET)
+    if head is not msgspec.UNSET and head is not None:
+        what.append(f"head {head.name}")
+    if info.mode:
+        what.append(f"mode {info.mode}")
+    parts = [f"model {info.name} ({', '.join(what)})", f"engine {info.engine}", info.dtype,
+             f"max_model_len {info.max_model_len}"]
+    attention = getattr(info, "attention", msgspec.UNSET)
+    if attention is not msgspec.UNSET and attention:
+        parts.append(f"attention {attention}")
+    if info.ref_model:
+        parts.append(f"reference {info.ref_model}")
+    if info.compat != "none":
+        parts.append(f"compat {info.compat}")
+    parts.append(f"fingerprint {info.fingerprint}")
+    return ", ".join(parts)
+
+
 @dataclass(frozen=True, slots=True)
 class Loaded:
     """What an engine holds while a model is loaded; engines subclass it to add their handles.
@@ -318,7 +340,7 @@ class EngineLifecycle(Generic[LoadedT]):
         self._loaded = loaded
         self.start_time_s = time.perf_counter() - started
         logging.getLogger(type(self).__module__).info(
-            "%s %s in %.1f s: %s", self.label, what, self.start_time_s, loaded.record.info
+            "%s %s in %.1f s: %s", self.label, what, self.start_time_s, model_info_text(loaded.record.info)
         )
         return loaded.record
 

@@ -39,3 +39,21 @@ async def test_rewards_equal_an_independent_token_count(demo_model_dir, rmbench_
         assert result.rewards == tuple(float(factor * c) for c in counts)
         assert result.num_tokens == tuple(counts) and min(counts) > 0
     await engine.shutdown()
+
+
+def test_an_engine_s_start_is_logged_in_words_not_as_a_struct_repr():
+    import msgspec
+
+    from rmserve.schema import ModelInfo, RewardHead
+    from rmserve.server.engines.lifecycle import model_info_text
+
+    info = ModelInfo(name="demo-rm", max_model_len=4096, dtype="float32", fingerprint="3fab", engine="vllm",
+                     head=RewardHead(name="classifier"), attention="TORCH_SDPA")
+    assert model_info_text(info) == ("model demo-rm (classifier, head classifier), engine vllm, float32, "
+                                     "max_model_len 4096, attention TORCH_SDPA, fingerprint 3fab")
+    dpo = msgspec.structs.replace(info, kind="dpo", head=msgspec.UNSET, attention=msgspec.UNSET, mode="ratio",
+                                  ref_model="/r/ref", compat="official")
+    text = model_info_text(dpo)
+    assert text == ("model demo-rm (dpo, mode ratio), engine vllm, float32, max_model_len 4096, reference /r/ref, "
+                    "compat official, fingerprint 3fab")
+    assert "UNSET" not in text and "ModelInfo(" not in text
