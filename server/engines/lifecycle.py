@@ -38,7 +38,7 @@ import msgspec
 
 from rmserve.errors import EngineError, EngineNotReady, InvalidRequest, RMServeError
 from rmserve.fingerprint import model_fingerprint
-from rmserve.schema import ModelInfo, RewardHead
+from rmserve.schema import ModelInfo, RewardHead, ScoreKind
 from rmserve.server.engines.protocol import LoadedModel
 
 if TYPE_CHECKING:
@@ -46,23 +46,15 @@ if TYPE_CHECKING:
 
 
 def model_info_text(info: ModelInfo) -> str:
-    """``model demo-rm (classifier, head classifier), engine vllm, float32, max_model_len 4096,
-    fingerprint 3f…``: a served model in words for the logs (the fields set, no struct repr)."""
-    what = [info.kind]
-    head = getattr(info, "head", msgspec.UNSET)
-    if head is not msgspec.UNSET and head is not None:
-        what.append(f"head {head.name}")
-    if info.mode:
-        what.append(f"mode {info.mode}")
-    parts = [f"model {info.name} ({', '.join(what)})", f"engine {info.engine}", info.dtype,
-             f"max_model_len {info.max_model_len}"]
-    attention = getattr(info, "attention", msgspec.UNSET)
-    if attention is not msgspec.UNSET and attention:
-        parts.append(f"attention {attention}")
-    if info.ref_model:
-        parts.append(f"reference {info.ref_model}")
-    if info.compat != "none":
-        parts.append(f"compat {info.compat}")
+    """``model demo-rm: classifier, head classifier, engine vllm, float32, max_model_len 4096,
+    fingerprint 3f…``: a served model in words for the logs (the fields set, no struct repr);
+    the kind's part is :meth:`ScoreKind.describe`, the head's :meth:`RewardHead.describe`."""
+    parts = [f"model {info.name}: {ScoreKind.of(info).describe()}"]
+    if info.head is not msgspec.UNSET:
+        parts.append(f"head {info.head.describe()}")
+    parts += [f"engine {info.engine}", info.dtype, f"max_model_len {info.max_model_len}"]
+    if info.attention is not msgspec.UNSET:
+        parts.append(f"attention {info.attention}")
     parts.append(f"fingerprint {info.fingerprint}")
     return ", ".join(parts)
 

@@ -48,12 +48,12 @@ def test_an_engine_s_start_is_logged_in_words_not_as_a_struct_repr():
     from rmserve.server.engines.lifecycle import model_info_text
 
     info = ModelInfo(name="demo-rm", max_model_len=4096, dtype="float32", fingerprint="3fab", engine="vllm",
-                     head=RewardHead(name="classifier"), attention="TORCH_SDPA")
-    assert model_info_text(info) == ("model demo-rm (classifier, head classifier), engine vllm, float32, "
+                     head=RewardHead(name="multi-label", label_index=2), attention="TORCH_SDPA")
+    assert model_info_text(info) == ("model demo-rm: classifier, head multi-label (label 2), engine vllm, float32, "
                                      "max_model_len 4096, attention TORCH_SDPA, fingerprint 3fab")
     dpo = msgspec.structs.replace(info, kind="dpo", head=msgspec.UNSET, attention=msgspec.UNSET, mode="ratio",
                                   ref_model="/r/ref", compat="official")
     text = model_info_text(dpo)
-    assert text == ("model demo-rm (dpo, mode ratio), engine vllm, float32, max_model_len 4096, reference /r/ref, "
-                    "compat official, fingerprint 3fab")
+    assert text == ("model demo-rm: dpo (mode ratio, reference '/r/ref', compat official), engine vllm, float32, "
+                    "max_model_len 4096, fingerprint 3fab")
     assert "UNSET" not in text and "ModelInfo(" not in text
