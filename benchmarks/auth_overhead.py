@@ -14,7 +14,7 @@ a time (two idle vLLM CPU engines bound to the same cores disturb each other). M
    Reported: tokens/s of each, the ratio B/A over all rounds (Σ tokens / Σ wall), and the
    median of the per-round ratios. Target: B/A ≥ 0.97.
 2. **Bad tokens.** ``--bad`` ``POST /v1/score`` requests to B, in turn with a wrong token (random),
-   ``expired``'s token, and a malformed header (``Basic …``, ``Bearer`` alone, ``Bearer`` with
+   ``expired``'s token, and a malformed header (``Basic`` without a password, ``Bearer`` alone, ``Bearer`` with
    two words, a token without a scheme), ``--bad-concurrency`` at a time, while ``bench`` scores
    one more round of groups at the same time. Target: every bad request gets 401, none reaches
    the engine (``rmserve_groups_total`` grows by exactly the groups ``bench`` scored;
@@ -53,7 +53,7 @@ DEFAULT_DATA = REPO_ROOT / ".." / "shared" / "data" / "rm-bench"
 TARGET_RATIO = 0.97
 """Tokens/s with a users file over tokens/s without, at least."""
 
-MALFORMED_HEADERS: tuple[str, ...] = ("Basic YmVuY2g6eA==", "Bearer", "Bearer two words", "no-scheme-token")
+MALFORMED_HEADERS: tuple[str, ...] = ("Basic YmVuY2g=", "Bearer", "Bearer two words", "no-scheme-token")
 
 
 def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

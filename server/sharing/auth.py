@@ -32,7 +32,8 @@ at a match, so the time taken does not depend on which user (if any) matched.
 
 **Which routes need a token** (:func:`route_user`): with a users file, every route but
 ``GET /health``, the status page ``/`` and its ``/static/…`` files needs
-``Authorization: Bearer <token>``; ``POST /v1/models/load`` needs the ``admin`` role. Without
+``Authorization: Bearer <token>`` (or ``Basic`` credentials whose password is the token, for
+clients that only take a URL); ``POST /v1/models/load`` needs the ``admin`` role. Without
 a users file, ``POST /v1/models/load`` and ``POST /v1/models/release`` need the server's admin
 token (``--admin-token-file``; 403 when it has none) and every other route is open.
 
@@ -45,6 +46,8 @@ salt and compared in constant time on the digests. The admin token is a credenti
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
 import hashlib
 import hmac
@@ -229,25 +232,64 @@ _WHITESPACE = b" \t\r\n\x0b\x0c"
 MISSING_MESSAGE = "this server needs a token: send the header Authorization: Bearer <token>"
 """The message of a 401 for a request without a token."""
 
-MALFORMED_MESSAGE = "malformed Authorization header: expected 'Bearer <token>' (one token, no spaces)"
-"""The message of a 401 for a header that is not ``Bearer <token>``."""
+MALFORMED_MESSAGE = (
+    "malformed Authorization header: expected 'Bearer <token>' (one token, no spaces) or Basic credentials "
+    "whose password is the token"
+)
+"""The message of a 401 for a header that is neither ``Bearer <token>`` nor ``Basic``."""
+
+NOT_UTF8_MESSAGE = (
+    "malformed Authorization header: the token is not UTF-8 (a client that sends a token with non-ASCII "
+    "characters as Latin-1?)"
+)
+"""The message of a 401 for a token whose bytes are not UTF-8 text."""
+
+
+def _basic_password(credentials: bytes) -> bytes:
+    """The password of ``Basic`` credentials (RFC 7617: base64 of ``user-id:password``).
+
+    The user-id is not checked: the token alone says who is asking, so a client that can only
+    put credentials in its URL (``http://NAME:TOKEN@host:8000/…``; aiohttp and requests send
+    them as ``Basic``) authenticates with the token as the password and any name.
+
+    Raises:
+        AuthRejected: reason ``malformed`` (not base64, no ``:``, or an empty password).
+    """
+    try:
+        decoded = base64.b64decode(credentials, validate=True)
+    except (binascii.Error, ValueError):
+        raise AuthRejected(
+            "malformed Authorization header: Basic credentials are not base64 (RFC 7617)", "malformed"
+        ) from None
+    _, colon, password = decoded.partition(b":")
+    if not colon or not password:
+        raise AuthRejected(
+            "malformed Authorization header: Basic credentials need the token as the password (NAME:TOKEN, "
+            "e.g. http://NAME:TOKEN@host:8000/… in a client's URL)", "malformed"
+        )
+    return password
 
 
 def bearer_token(authorization: str | None) -> bytes:
-    """The token of an ``Authorization: Bearer <token>`` header, as the bytes the client sent.
+    """The token of an ``Authorization`` header, as the bytes the client sent.
+
+    Two schemes carry it: ``Bearer <token>`` (what rmserve's own clients send) and ``Basic``
+    with the token as the password (RFC 7617; for clients that take no header option but
+    accept credentials in a URL, e.g. OpenRLHF's ``--reward.remote_url``).
 
     Args:
         authorization: the header's value as aiohttp gives it (bytes that are not UTF-8 come as
             surrogate escapes, ``\\udcf6`` for the byte 0xf6), or None when absent.
 
     Returns:
-        The token's bytes (the scheme ``Bearer`` is matched in any case; spaces around the
-        token are ignored).
+        The token's bytes (the scheme is matched in any case; spaces around the token are
+        ignored).
 
     Raises:
         AuthRejected: reason ``missing`` (no header, or only spaces) or ``malformed`` (another
-            scheme than ``Bearer``, no token, more than one word, or a token that is not UTF-8:
-            no token this server knows can be, as every token is UTF-8 text).
+            scheme, no token, more than one word, Basic credentials that are not base64 or have
+            no password, or a token that is not UTF-8: no token this server knows can be, as
+            every token is UTF-8 text).
     """
     if authorization is None:
         raise AuthRejected(MISSING_MESSAGE, "missing")
@@ -259,16 +301,14 @@ def bearer_token(authorization: str | None) -> bytes:
     if not raw:
         raise AuthRejected(MISSING_MESSAGE, "missing")
     words = raw.split()
-    if len(words) != 2 or words[0].lower() != b"bearer":
+    scheme = words[0].lower()
+    if len(words) != 2 or scheme not in (b"bearer", b"basic"):
         raise AuthRejected(MALFORMED_MESSAGE, "malformed")
-    token = words[1]
+    token = words[1] if scheme == b"bearer" else _basic_password(words[1])
     try:
         token.decode("utf-8")
     except UnicodeDecodeError:
-        raise AuthRejected(
-            "malformed Authorization header: the token is not UTF-8 (a client that sends a token with non-ASCII "
-            "characters as Latin-1?)", "malformed"
-        ) from None
+        raise AuthRejected(NOT_UTF8_MESSAGE, "malformed") from None
     return token
 
 

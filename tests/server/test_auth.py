@@ -212,7 +212,9 @@ async def test_a_valid_token_scores_and_the_reply_is_the_same_as_without_users(s
     ("headers", "reason", "message"),
     [
         ({}, "missing", "this server needs a token"),
-        ({"Authorization": "Basic YWxpY2U6eA=="}, "malformed", "expected 'Bearer <token>'"),
+        ({"Authorization": "Basic YWxpY2U6eA=="}, "unknown", "unknown token"),  # alice:x, the token x
+        ({"Authorization": "Basic YWxpY2U="}, "malformed", "need the token as the password"),  # alice, no password
+        ({"Authorization": "Digest YWxpY2U6eA=="}, "malformed", "expected 'Bearer <token>'"),
         ({"Authorization": "Bearer"}, "malformed", "expected 'Bearer <token>'"),
         ({"Authorization": "Bearer two words"}, "malformed", "expected 'Bearer <token>'"),
         ({"Authorization": "Bearer not-a-token-of-anyone"}, "unknown", "unknown token"),

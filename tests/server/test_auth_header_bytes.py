@@ -13,6 +13,7 @@ such bytes to the app as surrogate escapes; the one token check
 from __future__ import annotations
 
 import asyncio
+import base64
 import http.client
 import json
 
@@ -30,7 +31,10 @@ NOT_UTF8 = (
     "malformed Authorization header: the token is not UTF-8 (a client that sends a token with non-ASCII "
     "characters as Latin-1?)"
 )
-NOT_BEARER = "malformed Authorization header: expected 'Bearer <token>' (one token, no spaces)"
+NOT_BEARER = (
+    "malformed Authorization header: expected 'Bearer <token>' (one token, no spaces) or Basic credentials "
+    "whose password is the token"
+)
 UNKNOWN_USER = "unknown token: no user of this server has it"
 WRONG_ADMIN = (
     "wrong admin token: it is not the token this server was started with (--admin-token-file or RMSERVE_ADMIN_TOKEN)"
@@ -208,7 +212,19 @@ def test_bearer_token_returns_the_bytes_sent():
     with pytest.raises(AuthRejected) as refused:
         bearer_token("Bearer \ud800")  # a lone surrogate no wire bytes give
     assert refused.value.reason == "malformed"
-    for header, reason in ((None, "missing"), ("   ", "missing"), ("Bearer", "malformed"), ("Token abc", "malformed")):
+    # Basic credentials (RFC 7617): the password is the token, the name is not checked
+    assert bearer_token("Basic " + base64.b64encode(b"trainer:abc-_").decode()) == b"abc-_"
+    assert bearer_token("basic " + base64.b64encode(b":t:\xc3\xb6k").decode()) == b"t:\xc3\xb6k"
+    with pytest.raises(AuthRejected) as refused:
+        bearer_token("Basic " + base64.b64encode(b"trainer:t\xf6k").decode())
+    assert (refused.value.reason, refused.value.message) == ("malformed", NOT_UTF8)
+    for credentials in (b"trainer", b"trainer:"):
+        with pytest.raises(AuthRejected) as refused:
+            bearer_token("Basic " + base64.b64encode(credentials).decode())
+        assert refused.value.message.endswith("need the token as the password (NAME:TOKEN, e.g. "
+                                              "http://NAME:TOKEN@host:8000/… in a client's URL)"), credentials
+    for header, reason in ((None, "missing"), ("   ", "missing"), ("Bearer", "malformed"), ("Token abc", "malformed"),
+                           ("Basic", "malformed"), ("Basic !!notbase64", "malformed")):
         with pytest.raises(AuthRejected) as refused:
             bearer_token(header)
         assert refused.value.reason == reason, header

@@ -425,6 +425,30 @@ async def test_openrlhf_single_turn_executor_reads_rmserve_rewards(aiohttp_clien
     assert [ids for _, (ids,) in engine.calls] == [(1, 4, 104, 105, 2, 5, 121, 111, 2)]
 
 
+async def test_openrlhf_authenticates_with_the_token_in_its_url(aiohttp_client, users_config, engine,
+                                                               openrlhf_agent, monkeypatch):
+    """OpenRLHF has no token option: ``http://NAME:TOKEN@host/get_reward`` makes its aiohttp
+    client send ``Authorization: Basic base64(NAME:TOKEN)``, which the server reads as alice's
+    token (the name is not checked); without it every attempt is a 401 and no reward comes back."""
+    config, alice, _ = users_config
+    client = await fake_app_client(aiohttp_client, config, engine)
+
+    async def no_sleep(_seconds):
+        return None
+
+    monkeypatch.setattr(openrlhf_agent, "asyncio", types.SimpleNamespace(
+        sleep=no_sleep, gather=asyncio.gather, create_task=asyncio.create_task, to_thread=asyncio.to_thread))
+    url = client.make_url("/get_reward")
+    out = await _openrlhf_execute(openrlhf_agent, str(url), "yo<|im_end|>")
+    assert (out["reward"], engine.calls) == (None, [])
+    out = await _openrlhf_execute(openrlhf_agent, str(url.with_user("trainer").with_password(alice)), "yo<|im_end|>")
+    assert out["reward"] == [pytest.approx(4.55, abs=1e-12)]
+    async with client.get("/metrics", headers={"Authorization": f"Bearer {alice}"}) as resp:
+        metrics = metric_samples(await resp.text())
+    assert metrics[("rmserve_user_requests_total", (("endpoint", "/get_reward"), ("status", "200"), ("user", "alice")))] == 1
+    assert metrics[("rmserve_auth_rejections_total", (("reason", "missing"),))] == 5
+
+
 async def test_openrlhf_gets_no_reward_for_a_refused_query(aiohttp_client, engine, openrlhf_agent, monkeypatch, caplog):
     """A 400 is retried (5 attempts, 1 s apart: sleeps skipped here), then the sample has no
     reward (None), which OpenRLHF 0.11.2's trainer does not turn into a number."""
