@@ -232,8 +232,8 @@ def compare_files(path_a: str | Path, path_b: str | Path, config: MetricsConfig 
         DataError: any input problem, or mismatched groups.
     """
     config = config or MetricsConfig()
-    a = read_score_files([path_a], domain=config.domain, benchmark=config.benchmark, dpo_reward=config.dpo_reward)
-    b = read_score_files([path_b], domain=config.domain, benchmark=config.benchmark, dpo_reward=config.dpo_reward)
+    a, b = (read_score_files([path], domain=config.domain, benchmark=config.benchmark, dpo_reward=config.dpo_reward,
+                             reward_extra=config.reward_extra) for path in (path_a, path_b))
     return compare_scores(a, b, config, fingerprints=(score_file_fingerprints(path_a), score_file_fingerprints(path_b)))
 
 

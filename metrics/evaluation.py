@@ -133,6 +133,8 @@ class MetricsConfig:
         dpo_reward: recompute the rewards of a DPO run's score records from their extras:
             ``avg``, ``sum``, ``norm`` or ``reference`` (:mod:`rmserve.metrics.dpo`); None
             (default) uses the records' ``rewards`` as scored.
+        reward_extra: use the score records' extras of this name as the rewards (e.g.
+            ``objective_2`` of a multi-objective head); excludes ``dpo_reward``.
         excluded: source domains (RM-Bench) or subsets (RewardBench 2) the run left out on
             purpose (``--only``); the notes name them as excluded rather than missing.
     """
@@ -143,6 +145,7 @@ class MetricsConfig:
     domain: str | None = None
     benchmark: str | None = None
     dpo_reward: str | None = None
+    reward_extra: str | None = None
     excluded: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -154,6 +157,10 @@ class MetricsConfig:
             raise ValueError(f"benchmark must be one of {', '.join(BENCHMARKS)}, got {self.benchmark!r}")
         if self.dpo_reward is not None and self.dpo_reward not in DPO_REWARDS:
             raise ValueError(f"dpo_reward must be one of {', '.join(DPO_REWARDS)}, got {self.dpo_reward!r}")
+        if self.reward_extra is not None and (not isinstance(self.reward_extra, str) or not self.reward_extra):
+            raise ValueError(f"reward_extra must be an extras name (e.g. objective_0), got {self.reward_extra!r}")
+        if self.reward_extra is not None and self.dpo_reward is not None:
+            raise ValueError("dpo_reward / reward_extra: give one; both name the reward the figures use")
 
     def bootstrap(self) -> BootstrapConfig | None:
         """The bootstrap settings, or None when ``resamples`` is 0."""
@@ -178,7 +185,7 @@ class Evaluation:
             Ties), one sentence each.
         score_kind: what kind of score the score records hold (classifier, or DPO with mode,
             reference and compat); None for official result files, which do not say.
-        reward: the reward the figures use: ``rewards`` (as scored) or ``dpo:<name>``
+        reward: the reward the figures use: ``rewards`` (as scored), ``dpo:<name>`` or ``extra:<name>``
             (recomputed from the DPO extras, ``MetricsConfig.dpo_reward``).
         models: the distinct ``(model name, fingerprint)`` pairs the score records name
             (empty when the files do not record them); the figures print them.
@@ -314,7 +321,8 @@ def evaluate_files(paths: Sequence[str | Path], config: MetricsConfig | None = N
         DataError: any input problem (names file, line and field).
     """
     config = config or MetricsConfig()
-    scores = read_score_files(paths, domain=config.domain, benchmark=config.benchmark, dpo_reward=config.dpo_reward)
+    scores = read_score_files(paths, domain=config.domain, benchmark=config.benchmark, dpo_reward=config.dpo_reward,
+                              reward_extra=config.reward_extra)
     return evaluate(scores, config)
 
 
@@ -327,7 +335,8 @@ def evaluate_records(
         DataError: invalid records (names ``source``, the 1-based record number and field).
     """
     config = config or MetricsConfig()
-    scores = scores_from_records(records, source=source, dpo_reward=config.dpo_reward)
+    scores = scores_from_records(records, source=source, dpo_reward=config.dpo_reward,
+                                 reward_extra=config.reward_extra)
     if config.benchmark is not None and scores.benchmark != config.benchmark:
         raise DataError(
             f"holds {scores.benchmark} scores, but {config.benchmark} scores were asked for",

@@ -60,6 +60,8 @@ def kind_label(kind: ScoreKind | None, reward: str = SCORED_REWARDS, protocols: 
     :meth:`~rmserve.schema.ScoreKind.describe`'s; a judge's mode is its ``--protocol`` choice."""
     if reward.startswith("dpo:"):
         return f"DPO reward {reward.removeprefix('dpo:')} (recomputed from the extras)"
+    if reward.startswith("extra:"):
+        return f"rewards from the extras {reward.removeprefix('extra:')}"
     if kind is None:
         return "kind of score not recorded"
     mode_word = "--protocol" if kind.kind == JUDGE_KIND else "mode"

@@ -46,6 +46,8 @@ def _score_kind_dict(kind: ScoreKind | None) -> dict[str, Any] | None:
 def _reward_dict(reward: str) -> dict[str, Any]:
     if reward in (SCORED_REWARDS, JUDGE_VERDICTS):
         return {"name": reward, "formula": None}
+    if reward.startswith("extra:"):
+        return {"name": reward, "formula": f"extras.{reward.removeprefix('extra:')}"}
     name = reward.removeprefix("dpo:")
     return {"name": reward, "formula": DPO_REWARD_FORMULAS[name]}
 
@@ -108,7 +110,7 @@ def result_dict(evaluation: Evaluation) -> dict[str, Any]:
 
     Keys: ``benchmark``, ``files``, ``n_groups``, ``score_kind`` (``kind``, ``mode``,
     ``ref_model``, ``compat`` of the score records; null for official result files),
-    ``reward`` (``name``: ``rewards`` or ``dpo:<avg|sum|norm|reference>``; ``formula``: the
+    ``reward`` (``name``: ``rewards``, ``dpo:<avg|sum|norm|reference>`` or ``extra:<name>``; ``formula``: the
     DPO formula or null; ``judge-verdicts`` for a generative judge), ``partial``, ``missing``,
     ``notes``, ``warnings``, ``bootstrap``, ``judge`` (null unless the records are a generative
     judge's: ``mode``, ``protocols``, ``compat``, ``readers`` (the readers that read the calls),

@@ -25,12 +25,14 @@ MISSING_CELL = "—"
 
 
 def reward_text(reward: str) -> str:
-    """Words for the reward the figures use: ``rewards as scored`` or e.g. ``DPO reward avg =
-    policy_logp / answer_tokens, recomputed from the extras``."""
+    """Words for the reward the figures use: ``rewards as scored``, e.g. ``DPO reward avg =
+    policy_logp / answer_tokens, recomputed from the extras``, or the extras it was read from."""
     if reward == SCORED_REWARDS:
         return "rewards as scored"
     if reward == JUDGE_VERDICTS:
         return "figures from the judge's verdicts (credits, ratings, pairwise cells), not from its rewards"
+    if reward.startswith("extra:"):
+        return f"rewards from the extras {reward.removeprefix('extra:')} of each response (--reward-extra)"
     name = reward.removeprefix("dpo:")
     return f"DPO reward {name} = {DPO_REWARD_FORMULAS[name]}, recomputed from the extras"
 
@@ -74,13 +76,15 @@ def render_markdown(evaluation: Evaluation) -> str:
     heading = title
     if judge is not None:
         heading += ": generative judge"
+    elif evaluation.reward.startswith("extra:"):
+        heading += f": {evaluation.reward.removeprefix('extra:')}"
     elif evaluation.reward != SCORED_REWARDS:
         heading += f": DPO reward {evaluation.reward.removeprefix('dpo:')}"
     kind = _kind_text(evaluation.score_kind, judge.summary.protocols if judge is not None else ())
     lines = [
         f"## {heading}",
         "",
-        f"{evaluation.n_groups} groups from {', '.join(evaluation.files)}. "
+        f"{evaluation.n_groups} group{'' if evaluation.n_groups == 1 else 's'} from {', '.join(evaluation.files)}. "
         f"Scores: {kind}; {reward_text(evaluation.reward)}.",
         "",
     ]

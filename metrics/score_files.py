@@ -59,6 +59,13 @@ DPO rewards: with ``dpo_reward`` (``avg``, ``sum``, ``norm`` or ``reference``) t
 reward keeps none); ``reward`` of the score set says which was used. A record without the
 extras needed, or with a null one for a response that has a reward (e.g. no ``ref_logp`` in a
 reference-free run), is an error naming the field.
+
+A reward from the extras: with ``reward_extra`` NAME the rewards of ``score-records`` are the
+extras NAME of each response instead of ``rewards`` (e.g. ``objective_2``, one objective of a
+multi-objective head such as ArmoRM's, kept by the ``remote-code`` head); ``reward`` of the
+score set is ``extra:NAME``. A record without that extra, a value that is not a number, or a
+null one for a response that has a reward, is an error naming the field; ``dpo_reward`` and
+``reward_extra`` exclude each other.
 """
 
 from __future__ import annotations
@@ -141,8 +148,11 @@ class _Rows:
     """Whether an id repeated outside Ties inside one RewardBench 2 file is accepted (files only)."""
     dpo_reward: str | None = None
     """The DPO reward to recompute from the extras (see :mod:`rmserve.metrics.dpo`), or None."""
+    reward_extra: str | None = None
+    """The extras name whose values are the rewards (``--reward-extra``), or None."""
     extras: dict[str, list[list[float]]] = field(default_factory=dict)
-    """Extras name → one row per record (parallel to ``rewards``), when ``dpo_reward`` is set."""
+    """Extras name → one row per record (parallel to ``rewards``), when ``dpo_reward`` or
+    ``reward_extra`` is set."""
     score_kind: ScoreKind | None = None
     kind_where: _Where | None = None
     """Where the first score record (whose ``score_kind`` the others must share) was read."""
@@ -391,6 +401,13 @@ def _check_score_kind(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
                 "kind",
                 value=record.kind,
             )
+        if record.kind == JUDGE_KIND and rows.reward_extra is not None:
+            raise where.error(
+                f"--reward-extra {rows.reward_extra} reads rewards from the extras; these are a generative judge's "
+                "scores, whose figures come from its verdicts",
+                "kind",
+                value=record.kind,
+            )
         if record.kind == JUDGE_KIND and rows.dpo_reward is not None:
             raise where.error(
                 f"--dpo-reward {rows.dpo_reward} recomputes a DPO run's rewards; these are a generative judge's "
@@ -420,6 +437,32 @@ def _check_score_kind(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
             name,
             value=getattr(kind, name),
         )
+
+
+def _named_extra(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
+    """Check and collect the extras ``rows.reward_extra`` (the rewards the figures use), for one record."""
+    name = rows.reward_extra
+    assert name is not None
+    extras = record.extras or {}
+    values = extras.get(name)
+    if values is None:
+        raise where.error(
+            f"missing: --reward-extra {name} reads each response's reward from the extras {name}; this record "
+            f"({record.score_kind.describe()}) has {'none' if not extras else 'only ' + ', '.join(sorted(extras))}",
+            f"extras.{name}",
+        )
+    if len(values) != len(record.rewards):
+        raise where.error(f"holds {len(values)} values for {len(record.rewards)} responses", f"extras.{name}",
+                          value=len(values), limit=len(record.rewards))
+    row = []
+    for j, (value, scored) in enumerate(zip(values, record.rewards, strict=True)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, type(None))):
+            raise where.error(f"must be a number or null, got {value!r}", f"extras.{name}[{j}]", value=value)
+        if value is None and scored is not None:
+            raise where.error(f"null for a response that has a reward: --reward-extra {name} has no value for it",
+                              f"extras.{name}[{j}]")
+        row.append(np.nan if value is None else float(value))
+    rows.extras.setdefault(name, []).append(row)
 
 
 def _dpo_extras(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
@@ -494,6 +537,8 @@ def _score_record(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
         rows.setup.add(record, where)
     if rows.dpo_reward is not None:
         _dpo_extras(rows, record, where)
+    if rows.reward_extra is not None:
+        _named_extra(rows, record, where)
 
 
 def _judge_result(record: ScoreRecord, record_id: str, where: _Where) -> JudgeGroupResult | None:
@@ -596,6 +641,12 @@ def _read_file(rows: _Rows, path: Path, *, domain: str | None, benchmark: str | 
                 "(benchmark, rewards), an RM-Bench result (score_chosen, score_rejected) or a RewardBench 2 item "
                 "(subset, scores)"
             )
+        if rows.reward_extra is not None and kind != "score-records":
+            raise where.error(
+                f"is a {kind} record, which has no extras: --reward-extra {rows.reward_extra} needs rmserve score "
+                "records",
+                "extras",
+            )
         if rows.dpo_reward is not None and kind != "score-records":
             raise where.error(
                 f"is a {kind} record, which has no DPO extras: --dpo-reward {rows.dpo_reward} needs rmserve score "
@@ -677,8 +728,13 @@ def _padded(values: list[list[float]], lengths: np.ndarray) -> np.ndarray:
 
 
 def _rewards(rows: _Rows, lengths: np.ndarray) -> tuple[np.ndarray, str]:
-    """The reward matrix (NaN-padded) and which reward it holds (``SCORED_REWARDS`` or ``dpo:<name>``)."""
+    """The reward matrix (NaN-padded) and which reward it holds (``SCORED_REWARDS``,
+    ``dpo:<name>`` or ``extra:<name>``)."""
     scored = _padded(rows.rewards, lengths)
+    if rows.reward_extra is not None:
+        named = _padded(rows.extras[rows.reward_extra], lengths)
+        named[np.isnan(scored)] = np.nan  # a response without a reward keeps none
+        return named, f"extra:{rows.reward_extra}"
     if rows.dpo_reward is None:
         return scored, SCORED_REWARDS
     parts = {name: _padded(values, lengths) for name, values in rows.extras.items()}
@@ -714,7 +770,15 @@ def _to_scores_in_file_order(rows: _Rows) -> ScoreSet:
     )
 
 
-def _check_dpo_reward(dpo_reward: str | None) -> None:
+def _check_reward_choice(dpo_reward: str | None, reward_extra: str | None) -> None:
+    """``dpo_reward`` a known name, ``reward_extra`` a non-empty name, not both."""
+    if dpo_reward is not None and reward_extra is not None:
+        raise DataError(
+            f"--dpo-reward {dpo_reward} and --reward-extra {reward_extra} both name the reward the figures use; "
+            "give one", field="reward_extra")
+    if reward_extra is not None and (not isinstance(reward_extra, str) or not reward_extra):
+        raise DataError(f"reward_extra: {reward_extra!r} must be an extras name (e.g. objective_0)",
+                        field="reward_extra")
     if dpo_reward is not None and dpo_reward not in DPO_REWARDS:
         raise DataError(
             f"unknown DPO reward {dpo_reward!r}; expected one of {', '.join(DPO_REWARDS)}", field="dpo_reward"
@@ -727,6 +791,7 @@ def read_score_files(
     domain: str | None = None,
     benchmark: str | None = None,
     dpo_reward: str | None = None,
+    reward_extra: str | None = None,
 ) -> ScoreSet:
     """Read and concatenate score files of one benchmark (format detected per record).
 
@@ -737,6 +802,8 @@ def read_score_files(
         benchmark: when given, files of the other benchmark are an error.
         dpo_reward: recompute the rewards from the DPO extras (``avg``, ``sum``, ``norm`` or
             ``reference``; see :mod:`rmserve.metrics.dpo`); None (default) keeps ``rewards``.
+        reward_extra: take the rewards from the records' extras of this name instead (one
+            objective of a multi-objective head, ``objective_0``, …); excludes ``dpo_reward``.
 
     Returns:
         :class:`~rmserve.metrics.scores.RMBenchScores` or :class:`~rmserve.metrics.scores.RB2Scores` (arrays read-only).
@@ -751,8 +818,9 @@ def read_score_files(
             different sampling or engine settings (field ``judge_sampling.<name>`` or
             ``judge_engine.<name>``, both values), no records at all, or with
             ``dpo_reward``: an unknown name, a record that is not an rmserve score record or
-            lacks a needed extra (field ``extras.<name>``). The message names file, line, id
-            and field.
+            lacks a needed extra (field ``extras.<name>``), or with ``reward_extra``: a record
+            without it (field ``extras.<name>``), or both options. The message names file, line,
+            id and field.
     """
     if domain is not None and domain not in RMBENCH_DOMAINS:
         raise DataError(
@@ -762,26 +830,27 @@ def read_score_files(
         raise DataError(f"unknown benchmark {benchmark!r}; expected one of {', '.join(BENCHMARKS)}", field="bench")
     if not paths:
         raise DataError("no score files given", field="files")
-    _check_dpo_reward(dpo_reward)
-    rows = _Rows(files_may_repeat_ids=True, dpo_reward=dpo_reward)
+    _check_reward_choice(dpo_reward, reward_extra)
+    rows = _Rows(files_may_repeat_ids=True, dpo_reward=dpo_reward, reward_extra=reward_extra)
     for path in paths:
         _read_file(rows, Path(path), domain=domain, benchmark=benchmark)
     return _to_scores(rows)
 
 
 def scores_from_records(
-    records: Iterable[ScoreRecord], *, source: str = "<records>", dpo_reward: str | None = None
+    records: Iterable[ScoreRecord], *, source: str = "<records>", dpo_reward: str | None = None,
+    reward_extra: str | None = None,
 ) -> ScoreSet:
     """Build a score set from in-memory :class:`rmserve.schema.ScoreRecord` objects.
 
     Records are validated as in a score file; errors name ``source`` and the 1-based record
-    number as the line. ``dpo_reward`` as for :func:`read_score_files`.
+    number as the line. ``dpo_reward`` and ``reward_extra`` as for :func:`read_score_files`.
 
     Raises:
         DataError: as :func:`read_score_files`.
     """
-    _check_dpo_reward(dpo_reward)
-    rows = _Rows(dpo_reward=dpo_reward)
+    _check_reward_choice(dpo_reward, reward_extra)
+    rows = _Rows(dpo_reward=dpo_reward, reward_extra=reward_extra)
     count = 0
     for number, record in enumerate(records, start=1):
         where = _Where(source, number)

@@ -52,7 +52,8 @@ class BenchmarkScores:
         score_kind: what kind of score the records hold; None when no file says (official
             result files).
         reward: which reward the scores are: ``rewards`` (the records' own) or
-            ``dpo:<avg|sum|norm|reference>`` (recomputed from the DPO extras).
+            ``dpo:<avg|sum|norm|reference>`` (recomputed from the DPO extras) or ``extra:<name>``
+            (the extras of that name, ``--reward-extra``).
         models: the distinct ``(model name, fingerprint)`` pairs of the score records, in
             order of first appearance; empty when the files do not record them (official
             result files).

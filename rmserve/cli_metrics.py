@@ -86,6 +86,17 @@ DpoRewardOpt = Annotated[
         show_default=False,
     ),
 ]
+RewardExtraOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--reward-extra",
+        metavar="NAME",
+        help="Use each response's extras NAME from rmserve score records as its reward instead of the rewards as "
+        "scored: one objective of a multi-objective head (objective_0, objective_1 and so on, which the remote-code "
+        "head keeps). Not with --dpo-reward.",
+        show_default=False,
+    ),
+]
 BenchOpt = Annotated[
     Literal["rm-bench", "rewardbench2"] | None,
     typer.Option("--bench", help=with_default("Expected benchmark.", "detected"), show_default=False),
@@ -128,12 +139,14 @@ def rm_bench(
     confidence: ConfidenceOpt = 0.95,
     domain: DomainOpt = None,
     dpo_reward: DpoRewardOpt = None,
+    reward_extra: RewardExtraOpt = None,
 ) -> None:
     """RM-Bench accuracy: Chat | Math | Code | Safety | Easy | Normal | Hard | Avg."""
     from rmserve.metrics.evaluation import evaluate_files
 
     config = _config(
-        resamples=resamples, seed=seed, confidence=confidence, domain=domain, benchmark="rm-bench", dpo_reward=dpo_reward
+        resamples=resamples, seed=seed, confidence=confidence, domain=domain, benchmark="rm-bench", dpo_reward=dpo_reward,
+        reward_extra=reward_extra,
     )
     _emit(_guard(lambda: evaluate_files(files, config)), as_json, out)
 
@@ -147,12 +160,14 @@ def rewardbench2(
     seed: SeedOpt = 0,
     confidence: ConfidenceOpt = 0.95,
     dpo_reward: DpoRewardOpt = None,
+    reward_extra: RewardExtraOpt = None,
 ) -> None:
     """RewardBench 2 scores: Factuality | Precise IF | Math | Safety | Focus | Ties | Avg."""
     from rmserve.metrics.evaluation import evaluate_files
 
     config = _config(
-        resamples=resamples, seed=seed, confidence=confidence, benchmark="rewardbench2", dpo_reward=dpo_reward
+        resamples=resamples, seed=seed, confidence=confidence, benchmark="rewardbench2", dpo_reward=dpo_reward,
+        reward_extra=reward_extra,
     )
     _emit(_guard(lambda: evaluate_files(files, config)), as_json, out)
 
@@ -172,6 +187,7 @@ def compare(
     confidence: ConfidenceOpt = 0.95,
     domain: DomainOpt = None,
     dpo_reward: DpoRewardOpt = None,
+    reward_extra: RewardExtraOpt = None,
 ) -> None:
     """Paired difference B − A per figure over the same groups, with its bootstrap interval."""
     from rmserve.metrics.comparison import compare_files
@@ -186,7 +202,8 @@ def compare(
             param_hint="'--resamples'",
         )
     config = _config(
-        resamples=resamples, seed=seed, confidence=confidence, domain=domain, benchmark=bench, dpo_reward=dpo_reward
+        resamples=resamples, seed=seed, confidence=confidence, domain=domain, benchmark=bench, dpo_reward=dpo_reward,
+        reward_extra=reward_extra,
     )
     comparison = _guard(lambda: compare_files(file_a, file_b, config))
     typer.echo(to_json(comparison_dict(comparison)) if as_json else render_comparison(comparison), nl=as_json)
