@@ -711,17 +711,26 @@ def check_model_sources(config: Any) -> None:
     """Before any engine starts (``rmserve serve``, and ``rmserve run`` before it starts one),
     tell each model path of an engine config (``model``, a DPO ``ref_model``) from a hub id
     and check a folder's files with the kind's rules and, for the model, its head settings
-    (:func:`rmserve.server.swaps.checkpoints.check_model_source`); a judge behind
+    (:func:`rmserve.server.swaps.checkpoints.check_model_source`) and that the engine serves
+    its head (a ``remote-code`` head only on ``--engine hf``); a judge behind
     ``--judge-url`` names a model at the endpoint and is not checked here.
 
     Raises:
         ValueError: a path-like model that does not exist, a file, or a folder that breaks a
             rule; the message starts with the field (``model`` / ``ref_model``).
     """
+    from rmserve.errors import ServerFault
+    from rmserve.schema import CLASSIFIER_KIND
+    from rmserve.server.config import check_reward_head
     from rmserve.server.swaps.checkpoints import check_model_source
 
     if getattr(config, "judge_url", None) is None:
-        check_model_source(config.model, config.kind, "model", getattr(config, "head_settings", None))
+        folder = check_model_source(config.model, config.kind, "model", getattr(config, "head_settings", None))
+        if folder is not None and config.kind == CLASSIFIER_KIND:
+            try:  # the head fits the folder (checked above); does the engine serve it?
+                check_reward_head(str(folder), config.head_settings, config.engine)
+            except ServerFault as exc:
+                raise ValueError(f"model: {exc}") from None
     if getattr(config, "ref_model", None) is not None:
         check_model_source(config.ref_model, config.kind, "ref_model")
 

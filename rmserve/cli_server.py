@@ -327,14 +327,18 @@ def demo_model_command(
     seed: Annotated[int, typer.Option("--seed", help="Weight seed (≥ 0); same seed and corpus give identical files.")] = 0,
     max_len: Annotated[int, typer.Option("--max-len", help="Max positions / tokenizer model_max_length (≥ 16).")] = 4096,
     head: Annotated[
-        Literal["reward", "causal"],
+        Literal["reward", "causal", "gated"],
         typer.Option(
             "--head",
             help="reward: a one-label reward head (LlamaForSequenceClassification, for serve --kind classifier or "
             "length); causal: a language-model head (LlamaForCausalLM: a DPO policy or reference, or a judge, for "
-            "--kind dpo or judge; two seeds make a pair).",
+            "--kind dpo or judge; two seeds make a pair); gated: a multi-objective reward model with a softmax gate "
+            "that ships its own modeling code, as ArmoRM does (serve with --trust-remote-code --engine hf).",
         ),
     ] = "reward",
+    objectives: Annotated[
+        int, typer.Option("--objectives", help="Objectives of a gated reward model (1 to 64).")
+    ] = 4,
     labels: Annotated[  # not num_labels: serve's help names the config key num_labels, which is no flag there
         int,
         typer.Option("--num-labels", help="Labels of a reward head (1 to 64); a model with more than one is served "
@@ -352,6 +356,7 @@ def demo_model_command(
         lambda: DemoModelConfig(
             layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
             intermediate=intermediate, vocab=vocab, seed=seed, max_len=max_len, kind=head, num_labels=labels,
+            objectives=objectives,
         )
     )
     banner = "!" * 78

@@ -2,8 +2,10 @@
 
 :func:`build_demo_model` writes a ``LlamaForSequenceClassification`` checkpoint
 (``num_labels=1`` unless asked for more, fp32 safetensors; ``kind="reward"``) or a ``LlamaForCausalLM`` of the same
-shape (``kind="causal"``: a policy or reference for DPO scoring; two seeds make a pair)
-with a byte-level BPE tokenizer trained on a local
+shape (``kind="causal"``: a policy or reference for DPO scoring; two seeds make a pair), or a
+gated multi-objective reward model that ships its own modeling code (``kind="gated"``: the
+file ``modeling_gated_rm.py`` beside the weights, named in ``auto_map``, as ArmoRM ships its
+class; served with ``--trust-remote-code``), with a byte-level BPE tokenizer trained on a local
 corpus and a chat template that starts with BOS and closes every turn with EOS. The weights
 are random: the rewards it produces are reproducible numbers with no meaning, which is all
 a parity or throughput test needs.
@@ -47,6 +49,10 @@ CHAT_TEMPLATE = (
 )
 """The demo chat template (Jinja): BOS once, a role marker and newline per turn, EOS after each turn."""
 
+GATED_CODE_FILE = "modeling_gated_rm.py"
+"""The modeling file a ``gated`` demo model ships (from ``rmserve/demo_code/``), named in its
+``auto_map``: ``GatedRewardConfig`` and ``GatedRewardModel``."""
+
 RANDOM_WEIGHTS_WARNING = (
     "WARNING: this demo model has RANDOM weights. Its rewards are reproducible numbers "
     "with NO meaning; use it only to test and benchmark the serving path."
@@ -69,10 +75,14 @@ class DemoModelConfig:
         vocab: tokenizer vocabulary target incl. 256 byte symbols and 6 special tokens (300…65536).
         seed: torch seed for the weights; same seed + same corpus → identical files.
         max_len: ``max_position_embeddings`` and the tokenizer's ``model_max_length`` (≥ 16).
-        kind: ``reward`` (a sequence classifier) or ``causal`` (a causal LM with an LM head,
-            same tokenizer and template: a DPO policy or reference, or an ``lm-logit`` reward head).
+        kind: ``reward`` (a sequence classifier), ``causal`` (a causal LM with an LM head,
+            same tokenizer and template: a DPO policy or reference, or an ``lm-logit`` reward head)
+            or ``gated`` (:data:`GATED_CODE_FILE`'s model: a Llama decoder, one reward per
+            objective from a linear layer at the last token, a softmax gate over them from
+            another; reward = Σ gateₖ·rewardₖ; served by the ``remote-code`` head).
         num_labels: ``reward`` only: labels of the classifier (1: a one-label reward head; more:
             a multi-label head, served with ``--label-index`` or ``--label-weights``).
+        objectives: ``gated`` only: the number of objectives (1 to 64).
 
     Raises:
         ValueError: naming the field and the limit.
@@ -88,6 +98,7 @@ class DemoModelConfig:
     max_len: int = 4096
     kind: str = "reward"
     num_labels: int = 1
+    objectives: int = 4
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -106,10 +117,12 @@ class DemoModelConfig:
         need(300 <= self.vocab <= 65536, f"vocab: {self.vocab} must be between 300 and 65536")
         need(self.seed >= 0, f"seed: {self.seed} must be ≥ 0")
         need(self.max_len >= 16, f"max_len: {self.max_len} must be ≥ 16")
-        need(self.kind in ("reward", "causal"), f"kind: {self.kind!r} must be reward or causal")
+        need(self.kind in ("reward", "causal", "gated"), f"kind: {self.kind!r} must be reward, causal or gated")
         need(isinstance(self.num_labels, int) and 1 <= self.num_labels <= 64,
              f"num_labels: {self.num_labels!r} must be an integer from 1 to 64")
         need(self.kind == "reward" or self.num_labels == 1, "num_labels: only for a reward model (head reward)")
+        need(isinstance(self.objectives, int) and 1 <= self.objectives <= 64,
+             f"objectives: {self.objectives!r} must be an integer from 1 to 64")
 
     @property
     def head_dim(self) -> int:
@@ -215,12 +228,14 @@ def train_tokenizer(corpus: Path, vocab: int):
 
 def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoModelConfig()) -> DemoModelReport:
     """Write a random-weight ``LlamaForSequenceClassification`` reward model (``config.kind``
-    ``reward``) or ``LlamaForCausalLM`` (``causal``) to ``out``.
+    ``reward``), ``LlamaForCausalLM`` (``causal``) or gated multi-objective reward model with
+    its own code (``gated``) to ``out``.
 
     Files: ``config.json``, ``model.safetensors`` (fp32), ``tokenizer.json``,
     ``tokenizer_config.json`` (with the chat template under ``chat_template``),
-    ``README.md`` (says the weights are random). Deterministic for a fixed
-    ``config`` and corpus.
+    ``README.md`` (says the weights are random); ``gated``: also :data:`GATED_CODE_FILE`, and
+    ``config.json`` names its classes in ``auto_map``. Deterministic for a fixed ``config``
+    and corpus.
 
     Raises:
         ValueError: ``out`` exists and is not an empty folder.
@@ -245,7 +260,15 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
         chat_template=CHAT_TEMPLATE,
     )
     ids = {tok: raw.token_to_id(tok) for tok in SPECIAL_TOKENS}
-    model_config = LlamaConfig(
+    config_class, model_class = LlamaConfig, (
+        LlamaForSequenceClassification if config.kind == "reward" else LlamaForCausalLM
+    )
+    extra = {}
+    if config.kind == "gated":
+        config_class, model_class = _gated_classes(out)
+        extra["num_objectives"] = config.objectives
+    model_config = config_class(
+        **extra,
         vocab_size=raw.get_vocab_size(),
         hidden_size=config.hidden,
         intermediate_size=config.intermediate,
@@ -260,18 +283,25 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
         pad_token_id=ids[PAD_TOKEN],
         num_labels=config.num_labels,
         tie_word_embeddings=False,
-        architectures=["LlamaForSequenceClassification" if config.kind == "reward" else "LlamaForCausalLM"],
+        architectures=[model_class.__name__],
     )
     model_config.dtype = "float32"
 
     torch.manual_seed(config.seed)
     with torch.device("cpu"):
-        model_class = LlamaForSequenceClassification if config.kind == "reward" else LlamaForCausalLM
         model = model_class(model_config).to(torch.float32).eval()
+        if config.kind == "gated":
+            # transformers' initialisation (std 0.02) makes the gate all but uniform, and the reward
+            # the plain mean of the objectives; gate logits of order 1 make the gating matter
+            with torch.no_grad():
+                model.gating.weight.normal_(std=2.0 / config.hidden**0.5)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     _inline_chat_template(out)
-    title = "reward model" if config.kind == "reward" else "causal LM (a DPO policy or reference)"
+    if config.kind == "gated":
+        _name_code_in_config(out, config_class.__name__, model_class.__name__)
+    title = {"reward": "reward model", "causal": "causal LM (a DPO policy or reference)",
+             "gated": f"gated reward model with its own code ({GATED_CODE_FILE}; serve with --trust-remote-code)"}[config.kind]
     (out / "README.md").write_text(
         f"# rmserve demo {title}\n\n{RANDOM_WEIGHTS_WARNING}\n\n"
         f"Shape: {config.layers} layers, hidden {config.hidden}, {config.heads} heads "
@@ -287,6 +317,31 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
         head_dim=config.head_dim,
         weights_sha256=hashlib.sha256(weights.read_bytes()).hexdigest(),
     )
+
+
+def _gated_classes(out: Path) -> tuple[type, type]:
+    """Copy :data:`GATED_CODE_FILE` into ``out`` and import its config and model classes from
+    there (the module the checkpoint ships)."""
+    import importlib.resources
+    import importlib.util
+
+    code = out / GATED_CODE_FILE
+    code.write_bytes((importlib.resources.files("rmserve") / "demo_code" / GATED_CODE_FILE).read_bytes())
+    spec = importlib.util.spec_from_file_location("rmserve_demo_gated_rm", code)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.GatedRewardConfig, module.GatedRewardModel
+
+
+def _name_code_in_config(out: Path, config_class: str, model_class: str) -> None:
+    """Name the shipped classes in ``config.json``'s ``auto_map``, as a checkpoint with its own
+    code does (``AutoConfig`` and ``AutoModelForSequenceClassification``)."""
+    path = out / "config.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    module = GATED_CODE_FILE.removesuffix(".py")
+    data["auto_map"] = {"AutoConfig": f"{module}.{config_class}",
+                        "AutoModelForSequenceClassification": f"{module}.{model_class}"}
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _inline_chat_template(out: Path) -> None:

@@ -16,7 +16,9 @@
    rewards, so their scores must not share a fingerprint);
 7. the reward head when it is not the one-label classifier (:func:`head_sections`: the head's
    name, label index or weights, token id), so a default classifier keeps the fingerprint it
-   had before heads were recorded and existing score files still resume.
+   had before heads were recorded and existing score files still resume;
+8. for the ``remote-code`` head (the checkpoint's own modeling code, ``--trust-remote-code``),
+   every ``*.py`` file of the folder, name and bytes: the code computes the reward.
 
 No torch import; ``huggingface_hub`` only for hub ids.
 """
@@ -28,7 +30,15 @@ from pathlib import Path
 
 from rmserve.errors import ServerFault
 from rmserve.judge_records import JUDGE_READER_VERSION
-from rmserve.schema import CLASSIFIER_REWARD_HEAD, DPO_KIND, JUDGE_KIND, LENGTH_KIND, JudgeSampling, RewardHead
+from rmserve.schema import (
+    CLASSIFIER_REWARD_HEAD,
+    DPO_KIND,
+    JUDGE_KIND,
+    LENGTH_KIND,
+    REMOTE_CODE_HEAD,
+    JudgeSampling,
+    RewardHead,
+)
 
 FINGERPRINT_HEX_CHARS = 16
 TOKENIZER_FILES: tuple[str, ...] = (
@@ -41,7 +51,7 @@ TOKENIZER_FILES: tuple[str, ...] = (
     "added_tokens.json",
 )
 WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".bin", ".pt")
-_HUB_PATTERNS = ["config.json", "*.index.json", *TOKENIZER_FILES, "chat_template.jinja", "chat_template.json"]
+_HUB_PATTERNS = ["config.json", "*.index.json", *TOKENIZER_FILES, "chat_template.jinja", "chat_template.json", "*.py"]
 _WINDOW_BYTES = 64 * 1024
 _WINDOWS = 9
 
@@ -75,7 +85,8 @@ def model_fingerprint(
     ``dtype`` (``float32``, ``bfloat16`` …) is hashed when given; engines pass the dtype they
     compute in, so a fingerprint names the model, the template and the numerics. ``head`` is
     how the reward is read (:func:`head_sections`; None or
-    ``CLASSIFIER_REWARD_HEAD``, the one-label classifier, add nothing).
+    ``CLASSIFIER_REWARD_HEAD``, the one-label classifier, add nothing; a ``remote-code`` head adds
+    the folder's ``*.py`` files).
 
     Returns:
         The first :data:`FINGERPRINT_HEX_CHARS` hex characters of the sha256 described in
@@ -108,6 +119,9 @@ def model_fingerprint(
         section("dtype", dtype.encode())
     for label, value in head_sections(head):
         section(label, value.encode())
+    if head is not None and head.name == REMOTE_CODE_HEAD:
+        for code in sorted(p for p in folder.glob("*.py") if p.is_file()):
+            section(f"code:{code.name}", code.read_bytes())
     return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
 
 

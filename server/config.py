@@ -97,7 +97,7 @@ class EngineConfig:
     """What the model is: ``classifier`` (a reward head, see --head), ``dpo`` (a policy scored by its implicit reward; needs --ref-model or --ref-free), ``judge`` (a chat model that ranks, rates or compares the answers) or ``length`` (the length baseline: reward = the response's token count, see --length-sign)."""
 
     head: HeadName | None = None
-    """Classifier only: the head the reward is read from: ``classifier`` (the one label of a *ForSequenceClassification), ``multi-label`` (a *ForSequenceClassification with num_labels > 1, read with label_index or label_weights) or ``lm-logit`` (a *ForCausalLM: the LM-head logit of head_token_id at the last position, as Llama-3.1-Nemotron-70B-Reward-HF). None = found from the checkpoint's config (classifier or multi-label by its label count; a causal LM needs --head lm-logit)."""
+    """Classifier only: the head the reward is read from: ``classifier`` (the one label of a *ForSequenceClassification), ``multi-label`` (a *ForSequenceClassification with num_labels > 1, read with label_index or label_weights) ``lm-logit`` (a *ForCausalLM: the LM-head logit of head_token_id at the last position, as Llama-3.1-Nemotron-70B-Reward-HF) or ``remote-code`` (the checkpoint's own reward model class, auto_map; with trust_remote_code, transformers engine). None = found from the checkpoint's config (remote-code when its auto_map names a classifier class, else classifier or multi-label by its label count; a causal LM needs --head lm-logit)."""
 
     label_index: int | None = None
     """Multi-label head only: the label whose logit is the reward (≥ 0; below the checkpoint's num_labels, 0-based)."""
@@ -107,6 +107,9 @@ class EngineConfig:
 
     head_token_id: int | None = None
     """lm-logit head only: the vocabulary id whose LM-head logit at the last position is the reward (≥ 0; below the checkpoint's vocab_size). None = 0, the id Llama-3.1-Nemotron-70B-Reward-HF reads."""
+
+    trust_remote_code: bool = False
+    """Classifier only: let the transformers engine run a checkpoint's own modeling code (its ``auto_map`` reward model class, as ArmoRM ships): the remote-code head, recorded in the fingerprint (with the code files) and the start log. Off unless given: such a checkpoint is refused at start and in a swap, naming this flag."""
 
     ref_model: str | None = None
     """DPO only: folder or hub id of the reference model (same tokenizer as the policy). Reward = sum of the answer's log-probs under the policy minus under the reference."""
@@ -283,6 +286,10 @@ class EngineConfig:
         """The head options: names and ranges, one label rule at most, each with its head, kind
         classifier only (the checkpoint's label count and vocabulary are checked at start)."""
         given = [name for name in ("head", "label_index", "label_weights", "head_token_id") if getattr(self, name) is not None]
+        if not isinstance(self.trust_remote_code, bool):
+            raise ValueError(f"trust_remote_code: {self.trust_remote_code!r} must be true or false")
+        if self.trust_remote_code:
+            given.append("trust_remote_code")
         if given and self.kind != CLASSIFIER_KIND:
             raise ValueError(
                 f"{' / '.join(given)}: only for kind classifier (a reward head); drop "
@@ -317,7 +324,7 @@ class EngineConfig:
         """The head options as :class:`~rmserve.server.kinds.heads.HeadSettings` (weights parsed)."""
         weights = None if self.label_weights is None else parse_label_weights(self.label_weights)
         return HeadSettings(choice=self.head, label_index=self.label_index, label_weights=weights,
-                            token_id=self.head_token_id)
+                            token_id=self.head_token_id, trust_remote_code=self.trust_remote_code)
 
     def _check_judge(self) -> None:
         if self.protocol not in ("auto", "ranking", "ratings", "pairwise"):
@@ -508,9 +515,10 @@ def _valid_cpu_list(text: object) -> bool:
     return True
 
 
-def check_reward_head(model: str, head: HeadSettings | None = None) -> RewardHead:
+def check_reward_head(model: str, head: HeadSettings | None = None, engine: str | None = None) -> RewardHead:
     """Fail fast, before any weight is loaded, unless ``model`` has a head rmserve serves under
-    the head settings ``head``; returns that head.
+    the head settings ``head`` (on ``engine``, a registered engine name, when given); returns
+    that head.
 
     Reads only the model config (a local folder's ``config.json`` as JSON, else transformers
     ``AutoConfig``, imported then; labels counted on ``AutoConfig.to_dict()``); the rule is
@@ -525,16 +533,21 @@ def check_reward_head(model: str, head: HeadSettings | None = None) -> RewardHea
             architectures, the heads rmserve knows and ``--head``), several labels without
             ``--label-index`` / ``--label-weights`` (naming the label count and both flags), an
             index out of range (naming the label count), a weight count other than the labels'
-            (per-token reward heads such as ``*ForRewardModel`` are not served); the message
-            starts with the quoted ``model``.
+            (per-token reward heads such as ``*ForRewardModel`` are not served), a checkpoint's own
+            modeling code without ``--trust-remote-code`` (naming the flag), or a head ``engine``
+            does not serve (naming ``--engine``); the message starts with the quoted ``model``.
     """
-    from rmserve.server.kinds.heads import HeadProblem, resolve_head
+    from rmserve.server.kinds.heads import HeadProblem, engine_problem, resolve_head
 
     config = _read_model_config(model, "")
     try:
-        return resolve_head(config, head or HeadSettings())
+        resolved = resolve_head(config, head or HeadSettings())
     except HeadProblem as problem:
         raise ServerFault(f"{model!r} {problem}") from None
+    problem = None if engine is None else engine_problem(resolved, engine)
+    if problem is not None:
+        raise ServerFault(f"{model!r} has the {resolved.name} head: {problem}")
+    return resolved
 
 
 def _read_model_config(model: str, field: str) -> dict:

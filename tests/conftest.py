@@ -5,7 +5,8 @@
   naming the path, when it is missing. ``shared_data`` is its fixture form.
 - ``demo_model_dir`` (session): a random-weight demo reward model built once per session from
   the RM-Bench files (about 15 s; no download); ``demo_policy_dir`` / ``demo_reference_dir``
-  the same shape as causal LMs, ``demo_multi_label_dir`` with three labels. Every test that uses it is marked ``model``
+  the same shape as causal LMs, ``demo_multi_label_dir`` with three labels, ``demo_gated_dir`` a
+  gated multi-objective model with its own modeling code. Every test that uses it is marked ``model``
   (it needs torch, transformers and tokenizers), so the fast lane
   ``-m "not slow and not model"`` runs on the base install plus ``[test]``.
 - ``no_blocking_calls`` (autouse in ``tests/server/``, fast tests only): blockbuster raises
@@ -42,7 +43,8 @@ VLLM_TEST_KV_CACHE_BYTES = 1 << 30
 """KV-cache size of the test engine (1 GiB; the CPU default is 4 GiB)."""
 
 
-MODEL_FIXTURES = frozenset({"demo_model_dir", "demo_policy_dir", "demo_reference_dir", "demo_multi_label_dir"})
+MODEL_FIXTURES = frozenset({"demo_model_dir", "demo_policy_dir", "demo_reference_dir", "demo_multi_label_dir",
+                            "demo_gated_dir"})
 """Fixtures that need the engine extras (building the demo model takes torch, transformers and
 tokenizers): a test using one, directly or through another fixture, is marked ``model``."""
 
@@ -108,6 +110,23 @@ def demo_multi_label_dir(tmp_path_factory: pytest.TempPathFactory, rmbench_dir: 
 
     out = tmp_path_factory.mktemp("demo-multi-label") / "multi-label"
     build_demo_model(out, rmbench_dir, DemoModelConfig(seed=3, max_len=DEMO_MAX_MODEL_LEN, num_labels=DEMO_NUM_LABELS))
+    return out
+
+
+DEMO_OBJECTIVES = 4
+"""Objectives of the gated demo reward model (``demo_gated_dir``)."""
+
+
+@pytest.fixture(scope="session")
+def demo_gated_dir(tmp_path_factory: pytest.TempPathFactory, rmbench_dir: Path) -> Path:
+    """A gated multi-objective demo reward model (seed 4, :data:`DEMO_OBJECTIVES` objectives)
+    that ships its own modeling code (``auto_map``), built once per session: the replica of the
+    remote-code head (ArmoRM's shape; same tokenizer and template as the demo RM)."""
+    from rmserve.demo_model import DemoModelConfig, build_demo_model
+
+    out = tmp_path_factory.mktemp("demo-gated") / "gated"
+    build_demo_model(out, rmbench_dir, DemoModelConfig(seed=4, max_len=DEMO_MAX_MODEL_LEN, kind="gated",
+                                                       objectives=DEMO_OBJECTIVES))
     return out
 
 

@@ -115,7 +115,7 @@ def test_serve_options_argv_round_trips_through_the_serve_parser(captured, tmp_p
         "judge_thinking": "off",
     }
     head_values = ({"head": "multi-label", "label_weights": "0.5,1,-2"}, {"label_index": 2},
-                   {"head": "lm-logit", "head_token_id": 5})
+                   {"head": "lm-logit", "head_token_id": 5}, {"head": "remote-code", "trust_remote_code": True})
     # ref_free excludes ref_model, the judge options need kind judge, length_sign kind length and
     # the head options kind classifier: they are carried in the round trips after the first.
     head_fields = {name for options in head_values for name in options}

@@ -348,7 +348,8 @@ INT_RANGES: dict[tuple[str, str], str] = {
                                           "--seed": "≥ 0", "--max-tokens": "2 to the model's max length"}.items()},
     **{("demo-model", flag): r for flag, r in {
         "--layers": "≥ 1", "--hidden": "≥ 1", "--heads": "≥ 1", "--kv-heads": "≥ 1", "--intermediate": "≥ 1",
-        "--vocab": "300 to 65536", "--seed": "≥ 0", "--max-len": "≥ 16", "--num-labels": "1 to 64"}.items()},
+        "--vocab": "300 to 65536", "--seed": "≥ 0", "--max-len": "≥ 16", "--num-labels": "1 to 64",
+        "--objectives": "1 to 64"}.items()},
     ("metrics rm-bench", "--resamples"): "0 to 1000000", ("metrics rm-bench", "--seed"): "≥ 0",
     ("metrics rewardbench2", "--resamples"): "0 to 1000000", ("metrics rewardbench2", "--seed"): "≥ 0",
     ("metrics compare", "--resamples"): "1 to 1000000", ("metrics compare", "--seed"): "≥ 0",

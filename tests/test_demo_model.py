@@ -139,5 +139,5 @@ def test_causal_demo_model_is_a_causal_lm_with_the_demo_tokenizer(demo_policy_di
 def test_demo_model_kind_is_checked():
     from rmserve.demo_model import DemoModelConfig
 
-    with pytest.raises(ValueError, match="kind: 'policy' must be reward or causal"):
+    with pytest.raises(ValueError, match="kind: 'policy' must be reward, causal or gated"):
         DemoModelConfig(kind="policy")

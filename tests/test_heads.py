@@ -37,6 +37,7 @@ from rmserve.server.kinds.heads import (
     HeadProblem,
     HeadSettings,
     detect_head,
+    engine_problem,
     head_change,
     read_reward,
     resolve_head,
@@ -52,17 +53,30 @@ CAUSAL = {"architectures": ["LlamaForCausalLM"], "vocab_size": 128256}
 
 KNOWN_HEADS = (
     "the heads it knows: classifier (a *ForSequenceClassification with one label); multi-label (a "
-    "*ForSequenceClassification with num_labels > 1); lm-logit (a *ForCausalLM, named with --head lm-logit)"
+    "*ForSequenceClassification with num_labels > 1); lm-logit (a *ForCausalLM, named with --head lm-logit); "
+    "remote-code (a checkpoint with its own modeling code (auto_map: AutoModelForSequenceClassification), with "
+    "--trust-remote-code)"
+)
+ARMO = {"architectures": ["LlamaForRewardModelWithGating"],
+        "auto_map": {"AutoModelForSequenceClassification": "modeling_custom.LlamaForRewardModelWithGating"}}
+OWN_CODE = (
+    "has its own modeling code (auto_map AutoModelForSequenceClassification: {target}), which rmserve runs only when "
+    "the server is started with --trust-remote-code (it executes the checkpoint's Python files; off by default)"
 )
 
 
 # --- the registry ----------------------------------------------------------------------------
 
 
-def test_the_registry_holds_every_head_with_both_engines():
-    assert tuple(HEADS) == HEAD_NAMES == ("classifier", "multi-label", "lm-logit")
-    assert all(rule.engines == ("vllm", "hf") for rule in HEADS.values())
-    assert [rule.detected for rule in HEADS.values()] == [True, True, False]  # a causal LM only with --head
+def test_the_registry_holds_every_head_with_its_engines():
+    assert tuple(HEADS) == HEAD_NAMES == ("classifier", "multi-label", "lm-logit", "remote-code")
+    assert [rule.engines for rule in HEADS.values()] == [("vllm", "hf")] * 3 + [("hf",)]  # vLLM runs no model code
+    assert [rule.detected for rule in HEADS.values()] == [True, True, False, True]  # a causal LM only with --head
+    assert engine_problem(RewardHead("remote-code"), "hf") is None
+    assert engine_problem(RewardHead("remote-code"), "vllm") == (
+        "the remote-code head is served by the hf engine only (vLLM does not run a checkpoint's own modeling code): "
+        "add --engine hf")
+    assert engine_problem(RewardHead("classifier"), "vllm") is None
 
 
 @pytest.mark.parametrize(
@@ -74,6 +88,9 @@ def test_the_registry_holds_every_head_with_both_engines():
         ({"architectures": ["LlamaForSequenceClassification"]}, "multi-label"),  # transformers' default: 2 labels
         (CAUSAL, None),  # never taken for an lm-logit head unless asked
         ({"architectures": ["InternLM2ForRewardModel"]}, None),
+        (ARMO, "remote-code"),  # its own class, whatever its name or label count
+        ({"architectures": ["LlamaForSequenceClassification"], "auto_map": {"AutoTokenizer": ["tok.T", None]}},
+         "multi-label"),  # code for the tokenizer only: the classifier is transformers'
         ({}, None),
     ],
 )
@@ -93,6 +110,10 @@ def test_detection_reads_the_architecture_and_the_label_count(config, head):
         (CAUSAL, HeadSettings(choice="lm-logit", token_id=128255), RewardHead("lm-logit", token_id=128255)),
         ({"architectures": ["Gemma2ForCausalLM"], "vocab_size": 10, "final_logit_softcapping": None},
          HeadSettings(choice="lm-logit", token_id=9), RewardHead("lm-logit", token_id=9)),
+        (ARMO, HeadSettings(trust_remote_code=True), RewardHead("remote-code")),
+        (ARMO, HeadSettings(choice="remote-code", trust_remote_code=True), RewardHead("remote-code")),
+        ({**ARMO, "architectures": ["LlamaForSequenceClassification"], "num_labels": 1},
+         HeadSettings(choice="classifier"), RewardHead("classifier")),  # transformers' own class, asked for
     ],
 )
 def test_a_servable_config_resolves_to_its_head(config, settings, head):
@@ -126,7 +147,20 @@ def test_a_servable_config_resolves_to_its_head(config, settings, head):
          "--ref-free avg|sum|norm"),
         ({"architectures": ["InternLM2ForRewardModel"], "auto_map": {"AutoModel": "modeling.M"}}, HeadSettings(),
          f"has architectures ['InternLM2ForRewardModel'], whose reward head rmserve does not know; {KNOWN_HEADS}; it "
-         "ships its own modeling code (auto_map), which rmserve does not run"),
+         "ships its own modeling code (auto_map) but no AutoModelForSequenceClassification class, which the "
+         "remote-code head runs"),
+        (ARMO, HeadSettings(), OWN_CODE.format(target="modeling_custom.LlamaForRewardModelWithGating")),
+        ({"architectures": ["Qwen2ForSequenceClassification"], "num_labels": 1,
+          "auto_map": {"AutoModelForSequenceClassification": ["modeling_qwen2_rm.Qwen2RM", None]}}, HeadSettings(),
+         OWN_CODE.format(target="modeling_qwen2_rm.Qwen2RM") + "; or --head classifier / multi-label to read it as "
+         "transformers' own Qwen2ForSequenceClassification instead (none of its code)"),
+        (ARMO, HeadSettings(trust_remote_code=True, label_index=0),
+         "has its own reward model class (modeling_custom.LlamaForRewardModelWithGating), whose output is the reward: "
+         "--label-index does not apply to the remote-code head; drop it"),
+        (CLASSIFIER, HeadSettings(choice="remote-code", trust_remote_code=True),
+         "has architectures ['LlamaForSequenceClassification'] and no auto_map entry AutoModelForSequenceClassification; "
+         "the remote-code head runs a checkpoint's own reward model class (leave out --head for a "
+         "*ForSequenceClassification)"),
         ({"architectures": ["BertModel"]}, HeadSettings(),
          f"has architectures ['BertModel'], whose reward head rmserve does not know; {KNOWN_HEADS}; give --head NAME "
          "when the checkpoint has one of them"),
@@ -188,7 +222,11 @@ def test_a_value_count_the_head_does_not_read_is_an_error(head, values, message)
         ({"kind": "judge", "label_index": 1, "head_token_id": 0},
          "label_index / head_token_id: only for kind classifier (a reward head); drop --label-index, --head-token-id "
          "or use --kind classifier"),
-        ({"head": "value"}, "head: 'value' is not one of classifier, multi-label, lm-logit"),
+        ({"head": "value"}, "head: 'value' is not one of classifier, multi-label, lm-logit, remote-code"),
+        ({"kind": "dpo", "ref_free": "avg", "trust_remote_code": True},
+         "trust_remote_code: only for kind classifier (a reward head); drop --trust-remote-code or use --kind "
+         "classifier"),
+        ({"trust_remote_code": "yes"}, "trust_remote_code: 'yes' must be true or false"),
         ({"label_index": -1}, "label_index: -1 must be an integer ≥ 0"),
         ({"head": "lm-logit", "head_token_id": -2}, "head_token_id: -2 must be an integer ≥ 0"),
         ({"label_index": 0, "label_weights": "1,2"},

@@ -83,10 +83,18 @@ def package_modules(root: Path = REPO_ROOT) -> dict[str, Path]:
     config = tomllib.loads((root / "pyproject.toml").read_text())
     package_dir: dict[str, str] = config["tool"]["setuptools"]["package-dir"]
     assert package_dir, "pyproject.toml [tool.setuptools.package-dir] is empty"
+    data_files = {  # shipped as files, never imported as modules (the demo's remote-code model file)
+        path.resolve()
+        for package, patterns in config["tool"]["setuptools"].get("package-data", {}).items()
+        for pattern in patterns
+        for path in (root / package_dir.get(package, package.replace(".", "/"))).glob(pattern)
+    }
     modules: dict[str, Path] = {}
     for package, folder in package_dir.items():
         base = root / folder
         for path in sorted(base.rglob("*.py")):
+            if path.resolve() in data_files:
+                continue
             parts = list(path.relative_to(base).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()

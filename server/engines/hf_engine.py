@@ -62,7 +62,7 @@ from rmserve.server.engines.protocol import (
 )
 from rmserve.server.render.chat import Renderer
 
-from rmserve.server.kinds.heads import read_reward
+from rmserve.server.kinds.heads import OBJECTIVES_EXTRA, read_reward
 
 from rmserve.errors import EngineError, ServerFault
 from rmserve.schema import (
@@ -70,6 +70,7 @@ from rmserve.schema import (
     CLASSIFIER_REWARD_HEAD,
     JUDGE_KIND,
     LM_LOGIT_HEAD,
+    REMOTE_CODE_HEAD,
     JudgeEngineInfo,
     JudgeSampling,
     Message,
@@ -93,7 +94,9 @@ class _TorchLoaded(Loaded):
 @dataclass(frozen=True, slots=True)
 class _ClassifierLoaded(_TorchLoaded):
     """A reward model split into its base model and its score head (the ``score`` layer, or
-    for an ``lm-logit`` head the LM head's column of the head's token), with the head read."""
+    for an ``lm-logit`` head the LM head's column of the head's token), with the head read; a
+    ``remote-code`` model is run whole (``base`` and ``head`` None: its own forward reads the
+    reward)."""
 
     base: Any
     head: Any
@@ -130,6 +133,10 @@ def load_reward_model(path: str, head: RewardHead, dtype: str, device: torch.dev
     ``score`` layer; ``lm-logit``: ``AutoModelForCausalLM`` and :class:`TokenLogit` of its
     output embeddings (the LM head). ``base`` is the decoder (``model.<base_model_prefix>``).
 
+    ``remote-code``: the checkpoint's own ``AutoModelForSequenceClassification`` class
+    (``trust_remote_code=True``; the head was resolved only because the server trusts remote
+    code), returned as ``(model, None, None)``: it is run whole (:func:`model_output_rewards`).
+
     Raises:
         ServerFault: transformers could not load ``path``, or the model has no such head over a
             base model (the transformers engine supports Llama/Qwen/Mistral/Gemma-style models).
@@ -137,11 +144,15 @@ def load_reward_model(path: str, head: RewardHead, dtype: str, device: torch.dev
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     loader = AutoModelForCausalLM if head.name == LM_LOGIT_HEAD else AutoModelForSequenceClassification
+    remote = head.name == REMOTE_CODE_HEAD
     try:
-        model = loader.from_pretrained(path, **_dtype_kwargs(dtype))
+        model = loader.from_pretrained(path, **_dtype_kwargs(dtype), **({"trust_remote_code": True} if remote else {}))
     except Exception as exc:  # noqa: BLE001
         raise ServerFault(f"transformers could not load {path!r}: {type(exc).__name__}: {exc}") from exc
     model = model.to(device).eval()
+    if remote:
+        log.warning("running the modeling code of %r (--trust-remote-code): %s", path, type(model).__module__)
+        return model, None, None
     base = getattr(model, model.base_model_prefix, None)
     if head.name == LM_LOGIT_HEAD:
         lm_head = model.get_output_embeddings()
@@ -236,10 +247,11 @@ class HFEngine(_TorchLifecycle[_ClassifierLoaded], OwnRenderer):
         cfg = self.config
         dtype = cfg.resolved_dtype()
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        reward_head = check_reward_head(cfg.model, cfg.head_settings)
+        reward_head = check_reward_head(cfg.model, cfg.head_settings, self.kind)
         model, base, head = load_reward_model(cfg.model, reward_head, dtype, device)
         max_model_len = _context_limit(model, cfg)
-        renderer = Renderer.from_pretrained(cfg.model, max_model_len=max_model_len, chat_template_path=cfg.chat_template)
+        renderer = Renderer.from_pretrained(cfg.model, max_model_len=max_model_len, chat_template_path=cfg.chat_template,
+                                            trust_remote_code=cfg.trust_remote_code)
         pad_id = model.config.pad_token_id
         info = self._model_info(cfg.name, cfg.model, renderer, max_model_len, dtype, head=reward_head,
                                 attention=attention_implementation(model))
@@ -278,10 +290,26 @@ class HFEngine(_TorchLifecycle[_ClassifierLoaded], OwnRenderer):
         async with self._lock:
             loaded = self._require()  # a checkpoint swap may have replaced the model meanwhile
             try:
+                if loaded.base is None:  # remote-code: the model's own forward, its objectives as extras
+                    return await asyncio.to_thread(self._model_scores, loaded, token_ids)
                 rewards = await asyncio.to_thread(self._rewards, loaded, token_ids)
             except (RuntimeError, ValueError) as exc:
                 raise EngineError(f"forward pass failed for {request_id}: {type(exc).__name__}: {exc}") from exc
         return [SequenceScore(reward=r, num_cached_tokens=0) for r in rewards]
+
+    def _model_scores(self, loaded: _ClassifierLoaded, token_ids: Sequence[Sequence[int]]) -> list[SequenceScore]:
+        """A ``remote-code`` model's scores in input order (:func:`model_output_rewards` over
+        length-sorted batches of ``hf_batch_size``)."""
+        scores: list[SequenceScore | None] = [None] * len(token_ids)
+        batches = length_sorted_batches([len(s) for s in token_ids], max_batch_tokens=sys.maxsize,
+                                        max_batch_size=self.config.hf_batch_size)
+        with torch.inference_mode():
+            for batch in batches:
+                outputs = model_output_rewards(loaded.model, [token_ids[j] for j in batch], pad_id=loaded.pad_id,
+                                               device=loaded.device)
+                for j, (reward, extras) in zip(batch, outputs, strict=True):
+                    scores[j] = SequenceScore(reward=reward, num_cached_tokens=0, extras=extras)
+        return [score for score in scores if score is not None]
 
     def _rewards(self, loaded: _ClassifierLoaded, token_ids: Sequence[Sequence[int]]) -> list[float]:
         """Rewards in input order; batches of ``hf_batch_size``, longest first (less padding)."""
@@ -306,7 +334,7 @@ class HFEngine(_TorchLifecycle[_ClassifierLoaded], OwnRenderer):
 
     def _load_classifier(self, loaded: _ClassifierLoaded, path: str) -> _ClassifierLoaded:
         dtype = loaded.info.dtype
-        reward_head = check_reward_head(path, self.config.head_settings)
+        reward_head = check_reward_head(path, self.config.head_settings, self.kind)
         if reward_head != loaded.reward_head:
             raise ValueError(
                 f"checkpoint has the {reward_head.describe()} head, the served model the "
@@ -388,6 +416,60 @@ def last_token_rewards(
     if read is None:
         return values.reshape(-1).tolist()
     return [read(row) for row in values.reshape(values.shape[0], -1).tolist()]
+
+
+def model_output_rewards(
+    model: Any, sequences: Sequence[Sequence[int]], *, pad_id: int, device: torch.device,
+) -> list[tuple[float, dict[str, float]]]:
+    """Score a batch with a model's own forward (the ``remote-code`` head): right-pad with
+    ``pad_id`` (the config's ``pad_token_id``, which a model's own code may look for to find
+    each sequence's end) and pass the attention mask, then read its output.
+
+    The reward is the output's ``score`` when it has one (a gated multi-objective model:
+    ArmoRM-Llama3-8B-v0.1's card reads ``output.score``), else its ``logits`` (a value head's
+    one logit), else its first element (a tuple output); either must hold one value per
+    sequence. The output's ``rewards`` (one column per objective), when present, become the
+    extras :data:`~rmserve.server.kinds.heads.OBJECTIVES_EXTRA` (``objective_0``, …).
+
+    Args:
+        model: the checkpoint's own classifier (``trust_remote_code``), called as
+            ``model(input_ids=…, attention_mask=…)``.
+        sequences: token-id lists (any lengths ≥ 1).
+        pad_id: filler id of the padding.
+        device: where the model runs.
+
+    Returns:
+        One ``(reward, extras)`` per sequence, input order.
+
+    Raises:
+        ValueError: the output has no score or logits, or not one value per sequence (naming
+            the shape).
+    """
+    input_ids, attention_mask = right_padded(sequences, pad_id)
+    out = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device))
+    if isinstance(out, (tuple, list)):
+        values, objectives, what = out[0], None, "output[0]"
+    else:
+        score = getattr(out, "score", None)
+        values, what = (score, "score") if score is not None else (getattr(out, "logits", None), "logits")
+        objectives = getattr(out, "rewards", None)
+    if not isinstance(values, torch.Tensor):
+        raise ValueError(f"the model's output ({type(out).__name__}) has no score or logits tensor to read the reward from")
+    batch = len(sequences)
+    values = values.float()
+    if values.numel() != batch:
+        raise ValueError(
+            f"the model's {what} has shape {tuple(values.shape)} for {batch} sequences; the remote-code head reads "
+            "one value per sequence"
+        )
+    rewards = values.reshape(batch).tolist()
+    columns: list[list[float]] = []
+    if isinstance(objectives, torch.Tensor) and objectives.dim() == 2 and objectives.shape[0] == batch:
+        columns = objectives.float().tolist()
+    return [
+        (reward, {OBJECTIVES_EXTRA.format(index=k): v for k, v in enumerate(columns[b])} if columns else {})
+        for b, reward in enumerate(rewards)
+    ]
 
 
 def length_sorted_rewards(

@@ -101,7 +101,7 @@ def engine_args(cfg: EngineConfig, model: str, **runner_args: Any) -> AsyncEngin
     Shared by both engines of this module: dtype (``auto`` resolved), ``max_model_len``, the
     platform's block size and KV-cache size (:func:`platform_cache_defaults`), prefix
     caching, memory fraction, tensor and data parallelism, the scheduling policy, eager mode,
-    scheduler limits and the served name. ``runner_args`` add what one runner needs (``runner``, ``convert``,
+    scheduler limits, the served name and ``trust_remote_code``. ``runner_args`` add what one runner needs (``runner``, ``convert``,
     ``pooler_config`` …). ``model`` is separate from ``cfg.model`` because a DPO reference is
     built with the policy's settings.
     """
@@ -121,6 +121,7 @@ def engine_args(cfg: EngineConfig, model: str, **runner_args: Any) -> AsyncEngin
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_num_seqs=cfg.max_num_seqs,
         served_model_name=served_name(cfg, model),
+        trust_remote_code=cfg.trust_remote_code,
         worker_extension_cls=ATTENTION_PROBE,
         **runner_args,
     )

@@ -310,7 +310,7 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
 
     def _build(self) -> _VLLMLoaded:
         cfg = self.config
-        head = check_reward_head(cfg.model, cfg.head_settings)
+        head = check_reward_head(cfg.model, cfg.head_settings, self.kind)
         overrides = {}
         if head.name == LM_LOGIT_HEAD:
             overrides["hf_overrides"] = lm_logit_overrides(_token_text(cfg.model, head.token_id))
@@ -325,7 +325,8 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
             self._num_values = int(getattr(engine.model_config.hf_config, "num_labels", 1) or 1)
             max_model_len = int(engine.model_config.max_model_len)
             renderer = Renderer.from_pretrained(
-                cfg.model, max_model_len=max_model_len, chat_template_path=cfg.chat_template
+                cfg.model, max_model_len=max_model_len, chat_template_path=cfg.chat_template,
+                trust_remote_code=cfg.trust_remote_code,
             )
             info = self._model_info(cfg.name, cfg.model, renderer, max_model_len, args.dtype)
             return _VLLMLoaded(engine=engine, record=LoadedModel(info, renderer, local_checkpoint(cfg.model), step_tokens(engine)))

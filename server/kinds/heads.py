@@ -14,6 +14,9 @@ head                  checkpoint                                      engines   
 ``lm-logit``          ``*ForCausalLM`` (only with ``--head``)         vllm, hf     the LM-head logit of vocabulary id
                                                                                    ``--head-token-id`` (default 0) at
                                                                                    the last position
+``remote-code``       its own modeling code (``auto_map`` for         hf           the model's output: ``score``
+                      ``AutoModelForSequenceClassification``), run                  (gated multi-objective), else its
+                      only with ``--trust-remote-code``                            one logit; ``rewards`` → extras
 ====================  ==============================================  ===========  ==================================
 
 :func:`resolve_head` turns a config and the server's :class:`HeadSettings` into the served
@@ -21,7 +24,9 @@ head                  checkpoint                                      engines   
 ``has`` (the start checks prefix the model, the swap checks the folder's ``config.json``);
 :func:`read_reward` reads one reward from an engine's per-label values. A causal LM is never
 taken for an ``lm-logit`` head unless asked: any causal LM has an LM head, and most are
-policies, not reward models.
+policies, not reward models. A checkpoint that ships its own reward model class is served by
+that code only when the server was started with ``--trust-remote-code`` (it runs the folder's
+Python files); without it the start, or a swap, is refused naming the flag.
 
 No torch, no transformers: the CLI, the swap checks and both engines use this module.
 """
@@ -39,6 +44,7 @@ from rmserve.schema import (
     HEAD_NAMES,
     LM_LOGIT_HEAD,
     MULTI_LABEL_HEAD,
+    REMOTE_CODE_HEAD,
     HeadName,
     RewardHead,
 )
@@ -55,6 +61,14 @@ TRANSFORMERS_DEFAULT_NUM_LABELS = 2
 DEFAULT_HEAD_TOKEN_ID = 0
 """The vocabulary id an ``lm-logit`` head reads when ``--head-token-id`` is not given (the id
 Llama-3.1-Nemotron-70B-Reward-HF's card reads)."""
+
+REMOTE_CLASSIFIER_KEY = "AutoModelForSequenceClassification"
+"""The ``auto_map`` entry of a checkpoint whose reward model class is its own code
+(``"modeling_x.MyRewardModel"``), as ArmoRM-Llama3-8B-v0.1 ships it."""
+
+OBJECTIVES_EXTRA = "objective_{index}"
+"""Extras name of a ``remote-code`` model's per-objective rewards (its output's ``rewards``,
+one column per objective): ``objective_0``, ``objective_1``, …"""
 
 LOGIT_TRANSFORM_KEYS: tuple[str, ...] = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 """Config keys of models that transform their LM-head logits after the projection (Gemma 2/3
@@ -109,6 +123,14 @@ HEADS: dict[HeadName, HeadRule] = {
         ("Llama-3.1-Nemotron-70B-Reward-HF",),
         detected=False,
     ),
+    REMOTE_CODE_HEAD: HeadRule(
+        REMOTE_CODE_HEAD,
+        f"a checkpoint with its own modeling code (auto_map: {REMOTE_CLASSIFIER_KEY}), with --trust-remote-code",
+        ("hf",),
+        "the model's own output at the sequence: its score (a gated sum of objective rewards) when it returns one, "
+        "else its one logit; per-objective rewards (its rewards output) kept as extras objective_0, objective_1, ...",
+        ("ArmoRM-Llama3-8B-v0.1", "QRM-Llama3.1-8B", "GRM-Llama3-8B-rewardmodel-ft"),
+    ),
 }
 """Head name → its rule, in :data:`~rmserve.schema.HEAD_NAMES` order."""
 
@@ -125,12 +147,15 @@ class HeadSettings:
         label_index: the label read, for a multi-label head.
         label_weights: the weights of the labels' sum, for a multi-label head.
         token_id: the vocabulary id read, for an ``lm-logit`` head (None = :data:`DEFAULT_HEAD_TOKEN_ID`).
+        trust_remote_code: ``--trust-remote-code``: a checkpoint's own modeling code may run
+            (the ``remote-code`` head); off, such a checkpoint is refused naming the flag.
     """
 
     choice: HeadName | None = None
     label_index: int | None = None
     label_weights: tuple[float, ...] | None = None
     token_id: int | None = None
+    trust_remote_code: bool = False
 
 
 class HeadProblem(ValueError):
@@ -183,10 +208,27 @@ def known_heads() -> str:
     return "; ".join(f"{rule.name} ({rule.checkpoint})" for rule in HEADS.values())
 
 
+def remote_classifier(config: Mapping[str, Any]) -> str | None:
+    """The class a checkpoint's own code defines for :data:`REMOTE_CLASSIFIER_KEY` in its
+    ``auto_map`` (``"modeling_x.MyRewardModel"``, a hub reference ``"repo--modeling_x.C"`` as
+    given), or None when it has none."""
+    auto_map = config.get("auto_map")
+    if not isinstance(auto_map, Mapping):
+        return None
+    value = auto_map.get(REMOTE_CLASSIFIER_KEY)
+    if isinstance(value, (list, tuple)):  # [model class, None] in some configs
+        value = next((v for v in value if isinstance(v, str)), None)
+    return value if isinstance(value, str) and value else None
+
+
 def detect_head(config: Mapping[str, Any]) -> HeadName | None:
-    """The head found from the config alone: ``classifier`` for a
-    ``*ForSequenceClassification`` with one label, ``multi-label`` with more; None for anything
-    else (a causal LM is an ``lm-logit`` head only when named with ``--head``)."""
+    """The head found from the config alone: ``remote-code`` for a checkpoint whose
+    ``auto_map`` names its own :data:`REMOTE_CLASSIFIER_KEY` class (served only with
+    ``--trust-remote-code``), ``classifier`` for a ``*ForSequenceClassification`` with one
+    label, ``multi-label`` with more; None for anything else (a causal LM is an ``lm-logit``
+    head only when named with ``--head``)."""
+    if remote_classifier(config) is not None:
+        return REMOTE_CODE_HEAD
     architectures = list(config.get("architectures") or [])
     if not any(is_classifier_architecture(a) for a in architectures):
         return None
@@ -231,6 +273,8 @@ def resolve_head(config: Mapping[str, Any], settings: HeadSettings = HeadSetting
         raise HeadProblem(_unknown_head(architectures, config))
     if name == LM_LOGIT_HEAD:
         return _lm_logit_head(architectures, config, settings)
+    if name == REMOTE_CODE_HEAD:
+        return _remote_code_head(architectures, config, settings)
     if not any(is_classifier_architecture(a) for a in architectures):
         hint = (
             f"; for a causal LM whose reward is one LM-head logit use --head {LM_LOGIT_HEAD}"
@@ -265,12 +309,59 @@ def _unknown_head(architectures: list[str], config: Mapping[str, Any]) -> str:
             "--kind dpo with --ref-model REF or --ref-free avg|sum|norm"
         )
     elif "auto_map" in config:
-        fix = "it ships its own modeling code (auto_map), which rmserve does not run"
+        fix = (
+            f"it ships its own modeling code (auto_map) but no {REMOTE_CLASSIFIER_KEY} class, which the "
+            f"{REMOTE_CODE_HEAD} head runs"
+        )
     else:
         fix = "give --head NAME when the checkpoint has one of them"
     return (
         f"has architectures {architectures!r}, whose reward head rmserve does not know; the heads it knows: "
         f"{known_heads()}; {fix}"
+    )
+
+
+def _remote_code_head(architectures: list[str], config: Mapping[str, Any], settings: HeadSettings) -> RewardHead:
+    """The ``remote-code`` head: the checkpoint must name its own classifier class in
+    ``auto_map`` and the server must trust remote code; no label or token settings apply."""
+    target = remote_classifier(config)
+    if target is None:
+        raise HeadProblem(
+            f"has architectures {architectures!r} and no auto_map entry {REMOTE_CLASSIFIER_KEY}; the "
+            f"{REMOTE_CODE_HEAD} head runs a checkpoint's own reward model class (leave out --head for a "
+            "*ForSequenceClassification)"
+        )
+    if not settings.trust_remote_code:
+        native = (
+            f"; or --head {CLASSIFIER_HEAD} / {MULTI_LABEL_HEAD} to read it as transformers' own "
+            f"{next(a for a in architectures if is_classifier_architecture(a))} instead (none of its code)"
+            if any(is_classifier_architecture(a) for a in architectures) else ""
+        )
+        raise HeadProblem(
+            f"has its own modeling code (auto_map {REMOTE_CLASSIFIER_KEY}: {target}), which rmserve runs only "
+            f"when the server is started with --trust-remote-code (it executes the checkpoint's Python files; "
+            f"off by default){native}"
+        )
+    given = [flag for flag, value in (("--label-index", settings.label_index), ("--label-weights", settings.label_weights),
+                                      ("--head-token-id", settings.token_id)) if value is not None]
+    if given:
+        raise HeadProblem(
+            f"has its own reward model class ({target}), whose output is the reward: {', '.join(given)} "
+            f"{'does' if len(given) == 1 else 'do'} not apply to the {REMOTE_CODE_HEAD} head; drop "
+            f"{'it' if len(given) == 1 else 'them'}"
+        )
+    return RewardHead(REMOTE_CODE_HEAD)
+
+
+def engine_problem(head: RewardHead, engine: str) -> str | None:
+    """Why ``engine`` (a registered engine name) cannot serve ``head``; None when it can
+    (:attr:`HeadRule.engines`). Names the engines that can and the flag."""
+    engines = HEADS[head.name].engines
+    if engine in engines:
+        return None
+    return (
+        f"the {head.name} head is served by the {' or '.join(engines)} engine only (vLLM does not run a checkpoint's "
+        f"own modeling code): add --engine {engines[0]}"
     )
 
 
@@ -363,7 +454,9 @@ def swap_head_problem(config: Mapping[str, Any], settings: HeadSettings, served:
     """
     name = settings.choice or detect_head(config)
     if name is not None and name != served.name:
-        return head_change(served, name, labels_found(config))
+        found = (f"its own reward model class ({remote_classifier(config)})" if name == REMOTE_CODE_HEAD
+                 else labels_found(config))
+        return head_change(served, name, found)
     try:
         new = resolve_head(config, settings)
     except HeadProblem as problem:

@@ -136,15 +136,18 @@ class Renderer:
 
     @classmethod
     def from_pretrained(
-        cls, model: str | Path, *, max_model_len: int, chat_template_path: str | Path | None = None
+        cls, model: str | Path, *, max_model_len: int, chat_template_path: str | Path | None = None,
+        trust_remote_code: bool = False,
     ) -> Renderer:
         """Load the tokenizer of ``model`` (folder or hub id) and wrap it.
 
-        ``chat_template_path`` names a Jinja file that replaces the model's template.
+        ``chat_template_path`` names a Jinja file that replaces the model's template;
+        ``trust_remote_code`` lets a tokenizer the checkpoint ships as code load
+        (``--trust-remote-code``).
         """
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(model))
+        tokenizer = AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code)
         template = None if chat_template_path is None else Path(chat_template_path).read_text(encoding="utf-8")
         return cls(tokenizer, max_model_len=max_model_len, chat_template=template)
 

@@ -15,7 +15,9 @@ GOOD_CONFIG = {"architectures": ["LlamaForSequenceClassification"], "id2label": 
 
 KNOWN_HEADS = (
     "the heads it knows: classifier (a *ForSequenceClassification with one label); multi-label (a "
-    "*ForSequenceClassification with num_labels > 1); lm-logit (a *ForCausalLM, named with --head lm-logit)"
+    "*ForSequenceClassification with num_labels > 1); lm-logit (a *ForCausalLM, named with --head lm-logit); "
+    "remote-code (a checkpoint with its own modeling code (auto_map: AutoModelForSequenceClassification), with "
+    "--trust-remote-code)"
 )
 CAUSAL_LM_FIX = (
     "a causal LM whose reward is one LM-head logit (as Llama-3.1-Nemotron-70B-Reward-HF) is served with --head "

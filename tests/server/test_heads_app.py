@@ -157,3 +157,55 @@ async def test_vllm_routes_refuse_a_multi_label_head(make_client, route):
     })
     status, body = await post_score(client, VALID)  # /v1/score reads the head's one reward
     assert status == 200 and tuple(body["results"][0]["rewards"]) == pytest.approx(BASE_REWARDS)
+
+
+def _with_own_code(folder):
+    """Turn a fake checkpoint into one that ships its own reward model class (``auto_map``), as
+    ArmoRM does; returns the folder."""
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    config.update(architectures=["GatedRewardModel"],
+                  auto_map={"AutoModelForSequenceClassification": "modeling_gated_rm.GatedRewardModel"})
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "modeling_gated_rm.py").write_text("# the checkpoint's own code\n")
+    return folder
+
+
+async def test_a_swap_to_a_checkpoint_with_its_own_code_needs_trust_remote_code(make_client):
+    """A classifier server refuses (422) a checkpoint that ships its own reward model class (another
+    head, named as such) and keeps serving; a server started with --trust-remote-code on such a
+    checkpoint (the remote-code head) loads the next one and refuses a plain classifier (another
+    architecture); the same
+    folder under settings without the flag is refused naming it."""
+    root, make = make_client
+    engine = ReloadableFakeEngine(checkpoint_dir=str(write_fake_checkpoint(root / "step-0", 0.0)),
+                                  model=msgspec.structs.replace(FAKE_MODEL, head=CLASSIFIER_REWARD_HEAD))
+    client, _ = await make(engine)
+    status, body = await _load(client, _with_own_code(write_fake_checkpoint(root / "armo", 10.0)))
+    assert (status, error_of(body)["message"]) == (422, (
+        "checkpoint 'armo/config.json': has its own reward model class (modeling_gated_rm.GatedRewardModel), so the "
+        f"remote-code head; the served model has the classifier head, {KEEPS_THE_HEAD}"))
+    assert engine.reloads == []
+    status, body = await post_score(client, VALID)
+    assert status == 200 and tuple(body["results"][0]["rewards"]) == pytest.approx(BASE_REWARDS)
+
+    remote = RewardHead("remote-code")
+    engine = ReloadableFakeEngine(checkpoint_dir=str(_with_own_code(write_fake_checkpoint(root / "armo-0", 0.0))),
+                                  model=msgspec.structs.replace(FAKE_MODEL, head=remote))
+    client, _ = await make(engine, HeadSettings(trust_remote_code=True))
+    status, body = await _load(client, _with_own_code(write_fake_checkpoint(root / "armo-1", 10.0)))
+    assert status == 200, body
+    assert engine.reloads == [str(root / "armo-1")]
+    status, body = await _load(client, write_fake_checkpoint(root / "plain", 10.0))
+    assert (status, error_of(body)["message"]) == (409, (
+        "checkpoint 'plain' has a different architecture/shape (architectures: ['GatedRewardModel'] → "
+        "['FakeForSequenceClassification']); restart the server on it (this engine cannot restart itself on another "
+        "checkpoint)"))
+    client, _ = await make(engine, HeadSettings())
+    status, body = await _load(client, _with_own_code(write_fake_checkpoint(root / "armo-2", 20.0)))
+    assert (status, error_of(body)["message"]) == (422, (
+        "checkpoint 'armo-2/config.json': has its own modeling code (auto_map AutoModelForSequenceClassification: "
+        "modeling_gated_rm.GatedRewardModel), which rmserve runs only when the server is started with "
+        "--trust-remote-code (it executes the checkpoint's Python files; off by default)"))
+    assert engine.reloads == [str(root / "armo-1")]

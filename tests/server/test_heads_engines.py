@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from rmserve.server.config import EngineConfig
+from testkit.gated import gated_forward
 
 from rmserve.datasets import load_rmbench
 from rmserve.fingerprint import model_fingerprint
@@ -161,3 +162,47 @@ async def test_lm_logit_rewards_equal_the_causal_lm_logit_of_token_0(demo_policy
     assert min(abs(row[0] - row[1]) for row in logits) > 100 * ATOL
     early = [row[0] for row in _token_logits(folder, [ids[:-1] for ids in sequences[:6]], (0,))]
     assert min(abs(a - b) for a, b in zip(early, expected[:6], strict=True)) > 100 * ATOL
+
+
+async def test_remote_code_rewards_equal_the_gated_head_computed_here(demo_gated_dir, groups):
+    """The remote-code head runs the checkpoint's own class (auto_map, ``--trust-remote-code``)
+    on the transformers engine, batched and right-padded; its rewards and objective extras equal
+    the head computed here from the description, unpadded. Without the flag the start is refused
+    naming it; on vLLM it is refused naming ``--engine hf``."""
+    from rmserve.errors import ServerFault
+    from rmserve.server.engines.registry import build_engine
+
+    folder = demo_gated_dir
+    head = RewardHead("remote-code")
+    for options, words in (({}, "--trust-remote-code"), ({"trust_remote_code": True, **VLLM_OPTIONS}, "--engine hf")):
+        options = {**HF_OPTIONS, **options}
+        with pytest.raises(ServerFault) as refused:
+            await build_engine(EngineConfig(model=str(folder), **options)).start()
+        assert words in str(refused.value), refused.value
+    hf = await _start(EngineConfig(model=str(folder), trust_remote_code=True, hf_batch_size=4, **HF_OPTIONS))
+    try:
+        _check_info(hf, folder, head, "hf")
+        template = hf.renderer.chat_template
+        rendered = hf.renderer.render_groups(groups)
+        sequences = [ids for g in rendered for ids in g.token_ids]
+        scores = await _scores(hf, rendered)
+    finally:
+        await hf.shutdown()
+    expected = gated_forward(folder, sequences)
+    assert _report("transformers remote-code (gated)", [s.reward for s in scores], [e for e, _ in expected]) <= ATOL
+    for score, (_, objectives) in zip(scores, expected, strict=True):
+        assert sorted(score.extras) == [f"objective_{k}" for k in range(4)]  # conftest's DEMO_OBJECTIVES
+        assert max(abs(score.extras[f"objective_{k}"] - v) for k, v in enumerate(objectives)) <= ATOL
+    # teeth: reading one objective alone, or the plain mean of the objectives, would be off by far more than ATOL
+    assert max(abs(e - r[0]) for e, r in expected) > 100 * ATOL
+    assert max(abs(e - sum(r) / len(r)) for e, r in expected) > 100 * ATOL
+    # the code is in the fingerprint: an edited modeling file is another model
+    code = folder / "modeling_gated_rm.py"
+    before = model_fingerprint(folder, template, "float32", head)
+    original = code.read_text()
+    try:
+        code.write_text(original + "\n# edited\n")
+        assert model_fingerprint(folder, template, "float32", head) != before
+    finally:
+        code.write_text(original)
+
