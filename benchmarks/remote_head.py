@@ -1,0 +1,133 @@
+"""The remote-code head (a checkpoint's own reward model class) on RM-Bench groups, two ways, in one run.
+
+* **a** — the official per-model way (allenai/reward-bench's ArmoRM pipeline: the model's own
+  class through ``trust_remote_code``, one conversation per forward pass, the reward read from
+  ``output.score``): every response of every group in data order, batch size 1, no padding.
+* **b** — rmserve's transformers engine (:class:`rmserve.server.engines.hf_engine.HFEngine`,
+  ``--trust-remote-code``), in-process: one ``score_group`` per group, the group's sequences in
+  length-sorted, right-padded batches of ``--hf-batch-size`` (the model's own forward reads the
+  end of each sequence from the attention mask).
+
+Both score the same token ids (rendered once with rmserve's renderer, the model's chat
+template). Reported: sequences/s and prompt tokens/s over the scoring (model load and a
+one-group warm-up excluded), and the largest reward difference between a and b (float32).
+Target (recorded, not asserted): b ≥ 1.5× a.
+
+Usage::
+
+    rmserve demo-model /tmp/gated-rm --head gated --corpus ../shared/data/rm-bench
+    python benchmarks/remote_head.py --model /tmp/gated-rm --domains chat --tag gated-chat
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from throughput import machine_info, versions  # noqa: E402
+
+from rmserve.datasets import load_rmbench  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "rm-bench"
+
+
+def official_way(model_path: str, sequences: list[list[int]]) -> tuple[list[float], float]:
+    """Path a: the rewards and the scoring seconds (model load excluded, one warm-up forward)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(model_path, trust_remote_code=True,
+                                                               dtype=torch.float32).eval()
+    with torch.inference_mode():
+        model(torch.tensor([sequences[0]]))
+        start = time.perf_counter()
+        rewards = [float(model(torch.tensor([ids])).score.float().item()) for ids in sequences]
+    return rewards, time.perf_counter() - start
+
+
+async def rmserve_way(model_path: str, groups: list[list[list[int]]], batch: int) -> tuple[list[float], float]:
+    """Path b: the rewards (group order) and the scoring seconds (engine start excluded, one
+    warm-up group)."""
+    from rmserve.server.config import EngineConfig
+    from rmserve.server.engines.hf_engine import HFEngine
+
+    engine = HFEngine(EngineConfig(model=model_path, engine="hf", dtype="float32", trust_remote_code=True,
+                                   hf_batch_size=batch, max_model_len=4096))
+    await engine.start()
+    try:
+        await engine.score_group(groups[0], "warm-up")
+        start = time.perf_counter()
+        scores = [await engine.score_group(ids, f"g{i}") for i, ids in enumerate(groups)]
+        elapsed = time.perf_counter() - start
+    finally:
+        await engine.shutdown()
+    return [s.reward for group in scores for s in group], elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a checkpoint with its own reward model class (auto_map)")
+    parser.add_argument("--data", type=Path, default=DATA, help="RM-Bench release folder")
+    parser.add_argument("--domains", default="chat", help="comma-separated RM-Bench domains (default chat)")
+    parser.add_argument("--hf-batch-size", type=int, default=8, help="path b: sequences per forward pass")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--machine", default="cpu2")
+    parser.add_argument("--tag", default="remote-head")
+    args = parser.parse_args(argv)
+
+    from rmserve.schema import RequestGroup
+    from rmserve.server.render.chat import Renderer
+
+    domains = set(args.domains.split(","))
+    data = [g for g in load_rmbench(args.data).groups if g.key.domain in domains]
+    renderer = Renderer.from_pretrained(args.model, max_model_len=4096)
+    rendered = renderer.render_groups([RequestGroup(id=str(g.key), responses=g.responses, messages=g.messages)
+                                       for g in data])
+    groups = [[list(ids) for ids in r.token_ids] for r in rendered]
+    sequences = [ids for group in groups for ids in group]
+    tokens = sum(len(ids) for ids in sequences)
+    print(f"{len(groups)} groups, {len(sequences)} sequences, {tokens:,} tokens", file=sys.stderr)
+    a_rewards, a_s = official_way(args.model, sequences)
+    print(f"a: {len(sequences) / a_s:.1f} sequences/s", file=sys.stderr)
+    b_rewards, b_s = asyncio.run(rmserve_way(args.model, groups, args.hf_batch_size))
+    print(f"b: {len(sequences) / b_s:.1f} sequences/s", file=sys.stderr)
+    diff = max(abs(x - y) for x, y in zip(a_rewards, b_rewards, strict=True))
+    ratio = a_s / b_s
+    result = {
+        "date": dt.date.today().isoformat(), "model": args.model, "domains": sorted(domains), "groups": len(groups),
+        "sequences": len(sequences), "tokens": tokens, "hf_batch_size": args.hf_batch_size,
+        "a": {"what": "official per-model way: the model's own class, one conversation per forward", "seconds": a_s,
+              "sequences_per_s": len(sequences) / a_s, "tokens_per_s": tokens / a_s},
+        "b": {"what": "rmserve transformers engine, --trust-remote-code, one score_group per group", "seconds": b_s,
+              "sequences_per_s": len(sequences) / b_s, "tokens_per_s": tokens / b_s},
+        "b_over_a": ratio, "target": 1.5, "holds": ratio >= 1.5, "max_abs_diff": diff,
+        "machine": machine_info(), "versions": versions(),
+        "command": "python benchmarks/remote_head.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{result['date']}-{args.machine}-remote-head-{args.tag}"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{stem}.md").write_text(
+        f"# Remote-code head — {result['date']} — {args.machine}\n\n"
+        f"Model `{args.model}` (float32), RM-Bench {', '.join(sorted(domains))}: {len(groups)} groups, "
+        f"{len(sequences)} sequences, {tokens:,} prompt tokens.\n\n"
+        "| path | what | seconds | sequences/s | tokens/s |\n| --- | --- | ---: | ---: | ---: |\n"
+        + "".join(f"| {p} | {result[p]['what']} | {result[p]['seconds']:.2f} | {result[p]['sequences_per_s']:.1f} | "
+                  f"{result[p]['tokens_per_s']:,.0f} |\n" for p in ("a", "b"))
+        + f"\nb/a: {ratio:.2f} (target ≥ 1.5: {'met' if ratio >= 1.5 else 'NOT met'}); largest reward difference "
+        f"{diff:.1e}.\n\nCommand: `{result['command']}`\n"
+    )
+    print(f"b/a {ratio:.2f}; max |diff| {diff:.1e}; wrote {args.out / stem}.md", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
