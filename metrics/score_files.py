@@ -401,17 +401,12 @@ def _check_score_kind(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
                 "kind",
                 value=record.kind,
             )
-        if record.kind == JUDGE_KIND and rows.reward_extra is not None:
+        chosen = (f"--dpo-reward {rows.dpo_reward} recomputes a DPO run's rewards" if rows.dpo_reward is not None
+                  else f"--reward-extra {rows.reward_extra} reads rewards from the extras"
+                  if rows.reward_extra is not None else None)
+        if record.kind == JUDGE_KIND and chosen is not None:
             raise where.error(
-                f"--reward-extra {rows.reward_extra} reads rewards from the extras; these are a generative judge's "
-                "scores, whose figures come from its verdicts",
-                "kind",
-                value=record.kind,
-            )
-        if record.kind == JUDGE_KIND and rows.dpo_reward is not None:
-            raise where.error(
-                f"--dpo-reward {rows.dpo_reward} recomputes a DPO run's rewards; these are a generative judge's "
-                "scores, whose figures come from its verdicts",
+                f"{chosen}; these are a generative judge's scores, whose figures come from its verdicts",
                 "kind",
                 value=record.kind,
             )
