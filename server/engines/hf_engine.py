@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import torch
@@ -78,6 +78,8 @@ from rmserve.schema import (
 )
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -300,16 +302,13 @@ class HFEngine(_TorchLifecycle[_ClassifierLoaded], OwnRenderer):
     def _model_scores(self, loaded: _ClassifierLoaded, token_ids: Sequence[Sequence[int]]) -> list[SequenceScore]:
         """A ``remote-code`` model's scores in input order (:func:`model_output_rewards` over
         length-sorted batches of ``hf_batch_size``)."""
-        scores: list[SequenceScore | None] = [None] * len(token_ids)
-        batches = length_sorted_batches([len(s) for s in token_ids], max_batch_tokens=sys.maxsize,
-                                        max_batch_size=self.config.hf_batch_size)
-        with torch.inference_mode():
-            for batch in batches:
-                outputs = model_output_rewards(loaded.model, [token_ids[j] for j in batch], pad_id=loaded.pad_id,
-                                               device=loaded.device)
-                for j, (reward, extras) in zip(batch, outputs, strict=True):
-                    scores[j] = SequenceScore(reward=reward, num_cached_tokens=0, extras=extras)
-        return [score for score in scores if score is not None]
+        outputs = in_length_sorted_batches(
+            token_ids,
+            lambda batch: model_output_rewards(loaded.model, [token_ids[j] for j in batch], pad_id=loaded.pad_id,
+                                               device=loaded.device),
+            max_batch_size=self.config.hf_batch_size,
+        )
+        return [SequenceScore(reward=reward, num_cached_tokens=0, extras=extras) for reward, extras in outputs]
 
     def _rewards(self, loaded: _ClassifierLoaded, token_ids: Sequence[Sequence[int]]) -> list[float]:
         """Rewards in input order; batches of ``hf_batch_size``, longest first (less padding)."""
@@ -472,6 +471,32 @@ def model_output_rewards(
     ]
 
 
+def in_length_sorted_batches(
+    sequences: Sequence[Sequence[int]],
+    score_batch: Callable[[list[int]], Sequence[T]],
+    *,
+    max_batch_size: int,
+    max_batch_tokens: int = sys.maxsize,
+) -> list[T]:
+    """One value per sequence, in input order, computed in :func:`length_sorted_batches`.
+
+    ``score_batch(indices)`` gets the input positions of one batch (longest first) and returns
+    one value per position, in that order; it runs under ``torch.inference_mode()``.
+
+    Raises:
+        ValueError: ``score_batch`` returned another number of values than the batch holds.
+    """
+    values: list[Any] = [None] * len(sequences)
+    batches = length_sorted_batches(
+        [len(s) for s in sequences], max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size
+    )
+    with torch.inference_mode():
+        for batch in batches:
+            for j, value in zip(batch, score_batch(batch), strict=True):
+                values[j] = value
+    return values
+
+
 def length_sorted_rewards(
     base: Any,
     head: Any,
@@ -487,17 +512,12 @@ def length_sorted_rewards(
 
     Each batch goes through :func:`last_token_rewards` (with ``read``); the result is in input order.
     """
-    rewards = [0.0] * len(sequences)
-    batches = length_sorted_batches(
-        [len(s) for s in sequences], max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size
+    return in_length_sorted_batches(
+        sequences,
+        lambda batch: last_token_rewards(base, head, [sequences[j] for j in batch], pad_id=pad_id, device=device,
+                                         read=read),
+        max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size,
     )
-    with torch.inference_mode():
-        for batch in batches:
-            values = last_token_rewards(base, head, [sequences[j] for j in batch], pad_id=pad_id, device=device,
-                                        read=read)
-            for j, value in zip(batch, values, strict=True):
-                rewards[j] = value
-    return rewards
 
 
 # --- log-probabilities of a causal LM (DPO policy / reference) ---------------------------
@@ -654,16 +674,12 @@ def length_sorted_logprobs(
 ) -> list[list[float]]:
     """:func:`answer_logprobs_batch` over batches of at most ``max_batch_size`` sequences,
     longest first (:func:`length_sorted_batches`); the result is in input order."""
-    values: list[list[float]] = [[] for _ in sequences]
-    batches = length_sorted_batches([len(s) for s in sequences], max_batch_tokens=sys.maxsize, max_batch_size=max_batch_size)
-    with torch.inference_mode():
-        for batch in batches:
-            answers = answer_logprobs_batch(
-                model, [sequences[j] for j in batch], [answer_starts[j] for j in batch], pad_id=pad_id, device=device
-            )
-            for j, value in zip(batch, answers, strict=True):
-                values[j] = value
-    return values
+    return in_length_sorted_batches(
+        sequences,
+        lambda batch: answer_logprobs_batch(model, [sequences[j] for j in batch], [answer_starts[j] for j in batch],
+                                            pad_id=pad_id, device=device),
+        max_batch_size=max_batch_size,
+    )
 
 
 # --- a generative judge (LLM-as-judge) ------------------------------------------------------
