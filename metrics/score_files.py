@@ -434,69 +434,62 @@ def _check_score_kind(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
         )
 
 
-def _named_extra(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
-    """Check and collect the extras ``rows.reward_extra`` (the rewards the figures use), for one record."""
-    name = rows.reward_extra
-    assert name is not None
+def _collect_extra(rows: _Rows, record: ScoreRecord, where: _Where, name: str, *, needed_by: str,
+                   no_value: str) -> None:
+    """Check the record's extras ``name`` (present, one number or null per response, a number
+    wherever the response has a reward) and add them as a row of ``rows.extras[name]``.
+
+    ``needed_by`` says which option reads them (the message of a missing extra goes on with
+    what the record has); ``no_value`` is the message of a null for a scored response.
+    """
     extras = record.extras or {}
     values = extras.get(name)
     if values is None:
         raise where.error(
-            f"missing: --reward-extra {name} reads each response's reward from the extras {name}; this record "
-            f"({record.score_kind.describe()}) has {'none' if not extras else 'only ' + ', '.join(sorted(extras))}",
+            f"missing: {needed_by}; this record ({record.score_kind.describe()}) has "
+            f"{'none' if not extras else 'only ' + ', '.join(sorted(extras))}",
             f"extras.{name}",
         )
     if len(values) != len(record.rewards):
-        raise where.error(f"holds {len(values)} values for {len(record.rewards)} responses", f"extras.{name}",
-                          value=len(values), limit=len(record.rewards))
+        raise where.error(
+            f"holds {len(values)} values for {len(record.rewards)} responses",
+            f"extras.{name}",
+            value=len(values),
+            limit=len(record.rewards),
+        )
     row = []
     for j, (value, scored) in enumerate(zip(values, record.rewards, strict=True)):
         if isinstance(value, bool) or not isinstance(value, (int, float, type(None))):
             raise where.error(f"must be a number or null, got {value!r}", f"extras.{name}[{j}]", value=value)
         if value is None and scored is not None:
-            raise where.error(f"null for a response that has a reward: --reward-extra {name} has no value for it",
-                              f"extras.{name}[{j}]")
+            raise where.error(no_value, f"extras.{name}[{j}]")
         row.append(np.nan if value is None else float(value))
     rows.extras.setdefault(name, []).append(row)
+
+
+def _named_extra(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
+    """Check and collect the extras ``rows.reward_extra`` (the rewards the figures use), for one record."""
+    name = rows.reward_extra
+    assert name is not None
+    _collect_extra(
+        rows, record, where, name,
+        needed_by=f"--reward-extra {name} reads each response's reward from the extras {name}",
+        no_value=f"null for a response that has a reward: --reward-extra {name} has no value for it",
+    )
 
 
 def _dpo_extras(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
     """Check and collect the extras ``rows.dpo_reward`` is computed from, for one record."""
     reward = rows.dpo_reward
     assert reward is not None
-    extras = record.extras or {}
     for name in DPO_EXTRAS_NEEDED[reward]:
-        values = extras.get(name)
-        if values is None:
-            raise where.error(
-                f"missing: --dpo-reward {reward} computes {DPO_REWARD_FORMULAS[reward]} from the extras a DPO run "
-                f"stores; this record ({record.score_kind.describe()}) has "
-                f"{'none' if not extras else 'only ' + ', '.join(sorted(extras))}",
-                f"extras.{name}",
-            )
-        if len(values) != len(record.rewards):
-            raise where.error(
-                f"holds {len(values)} values for {len(record.rewards)} responses",
-                f"extras.{name}",
-                value=len(values),
-                limit=len(record.rewards),
-            )
-        row = []
-        for j, (value, scored) in enumerate(zip(values, record.rewards, strict=True)):
-            if isinstance(value, bool) or not isinstance(value, (int, float, type(None))):
-                raise where.error(f"must be a number or null, got {value!r}", f"extras.{name}[{j}]", value=value)
-            if value is None and scored is not None:
-                why = (
-                    f"; the scores were made without a reference model ({record.score_kind.describe()})"
-                    if name == "ref_logp"
-                    else ""
-                )
-                raise where.error(
-                    f"null for a response that has a reward: --dpo-reward {reward} cannot be computed{why}",
-                    f"extras.{name}[{j}]",
-                )
-            row.append(np.nan if value is None else float(value))
-        rows.extras.setdefault(name, []).append(row)
+        why = (f"; the scores were made without a reference model ({record.score_kind.describe()})"
+               if name == "ref_logp" else "")
+        _collect_extra(
+            rows, record, where, name,
+            needed_by=f"--dpo-reward {reward} computes {DPO_REWARD_FORMULAS[reward]} from the extras a DPO run stores",
+            no_value=f"null for a response that has a reward: --dpo-reward {reward} cannot be computed{why}",
+        )
 
 
 def _score_record(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
