@@ -21,8 +21,10 @@ rewards), and the same samples go through each path:
 * **e** — d again while ``rmserve eval`` scores RM-Bench (``--data``) on the same server, as two
   users of one users file (made with :func:`rmserve.server.sharing.auth.add_user`, the code of
   ``rmserve users add``): ``trainer`` (``--trainer-weight``, default 3) sends the steps with its
-  token, ``eval`` (``--eval-weight``, default 1) runs ``rmserve eval --token-file`` at its
-  default priority; both are ``interactive``, so the share between them is the weights'. The
+  token, ``eval`` (``--eval-weight``, default 1) runs ``rmserve eval --token-file
+  --priority`` ``--eval-priority`` (default ``interactive``, as the trainer routes send: the share
+  between them is then the weights'; ``batch`` with ``--interactive-boost B`` > 1 on the server
+  gives the trainer B times its weight's share while both have work). The
   steps are timed once the evaluation has groups at the server; an evaluation that ends before
   the last step does stops the run with an error (the steps would not all have been contended).
 
@@ -306,7 +308,9 @@ async def _queued_groups(url: str, token: str) -> int:
 
 
 def path_with_eval(model: str, steps: list[list[dict[str, Any]]], *, work: Path, engine: dict[str, Any], data: Path,
-                   trainer_weight: float, eval_weight: float, wait_eval_s: float = 600.0) -> dict[str, Any]:
+                   trainer_weight: float, eval_weight: float, eval_priority: str = "interactive",
+                   interactive_boost: float = 1.0, scheduling_policy: str = "fcfs",
+                   wait_eval_s: float = 600.0) -> dict[str, Any]:
     """Path e: d's steps as user ``trainer`` while ``rmserve eval`` scores ``data`` as user
     ``eval`` on the same server (:func:`make_users`).
 
@@ -326,7 +330,9 @@ def path_with_eval(model: str, steps: list[list[dict[str, Any]]], *, work: Path,
                           f"were not all timed beside it; make it longer (more data) or the steps fewer. "
                           f"Its log ({eval_log}) ends:\n{tail}")
 
-    with rmserve_server(model, work, "server-e", engine, "--users-file", str(users)) as url:
+    with rmserve_server(model, work, "server-e", engine, "--users-file", str(users),
+                        "--fair-share-interactive-boost", str(interactive_boost),
+                        "--scheduling-policy", scheduling_policy) as url:
         reward = RMServeReward(server=url, token=trainer_token)
         evaluation = None
         try:
@@ -337,7 +343,7 @@ def path_with_eval(model: str, steps: list[list[dict[str, Any]]], *, work: Path,
                 evaluation = subprocess.Popen(
                     [sys.executable, "-m", "rmserve.cli", "eval", "--server", url, "--token-file", str(eval_token_file),
                      "--bench", "rm-bench", "--data", str(data), "--out", str(work / "eval-e"), "--overwrite",
-                     "--no-store", "--resamples", "0"],
+                     "--no-store", "--resamples", "0", "--priority", eval_priority],
                     stdout=subprocess.DEVNULL, stderr=log)
             began = time.monotonic()
             while asyncio.run(_queued_groups(url, eval_token)) == 0:
@@ -366,7 +372,7 @@ TITLES = {
     "b": "vLLM's API server: POST /classify, one sample per request, raw values",
     "c": "rmserve: POST /get_reward (OpenRLHF's shape), one sample per request",
     "d": "rmserve: TRL reward function, one call per step, grouped by prompt",
-    "e": "d while rmserve eval scores RM-Bench on the same server (users trainer and eval, both interactive)",
+    "e": "d while rmserve eval scores RM-Bench on the same server (users trainer and eval)",
 }
 
 
@@ -423,7 +429,10 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Engine of every server (b to e): {_engine_text(cfg['engine'])}; path a: transformers, float32, cut at "
         f"{cfg['max_len']} tokens. Path e: users `trainer` (weight {cfg['trainer_weight']}) and `eval` (weight "
-        f"{cfg['eval_weight']}) of one users file, both `interactive`; path d without a users file.",
+        f"{cfg['eval_weight']}) of one users file, the trainer `interactive`, the eval "
+        f"`{cfg.get('eval_priority', 'interactive')}` (server --fair-share-interactive-boost "
+        f"{cfg.get('interactive_boost', 1.0)}, --scheduling-policy {cfg.get('scheduling_policy', 'fcfs')}); "
+        f"path d without a users file.",
         "",
         "| path | what | samples | wall s | samples/s | step p50 ms | step p99 ms | max abs diff vs a |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -469,6 +478,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache of every server, GiB")
     parser.add_argument("--trainer-weight", type=float, default=3.0, help="path e: the trainer user's weight")
     parser.add_argument("--eval-weight", type=float, default=1.0, help="path e: the eval user's weight")
+    parser.add_argument("--eval-priority", choices=("interactive", "batch"), default="interactive",
+                        help="path e: rmserve eval --priority")
+    parser.add_argument("--interactive-boost", type=float, default=1.0,
+                        help="path e: the server's --fair-share-interactive-boost")
+    parser.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+                        help="path e: the server's --scheduling-policy (priority: vLLM runs interactive requests first)")
     parser.add_argument("--paths", default="a,b,c,d,e", help="comma-separated, of a,b,c,d,e")
     parser.add_argument("--work", type=Path, default=Path("/tmp/rlhf-steps"))
     parser.add_argument("--machine", default="cpu2")
@@ -503,7 +518,9 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = path_trl(args.model, steps, work=args.work, engine=engine)
         else:
             results[name] = path_with_eval(args.model, steps, work=args.work, engine=engine, data=args.data,
-                                           trainer_weight=args.trainer_weight, eval_weight=args.eval_weight)
+                                           trainer_weight=args.trainer_weight, eval_weight=args.eval_weight,
+                                           eval_priority=args.eval_priority, interactive_boost=args.interactive_boost,
+                                           scheduling_policy=args.scheduling_policy)
         print(f"path {name}: {n_samples / results[name]['wall_s']:.1f} samples/s", file=sys.stderr, flush=True)
     reference = results["a"]["rewards"] if "a" in results else None
     rows = {name: summarize(name, r, n_samples, reference if name != "a" else None) for name, r in results.items()}
@@ -512,7 +529,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine": args.machine,
         "config": {"model": args.model, "data": str(args.data), "steps": args.steps, "prompts": args.prompts,
                    "completions": args.completions, "inflight": args.inflight, "max_len": args.max_len,
-                   "engine": engine, "trainer_weight": args.trainer_weight, "eval_weight": args.eval_weight},
+                   "engine": engine, "trainer_weight": args.trainer_weight, "eval_weight": args.eval_weight,
+                   "eval_priority": args.eval_priority, "interactive_boost": args.interactive_boost,
+                   "scheduling_policy": args.scheduling_policy},
         "skipped_groups": skipped,
         "rows": rows,
         "targets": targets(rows),
