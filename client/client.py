@@ -61,6 +61,9 @@ __all__ = ["CONNECT_GRACE_S", "PRIORITY_HEADER", "RewardClient"]
 PRIORITY_HEADER = "X-RMServe-Priority"
 """Request header carrying the caller's priority hint (the server's fair queue reads it)."""
 
+NO_TOKEN_HINT = "give --token-file FILE or set RMSERVE_TOKEN"
+"""How a command-line user gives a token (:class:`RewardClient`'s ``no_token_hint`` default)."""
+
 
 logger = logging.getLogger("rmserve.client")
 
@@ -101,6 +104,9 @@ class RewardClient:
             never retried.
         priority: ``interactive`` or ``batch``, sent on every request as the
             ``X-RMServe-Priority`` header; None sends no header (the server takes ``batch``).
+        no_token_hint: how this client's user gives a token, appended to the message of a
+            401 when no token was sent (the command line's flags by default; a Python caller
+            names its own argument).
 
     Attributes:
         attempts: HTTP requests sent so far (retries included).
@@ -126,7 +132,9 @@ class RewardClient:
         rng: random.Random | None = None,
         token: str | None = None,
         priority: str | None = None,
+        no_token_hint: str = NO_TOKEN_HINT,
     ) -> None:
+        self.no_token_hint = no_token_hint
         if priority is not None and priority not in PRIORITIES:
             raise ValueError(f"priority: {priority!r} is not one of {', '.join(PRIORITIES)}")
         self.priority = priority
@@ -204,7 +212,7 @@ class RewardClient:
                     return body
                 error = error_from_reply(resp.status, body, retry_after=resp.headers.get("Retry-After"))
                 if resp.status == 401 and self._token is None and "Authorization" not in headers:
-                    error.message = f"{error.message} (this client sent no token: give --token-file FILE or set RMSERVE_TOKEN)"
+                    error.message = f"{error.message} (this client sent no token: {self.no_token_hint})"
                     error.args = (error.message,)
                 raise error
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:

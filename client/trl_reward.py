@@ -288,7 +288,8 @@ class RMServeReward:
 
     def _make_client(self) -> RewardClient:
         return RewardClient(self.server, timeouts=self.timeouts, retry=self.retry, concurrency=self.concurrency,
-                            token=self._token, priority=self.priority)
+                            token=self._token, priority=self.priority,
+                            no_token_hint=f"pass token=... to {type(self).__name__} or set {TOKEN_ENV}")
 
     # --- the runtime ------------------------------------------------------------------
 

@@ -48,6 +48,8 @@ from rmserve.server.sharing import auth
 from rmserve.server.sharing import limits
 from rmserve.server.sharing import render_order
 from rmserve.server.kinds.base import RewardKind, kind_of_engine
+from rmserve.server.kinds import get_reward as get_reward_kind
+from rmserve.schema import CLASSIFIER_KIND
 from rmserve.server.http.middleware import auth_middleware, error_middleware
 from rmserve.server.engines.protocol import JudgeEngine, PrefixCacheStats, RewardEngine, SupportsPrefixCacheStats
 from rmserve.server.render.chat import Renderer
@@ -130,6 +132,10 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
             renderer = await renderer_for(app, loaded) if kind.needs_renderer else None
             state.publish(info, renderer, loaded.checkpoint_dir)
             logger.info("engine ready: model %s (%s, %s)", info.name, info.engine, info.dtype)
+            if renderer is not None and kind.name == CLASSIFIER_KIND:
+                warning = get_reward_kind.start_warning(config.policy_template, renderer)
+                if warning is not None:
+                    logger.warning("%s", warning)
             queue = queue_of(app)
             if queue is not None:
                 queue.set_window_tokens(engine_window(config, loaded.step_tokens))

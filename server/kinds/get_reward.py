@@ -113,6 +113,20 @@ def template_path(setting: str | None, family: str | None, file_text: str | None
     return TemplatePath(policy=None, check=check)
 
 
+def start_warning(setting: str | None, renderer: Renderer) -> str | None:
+    """What the start log says when ``POST /get_reward`` would refuse every query: no
+    ``--policy-template`` (``setting`` None) and the reward model's template is none of the
+    families (:func:`template_path` raises for each request then). None when it would work.
+    Said at start because a trainer retries each refused request (OpenRLHF: 5 tries a sample)."""
+    if setting is not None or rm_family(renderer) is not None:
+        return None
+    return (
+        "POST /get_reward (OpenRLHF) will refuse every query: no --policy-template was given and the reward "
+        "model's chat template is none of the known families; restart with --policy-template FAMILY or FILE "
+        f"(the policy's template) or --policy-template {SAME_AS_RM} to serve trainers on it"
+    )
+
+
 class GetRewardKind(ClassifierKind):
     """The classifier kind over OpenRLHF's queries (module docstring); built per request.
 

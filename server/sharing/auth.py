@@ -229,7 +229,10 @@ class _Credential:
 
 _WHITESPACE = b" \t\r\n\x0b\x0c"
 
-MISSING_MESSAGE = "this server needs a token: send the header Authorization: Bearer <token>"
+MISSING_MESSAGE = (
+    "this server needs a token: send the header Authorization: Bearer <token>, or Basic credentials whose "
+    "password is the token (a URL http://NAME:TOKEN@HOST:PORT/...; NAME is not checked)"
+)
 """The message of a 401 for a request without a token."""
 
 MALFORMED_MESSAGE = (

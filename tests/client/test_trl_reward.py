@@ -124,6 +124,25 @@ def test_no_server_raises_after_the_retries():
             reward(prompts=["hi"], completions=["yo"])
 
 
+def test_a_missing_token_names_the_argument_and_the_variable(tmp_path, monkeypatch, engine):
+    from rmserve.server.sharing.auth import add_user
+
+    users = tmp_path / "users.jsonl"
+    token, _ = add_user(users, "trainer")
+    monkeypatch.delenv("RMSERVE_TOKEN", raising=False)
+    config = ServerConfig(port=0, users_file=str(users))
+    with ThreadedServer(lambda: create_app(config, engine, FakeRenderer())) as running:
+        with RMServeReward(server=running.url, retry=FAST_RETRY) as reward:
+            with pytest.raises(errors.Unauthorized) as refused:
+                reward(prompts=["hi"], completions=["yo"])
+        assert str(refused.value).endswith("(this client sent no token: pass token=... to RMServeReward or set "
+                                           "RMSERVE_TOKEN)")
+        assert "http://NAME:TOKEN@HOST:PORT/" in str(refused.value)
+        with RMServeReward(server=running.url, retry=FAST_RETRY, token=token) as reward:
+            assert reward(prompts=["hi"], completions=["yo"]) == [REWARDS[0]]
+    assert len(engine.calls) == 1
+
+
 @pytest.fixture
 def swappable(tmp_path):
     """A server on a reloadable fake engine with checkpoints step-0 (offset 0) and step-1 (offset 10)."""

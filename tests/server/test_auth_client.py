@@ -64,7 +64,8 @@ async def test_a_401_is_a_clear_error_after_one_attempt(base, token):
     assert refused.value.status == 401
     if token is None:
         assert str(refused.value) == (
-            "this server needs a token: send the header Authorization: Bearer <token> "
+            "this server needs a token: send the header Authorization: Bearer <token>, or Basic credentials "
+            "whose password is the token (a URL http://NAME:TOKEN@HOST:PORT/...; NAME is not checked) "
             "(this client sent no token: give --token-file FILE or set RMSERVE_TOKEN)"
         )
     else:
