@@ -189,6 +189,7 @@ class GetRewardKind(ClassifierKind):
         for i, ids in enumerate(sequences):
             if not ids:
                 raise InvalidRequest(f"query[{i}] has no token; nothing to score", field=f"query[{i}]", value=0, limit=1)
+            sequences[i] = ids = renderer.lead(ids)  # the tokenizer's BOS where the template wrote none, as /v1/score
             if bos is not None and ids[:2] == [bos, bos]:
                 raise InvalidRequest(
                     f"query[{i}] starts with the BOS token twice; a query passed through is tokenized as sent: "

@@ -4,7 +4,11 @@ A group (conversation + N responses) becomes N token-id sequences, each
 ``template(messages + [assistant: response])`` tokenized **without** adding special tokens,
 so the BOS the template writes is the only one (tokenizing the rendered text *with*
 special tokens would add a second BOS and change the reward). This is the same text →
-ids path as ``tokenizer.apply_chat_template(..., tokenize=True)`` in transformers.
+ids path as ``tokenizer.apply_chat_template(..., tokenize=True)`` in transformers. A
+tokenizer that puts its BOS in front of a plain ``encode`` while the template writes none
+(Mistral's ``[INST]`` format) gets that one BOS in front (:attr:`Renderer.added_bos_id`): what
+the model saw when it was trained on ``tokenizer(text)``; a tokenizer that adds none (Qwen's
+ChatML) gets nothing in front — exactly one BOS where the family has one, none invented.
 
 Efficiency: all texts of a request are rendered with one batched template call; the part
 of a group's text shared by all responses is tokenized once when it ends right after an
@@ -131,6 +135,9 @@ class Renderer:
         """The Jinja template actually used (part of the model fingerprint)."""
         self.max_model_len = max_model_len
         self.bos_token_id: int | None = getattr(tokenizer, "bos_token_id", None)
+        self.added_bos_id: int | None = _added_bos(tokenizer, self.bos_token_id)
+        """The BOS id the tokenizer itself puts in front of a plain ``encode(text)`` (None when
+        it adds none): put in front of a sequence whose template wrote none (:meth:`lead`)."""
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._boundary = _boundary_pattern(tokenizer) if self._backend is not None else None
 
@@ -251,6 +258,9 @@ class Renderer:
             pieces.extend(text[cut:] for text in group_texts)
             plan.append((head, tails))
         encoded = self._encode(pieces)
+        for head, tails in plan:  # a sequence starts in its head, or in its own tail
+            for first in [head] if head >= 0 else tails:
+                encoded[first] = self.lead(encoded[first])
         group_ids = [[(encoded[head] if head >= 0 else []) + encoded[t] for t in tails] for head, tails in plan]
         starts: dict[int, dict[int, int]] = {}
         if truncation is not None and truncation.side == "right":
@@ -329,7 +339,7 @@ class Renderer:
         """
         heads = [text[: len(os.path.commonprefix([text, empty]))] for text, empty in zip(texts, empty_texts, strict=True)]
         distinct = list(dict.fromkeys(heads))
-        head_ids = dict(zip(distinct, self._encode(distinct), strict=True))
+        head_ids = dict(zip(distinct, map(self.lead, self._encode(distinct)), strict=True))
         return [common_prefix_len([list(ids), head_ids[head]]) for ids, head in zip(sequences, heads, strict=True)]
 
     def _right_cut_starts(
@@ -403,6 +413,12 @@ class Renderer:
             encode = getattr(self._backend, "encode_batch_fast", None) or self._backend.encode_batch
             return [e.ids for e in encode(pieces, add_special_tokens=False)]
         return [list(self.tokenizer.encode(p, add_special_tokens=False)) for p in pieces]
+
+    def lead(self, ids: list[int]) -> list[int]:
+        """``ids`` (a rendered text's, no special tokens added) with :attr:`added_bos_id` in
+        front when the tokenizer adds a BOS and ``ids`` does not start with it; else ``ids``."""
+        bos = self.added_bos_id
+        return ids if bos is None or ids[:1] == [bos] else [bos, *ids]
 
     def encode_texts(self, texts: Sequence[str], *, add_special_tokens: bool) -> list[list[int]]:
         """Each text tokenized as it is, no chat template: ``tokenizer.encode(text,
@@ -482,6 +498,20 @@ def _nothing_left_message(length: int, content: int, limit: int) -> str:
         f"a right cut to truncation.max_tokens={limit:,} keeps none of the response: the first {content:,} of its "
         f"{length:,} tokens are the prompt and the chat template before it"
     )
+
+
+def _added_bos(tokenizer: Any, bos: int | None) -> int | None:
+    """``bos`` when ``tokenizer.encode`` puts it in front of a text with special tokens and not
+    without (a Llama/Mistral tokenizer's ``add_bos_token``); None otherwise, or when the
+    tokenizer cannot say (an encode that fails)."""
+    if bos is None:
+        return None
+    try:
+        added = list(tokenizer.encode("a", add_special_tokens=True))
+        bare = list(tokenizer.encode("a", add_special_tokens=False))
+    except Exception:  # noqa: BLE001 - a tokenizer without these options adds nothing we can see
+        return None
+    return int(bos) if added[:1] == [bos] and bare[:1] != [bos] else None
 
 
 def _boundary_pattern(tokenizer: Any) -> tuple[re.Pattern[str], int] | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rmserve.server.http import wire
 from rmserve.server.render.chat import Renderer
-from testkit.fakes import FakeRenderer
+from testkit.fakes import FakeRenderer, FakeTokenizer
 
 from rmserve.datasets import load_rmbench
 from rmserve.errors import InvalidRequest, SequenceTooLong, ServerFault
@@ -309,8 +309,8 @@ def test_chat_template_override_file_is_used(demo_model_dir, tmp_path, tokenizer
     renderer = Renderer.from_pretrained(demo_model_dir, max_model_len=4096, chat_template_path=path)
     assert renderer.chat_template == template
     ids = renderer.render_group([Message("user", "Hi")], ["Yo"], group_id="o").token_ids[0]
-    assert ids == [
-        special["user"], *_text_ids(tokenizer, "Hi"), special["eos"],
+    assert ids == [  # the template writes no BOS: the demo tokenizer's own (it adds one on encode) comes first
+        special["bos"], special["user"], *_text_ids(tokenizer, "Hi"), special["eos"],
         special["assistant"], *_text_ids(tokenizer, "Yo"), special["eos"],
     ]
 
@@ -372,3 +372,36 @@ def test_right_cut_content_start_is_looked_up_only_for_sequences_it_shortens():
     assert Counting.template_calls == 1  # 12 tokens fit: no second rendering
     renderer.render_group([Message("user", "hello")], ["ok"], group_id="g", truncation=Truncation("right", 11))
     assert Counting.template_calls == 3
+
+
+class NoBosTemplateTokenizer(FakeTokenizer):
+    """The fake tokenizer (adds BOS 1 on a plain encode) under a template that writes no BOS, as
+    Mistral's ``[INST]`` format: the one BOS must come from the tokenizer."""
+
+    def apply_chat_template(self, conversations, **options):
+        texts = super().apply_chat_template(conversations, **options)
+        return texts[1:] if isinstance(texts, str) else [t[1:] for t in texts]
+
+
+class NoBosTokenizer(NoBosTemplateTokenizer):
+    """No BOS at all (Qwen's ChatML): nothing may be put in front."""
+
+    bos_token_id = None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+
+@pytest.mark.parametrize(("tokenizer_class", "lead"), [(NoBosTemplateTokenizer, [1]), (NoBosTokenizer, [])])
+def test_a_template_without_bos_gets_the_tokenizers_bos_once_or_none(tokenizer_class, lead):
+    renderer = Renderer(tokenizer_class(), max_model_len=64)
+    assert renderer.added_bos_id == (1 if lead else None)
+    (group,) = renderer.render_groups([RequestGroup(id="g", prompt="hi", responses=("yo", "yes"))])
+    # user 4 'h' 'i' EOS 2, assistant 5, response, EOS 2 — by hand from the fake's rules
+    assert [list(ids) for ids in group.token_ids] == [lead + [4, 104, 105, 2, 5, 121, 111, 2],
+                                                      lead + [4, 104, 105, 2, 5, 121, 101, 115, 2]]
+    assert group.prompt_tokens == len(lead) + 6  # both responses start with "y" (121)
+    right = Truncation(max_tokens=len(lead) + 7, side="right")
+    (cut,) = renderer.render_groups([RequestGroup(id="g", prompt="hi", responses=("yes",))], right)
+    assert [list(ids) for ids in cut.token_ids] == [lead + [4, 104, 105, 2, 5, 121, 101]]
+    assert cut.truncated_tokens == (2,)
