@@ -54,7 +54,7 @@ from typing import Annotated, Any, Optional, TypeVar
 import typer
 from typer.core import TyperArgument, TyperCommand
 
-from rmserve.errors import DataError, RMServeError, plain_reason
+from rmserve.errors import DataError, RMServeError, StartRefused, plain_reason
 
 T = TypeVar("T")
 
@@ -769,7 +769,7 @@ def exit_code(exc: BaseException, *, own_files: Iterable[Path | str | None] = ()
     """
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
-    if isinstance(exc, (ValueError, typer.BadParameter)):
+    if isinstance(exc, (ValueError, typer.BadParameter, StartRefused)):
         return EXIT_BAD_INPUT
     if isinstance(exc, DataError):
         own = {Path(p).resolve() for p in own_files if p is not None}

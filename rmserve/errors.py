@@ -187,6 +187,18 @@ class EngineError(ServerFault, type="engine_error"):
     """The engine failed on a request (500)."""
 
 
+class StartRefused(ServerFault, type="start_refused"):
+    """A server this command started refused its model or options at start (it exited with
+    status 2: :data:`SERVE_REFUSED_EXIT`); the message quotes the server's reason. Raised on the
+    client side only (:class:`~rmserve.pipelines.launch.ServerProcess`); a command ends with
+    status 2 for it, as for any other bad option."""
+
+
+SERVE_REFUSED_EXIT = 2
+"""``rmserve serve``'s exit status when the engine refused the model or options at start (an
+error naming the option: ``field`` set) or a port could not be bound; 1 is any other failure."""
+
+
 class ConnectionFailed(ServerFault, type="connection_failed", status=503, retryable=True):
     """The client could not reach the server, or a reply did not arrive in time (retryable).
 

@@ -283,6 +283,12 @@ class ServerProcess:
 
     def _exited_error(self, when: str) -> errors.ServerFault:
         said, lines = self._log_quote()
+        if self.returncode == errors.SERVE_REFUSED_EXIT and when == "before it was ready":
+            return errors.StartRefused(
+                f"the server refused to start (exit status {self.returncode}: the model, an option or the port "
+                f"was refused); {said}",
+                quoted=lines,
+            )
         return errors.ServerFault(f"the server exited with status {self.returncode} {when}; {said}", quoted=lines)
 
     def wait_ready(self) -> None:
@@ -296,7 +302,9 @@ class ServerProcess:
         ``… ready after 212 s`` (also kept in :attr:`ready_after_s`).
 
         Raises:
-            rmserve.errors.ServerFault: the child exited first (quotes the log's last lines).
+            rmserve.errors.StartRefused: the child exited first with status 2 (it refused the
+                model or an option; quotes the log's last lines).
+            rmserve.errors.ServerFault: the child exited first otherwise (quotes the log's last lines).
             rmserve.errors.EngineNotReady: not ready after ``startup_timeout_s`` (quotes the
                 log's last lines; the child is left for :meth:`stop`).
         """

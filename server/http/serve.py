@@ -26,7 +26,7 @@ from rmserve.server.render.chat import Renderer
 from rmserve.server.swaps.state import STATE_KEY, EngineState, RendererFactory
 from rmserve.server.sharing.users import RequestUserLogFilter
 
-from rmserve.errors import ServerFault
+from rmserve.errors import SERVE_REFUSED_EXIT, RMServeError, ServerFault
 
 logger = logging.getLogger("rmserve.server")
 
@@ -74,6 +74,15 @@ def engine_renderer(loaded: LoadedModel) -> Renderer:
     if loaded.renderer is None:
         raise ServerFault(f"the {loaded.info.engine} engine returned no renderer with its model")
     return loaded.renderer
+
+
+def refused_at_start(error: BaseException | None) -> bool:
+    """Whether an engine's start failure is a refusal of what it was given (status
+    :data:`~rmserve.errors.SERVE_REFUSED_EXIT`): an rmserve error naming the option or input at
+    fault (``field`` set: a chat template that refuses the judge's system turn, a head the
+    engine cannot serve, …) or a ``ValueError`` of the settings; anything else (an engine that
+    crashed, weights that would not load) is a failure (status 1)."""
+    return isinstance(error, ValueError) or (isinstance(error, RMServeError) and error.field is not None)
 
 
 def listening_socket(host: str, port: int, backlog: int = 128) -> socket.socket:
@@ -222,7 +231,7 @@ async def run_app(
         if (bad := failed()) is not None:
             stopped.cancel()
             announce(f"engine failed to start: {bad.error}")
-            return 1
+            return SERVE_REFUSED_EXIT if refused_at_start(bad.error) else 1
         if all(s.status == "ready" and s.info is not None for s in states):
             names = ", ".join(s.info.name for s in states if s.info is not None)
             announce(f"ready: {url} serving {names}")

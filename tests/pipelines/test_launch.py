@@ -133,10 +133,12 @@ def test_a_child_s_log_lines_are_printed_as_lines_not_folded_into_the_error_line
     log = tmp_path / "server.log"
     server = ServerProcess([sys.executable, "-c", CHILD_USAGE_ERROR], url=f"http://127.0.0.1:{free_loopback_port()}",
                            log_path=log, startup_timeout_s=30, stop_grace_s=5, quiet=True)
-    with server, pytest.raises(errors.ServerFault) as info:
+    with server, pytest.raises(errors.StartRefused) as info:  # status 2: the child refused what it was given
         server.wait_ready()
     exc = info.value
-    assert exc.message == f"the server exited with status 2 before it was ready; last lines of {log}:"
+    said = ("the server refused to start (exit status 2: the model, an option or the port was refused); "
+            f"last lines of {log}:")
+    assert exc.message == said
     assert exc.quoted[-4:] == (
         "Usage: rmserve serve [OPTIONS] [MODEL]",
         "Try rmserve serve --help for help.",
@@ -151,9 +153,9 @@ def test_a_child_s_log_lines_are_printed_as_lines_not_folded_into_the_error_line
 
     with pytest.raises(typer.Exit) as stopped:
         guarded(fail)
-    assert stopped.value.exit_code == 1
+    assert stopped.value.exit_code == 2  # bad input, as the child's own usage error
     assert capsys.readouterr().err.splitlines() == [
-        f"error: internal_error: the server exited with status 2 before it was ready; last lines of {log}:",
+        f"error: start_refused: {said}",
         *exc.quoted,
     ]
 

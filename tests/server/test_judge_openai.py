@@ -776,14 +776,14 @@ async def test_a_400_to_the_system_message_is_a_start_error_naming_the_flag(stub
     assert merged["max_tokens"] == 1
 
 
-async def test_the_server_start_fails_with_the_message_and_exit_status_1(stub_server):
+async def test_the_server_start_is_refused_with_the_message_and_exit_status_2(stub_server):
     from rmserve.server.http.app import ServerConfig
     from rmserve.server.http.serve import serve_app
 
     stub, url, _ = await stub_server(refuse_system=True)
     lines: list[str] = []
     engine = OpenAIJudgeEngine(config(url))
-    assert await serve_app(ServerConfig(port=0), engine, announce=lines.append) == 1
+    assert await serve_app(ServerConfig(port=0), engine, announce=lines.append) == 2  # a refusal naming a flag
     assert lines[-1].startswith("engine failed to start: judge_system_prompt: the judge endpoint ")
     assert "Serve with --no-judge-system-prompt" in lines[-1]
 

@@ -81,6 +81,16 @@ async def test_serve_app_returns_1_when_the_engine_fails_to_load():
     assert engine.shutdown_calls == 1
 
 
+async def test_serve_app_returns_2_when_the_engine_refuses_an_option():
+    from rmserve.errors import ServerFault
+
+    refusal = ServerFault("judge_system_prompt: the template refuses a system turn", field="judge_system_prompt")
+    engine = FakeEngine(start_error=refusal)
+    lines: list[str] = []
+    assert await serve_module.serve_app(ServerConfig(port=0), engine, FakeRenderer(), announce=lines.append) == 2
+    assert lines[-1] == "engine failed to start: judge_system_prompt: the template refuses a system turn"
+
+
 async def test_serve_app_returns_2_when_the_port_is_taken():
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))
