@@ -46,6 +46,7 @@ from rmserve.server.render.judge import (
     enable_thinking,
     finish_reason,
     judge_chat_template,
+    judge_lead_bos,
     judge_stop_ids,
     max_new_tokens,
 )
@@ -794,7 +795,7 @@ class HFJudgeEngine(_TorchLifecycle[_JudgeLoaded]):
             raise ServerFault(f"{cfg.model!r} has no EOS token: a judge's generation could not stop before max_tokens")
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
         renderer = JudgeRenderer(tokenizer, chat_template=template, max_prompt_tokens=context - 1,
-                                 enable_thinking=enable_thinking(cfg.judge_thinking))
+                                 enable_thinking=enable_thinking(cfg.judge_thinking), lead_bos=judge_lead_bos(tokenizer, cfg))
         info = self._model_info(cfg.name, cfg.model, template, context - 1, dtype,
                                 attention=attention_implementation(model))
         info = msgspec.structs.replace(

@@ -59,7 +59,7 @@ from typing import Any
 import msgspec
 from rmserve.server.config import EngineConfig, check_lm_head, check_reward_head
 from rmserve.server.kinds.judge_protocols import JudgeOutput
-from rmserve.server.render.judge import JudgeRenderer, enable_thinking, judge_chat_template
+from rmserve.server.render.judge import JudgeRenderer, enable_thinking, judge_chat_template, judge_lead_bos
 from rmserve.server.engines.lifecycle import EngineLifecycle, Loaded, OwnRenderer
 from rmserve.server.engines.parallel import RankBalancer, request_options
 from rmserve.server.engines.protocol import (
@@ -868,7 +868,8 @@ class VLLMJudgeEngine(_VLLMAdapter):
         def describe(engine: Any) -> _VLLMLoaded:
             max_prompt = int(engine.model_config.max_model_len) - 1
             judge = JudgeRenderer(tokenizer, chat_template=template, max_prompt_tokens=max_prompt,
-                                  enable_thinking=enable_thinking(cfg.judge_thinking))
+                                  enable_thinking=enable_thinking(cfg.judge_thinking),
+                                  lead_bos=judge_lead_bos(tokenizer, cfg))
             info = self._model_info(cfg.name, cfg.model, template, max_prompt, args.dtype)
             return _VLLMLoaded(engine=engine, record=LoadedModel(info, None, local_checkpoint(cfg.model), step_tokens(engine)),
                            judge=judge)

@@ -135,7 +135,7 @@ class Renderer:
         """The Jinja template actually used (part of the model fingerprint)."""
         self.max_model_len = max_model_len
         self.bos_token_id: int | None = getattr(tokenizer, "bos_token_id", None)
-        self.added_bos_id: int | None = _added_bos(tokenizer, self.bos_token_id)
+        self.added_bos_id: int | None = tokenizer_added_bos(tokenizer)
         """The BOS id the tokenizer itself puts in front of a plain ``encode(text)`` (None when
         it adds none): put in front of a sequence whose template wrote none (:meth:`lead`)."""
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -500,10 +500,12 @@ def _nothing_left_message(length: int, content: int, limit: int) -> str:
     )
 
 
-def _added_bos(tokenizer: Any, bos: int | None) -> int | None:
-    """``bos`` when ``tokenizer.encode`` puts it in front of a text with special tokens and not
-    without (a Llama/Mistral tokenizer's ``add_bos_token``); None otherwise, or when the
-    tokenizer cannot say (an encode that fails)."""
+def tokenizer_added_bos(tokenizer: Any) -> int | None:
+    """The tokenizer's ``bos_token_id`` when ``tokenizer.encode`` puts it in front of a text with
+    special tokens and not without (a Llama/Mistral tokenizer's ``add_bos_token``); None
+    otherwise (no BOS, as Qwen's; a BOS it does not add), or when the tokenizer cannot say (an
+    encode that fails)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
     if bos is None:
         return None
     try:

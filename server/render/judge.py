@@ -10,7 +10,9 @@ A call is rendered with the judge's chat template and its generation prompt
 is tokenized **without** adding special tokens: the BOS the template writes is the only one.
 This is what the official RewardBench generative script does for local models before it hands
 token ids to vLLM (it tokenizes the templated prompt with ``add_special_tokens=False`` because
-vLLM would otherwise add a second BOS).
+vLLM would otherwise add a second BOS). A template that writes no BOS for a tokenizer that adds
+one (Mistral's ``[INST]``) leaves the official prompt without any; under ``--compat none`` the
+tokenizer's BOS is put in front (``lead_bos``), once.
 
 Thinking switch: with ``enable_thinking`` set (``--judge-thinking on|off``) the template is
 rendered with the keyword ``enable_thinking=True|False`` (transformers hands extra keywords of
@@ -36,6 +38,7 @@ from typing import Any
 from rmserve.errors import InvalidRequest, SequenceTooLong, ServerFault
 from rmserve.judge_records import THINK_OPEN
 from rmserve.schema import Message
+from rmserve.server.render.chat import tokenizer_added_bos
 
 CHAT_TEMPLATE_FIX = (
     "a judge needs a chat template: use a chat (instruction-tuned) model whose tokenizer has one, "
@@ -60,6 +63,13 @@ def judge_chat_template(tokenizer: Any, chat_template_path: str | Path | None, m
     if not isinstance(template, str) or not template.strip():
         raise ServerFault(f"chat_template: the tokenizer of {model!r} has no chat template; {CHAT_TEMPLATE_FIX}")
     return template
+
+
+def judge_lead_bos(tokenizer: Any, config: Any) -> int | None:
+    """The ``lead_bos`` of a judge renderer (:class:`JudgeRenderer`) for an engine config: the
+    tokenizer's own BOS (:func:`~rmserve.server.render.chat.tokenizer_added_bos`) under
+    ``compat`` ``none``; None under ``official``."""
+    return tokenizer_added_bos(tokenizer) if getattr(config, "compat", "none") == "none" else None
 
 
 def enable_thinking(switch: str | None) -> bool | None:
@@ -94,12 +104,18 @@ class JudgeRenderer:
             context less the one token that must be generated.
         enable_thinking: passed to the template as ``enable_thinking`` when not None
             (:func:`enable_thinking` of ``--judge-thinking``); None passes nothing.
+        lead_bos: a BOS id put in front of a prompt whose ids do not start with it (the
+            tokenizer's own, :func:`~rmserve.server.render.chat.tokenizer_added_bos`, for a
+            template that writes none: Mistral's ``[INST]``; the engines pass it under
+            ``--compat none``). None (``--compat official``, as the official script: the
+            templated text tokenized without special tokens) puts nothing in front.
 
     The renderer never mutates the tokenizer; concurrent calls from worker threads are safe.
     """
 
     def __init__(
-        self, tokenizer: Any, *, chat_template: str, max_prompt_tokens: int, enable_thinking: bool | None = None
+        self, tokenizer: Any, *, chat_template: str, max_prompt_tokens: int, enable_thinking: bool | None = None,
+        lead_bos: int | None = None,
     ) -> None:
         if isinstance(max_prompt_tokens, bool) or not isinstance(max_prompt_tokens, int) or max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens: {max_prompt_tokens!r} must be an integer ≥ 1")
@@ -109,6 +125,7 @@ class JudgeRenderer:
         self.chat_template = chat_template
         self.max_prompt_tokens = max_prompt_tokens
         self.enable_thinking = enable_thinking
+        self.lead_bos = lead_bos
 
     def render_text(self, messages: Sequence[Message]) -> str:
         """The templated prompt of one call, generation prompt included.
@@ -156,6 +173,9 @@ class JudgeRenderer:
             raise InvalidRequest("a judge group has no call", field="messages", value=0, limit=1)
         texts = [self.render_text(messages) for messages in calls]
         ids = [list(seq) for seq in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        bos = self.lead_bos
+        if bos is not None:
+            ids = [seq if seq[:1] == [bos] else [bos, *seq] for seq in ids]
         check_prompt_lengths(ids, self.max_prompt_tokens)
         return ids, [opens_reasoning(text) for text in texts]
 

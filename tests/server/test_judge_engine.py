@@ -67,6 +67,15 @@ def test_render_uses_the_template_with_its_generation_prompt_and_no_added_tokens
     assert tokenizer.calls == [{"chat_template": "MINE", "tokenize": False, "gen": True}] * 2
 
 
+def test_lead_bos_goes_in_front_once_where_the_template_wrote_none():
+    tokenizer = FakeTokenizer()
+    bos = ord("<")  # the fake template writes "<" first: a prompt already starting with it is kept
+    renderer = JudgeRenderer(tokenizer, chat_template="T", max_prompt_tokens=100, lead_bos=bos)
+    assert renderer.render([[Message("user", "x")]]) == [[ord(c) for c in "<[u]x|[a]"]]
+    renderer = JudgeRenderer(tokenizer, chat_template="T", max_prompt_tokens=100, lead_bos=1)
+    assert renderer.render([[Message("user", "x")]]) == [[1, *(ord(c) for c in "<[u]x|[a]")]]
+
+
 def test_a_prompt_of_exactly_the_limit_is_accepted_one_more_is_refused():
     renderer, _ = _renderer(9)
     assert len(renderer.render([[Message("user", "x")]])[0]) == 9  # "<[u]x|[a]"
