@@ -339,13 +339,23 @@ def demo_model_command(
     objectives: Annotated[
         int, typer.Option("--objectives", help="Objectives of a gated reward model (1 to 64).")
     ] = 4,
+    family: Annotated[
+        str,
+        typer.Option(
+            "--family",
+            help="Model family: its architecture class, tokenizer rules (special tokens, BOS/EOS) and chat template: "
+            "demo (Llama, rmserve's own template), llama3 (BOS written by the template and added by the tokenizer), "
+            "qwen2 (ChatML, no BOS, Qwen2.5's default system turn), qwen3 (ChatML with the <think> block), gemma2 "
+            "(no system role, the assistant is 'model'), mistral ([INST], BOS added by the tokenizer only).",
+        ),
+    ] = "demo",
     labels: Annotated[  # not num_labels: serve's help names the config key num_labels, which is no flag there
         int,
         typer.Option("--num-labels", help="Labels of a reward head (1 to 64); a model with more than one is served "
                      "with --label-index or --label-weights (the multi-label head)."),
     ] = 1,
 ) -> None:
-    """Build a tiny RANDOM-WEIGHT reward model (LlamaForSequenceClassification, 1 label) or causal LM for tests and benchmarks.
+    """Build a tiny RANDOM-WEIGHT reward model (a *ForSequenceClassification, 1 label) or causal LM of a model family for tests and benchmarks.
 
     Its rewards are reproducible but meaningless. No download: the tokenizer is trained on --corpus.
     """  # noqa: E501 - typer keeps docstring line breaks in --help
@@ -356,7 +366,7 @@ def demo_model_command(
         lambda: DemoModelConfig(
             layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
             intermediate=intermediate, vocab=vocab, seed=seed, max_len=max_len, kind=head, num_labels=labels,
-            objectives=objectives,
+            objectives=objectives, family=family,
         )
     )
     banner = "!" * 78

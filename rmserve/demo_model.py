@@ -25,28 +25,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from rmserve.demo_families import FAMILIES, FAMILY_NAMES, Family
 from rmserve.errors import DataError
 
 
-BOS_TOKEN = "<s>"
-EOS_TOKEN = "</s>"
-PAD_TOKEN = "<pad>"
+DEMO_FAMILY = FAMILIES["demo"]
+BOS_TOKEN = DEMO_FAMILY.bos
+EOS_TOKEN = DEMO_FAMILY.eos
+PAD_TOKEN = DEMO_FAMILY.pad
 ROLE_TOKENS: dict[str, str] = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
-SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, *ROLE_TOKENS.values())
+SPECIAL_TOKENS: tuple[str, ...] = DEMO_FAMILY.special_tokens
 """Special tokens in id order: pad = 0, BOS = 1, EOS = 2, then the role markers."""
 
-CHAT_TEMPLATE = (
-    "{{- bos_token -}}"
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'system' -%}<|system|>"
-    "{%- elif message['role'] == 'user' -%}<|user|>"
-    "{%- elif message['role'] == 'assistant' -%}<|assistant|>"
-    "{%- else -%}{{- raise_exception('unknown role ' ~ message['role'] ~ '; expected system, user or assistant') -}}"
-    "{%- endif -%}"
-    "{{- '\\n' ~ message['content'] ~ eos_token -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|assistant|>{{- '\\n' -}}{%- endif -%}"
-)
+CHAT_TEMPLATE = DEMO_FAMILY.chat_template
 """The demo chat template (Jinja): BOS once, a role marker and newline per turn, EOS after each turn."""
 
 GATED_CODE_FILE = "modeling_gated_rm.py"
@@ -83,6 +74,9 @@ class DemoModelConfig:
         num_labels: ``reward`` only: labels of the classifier (1: a one-label reward head; more:
             a multi-label head, served with ``--label-index`` or ``--label-weights``).
         objectives: ``gated`` only: the number of objectives (1 to 64).
+        family: the model family (:data:`~rmserve.demo_families.FAMILIES`): its architecture
+            class, tokenizer rules (special tokens, BOS/EOS) and chat template; ``demo``
+            (Llama, rmserve's own template) by default. ``gated`` is ``demo`` only.
 
     Raises:
         ValueError: naming the field and the limit.
@@ -99,6 +93,7 @@ class DemoModelConfig:
     kind: str = "reward"
     num_labels: int = 1
     objectives: int = 4
+    family: str = "demo"
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -123,6 +118,8 @@ class DemoModelConfig:
         need(self.kind == "reward" or self.num_labels == 1, "num_labels: only for a reward model (head reward)")
         need(isinstance(self.objectives, int) and 1 <= self.objectives <= 64,
              f"objectives: {self.objectives!r} must be an integer from 1 to 64")
+        need(self.family in FAMILIES, f"family: {self.family!r} is not one of {', '.join(FAMILY_NAMES)}")
+        need(self.kind != "gated" or self.family == "demo", f"family: a gated model is family demo, not {self.family!r}")
 
     @property
     def head_dim(self) -> int:
@@ -198,13 +195,16 @@ def corpus_texts(corpus: Path) -> Iterator[str]:
                 )
 
 
-def train_tokenizer(corpus: Path, vocab: int):
-    """Train a byte-level BPE ``tokenizers.Tokenizer`` on :func:`corpus_texts`.
+def train_tokenizer(corpus: Path, vocab: int, family: Family = DEMO_FAMILY):
+    """Train a byte-level BPE ``tokenizers.Tokenizer`` on :func:`corpus_texts` with the special
+    tokens of ``family``.
 
-    The special tokens get ids 0…5 in :data:`SPECIAL_TOKENS` order; a post-processor adds
-    BOS in front of plain ``encode`` calls (as Llama tokenizers do), so tokenizing a rendered
-    chat text *with* special tokens would give two BOS — the renderer must not do that.
-    Training is single-pass and deterministic for a fixed corpus.
+    The special tokens get ids 0, 1, … in ``family.special_tokens`` order. For a family whose
+    tokenizer adds BOS (``tokenizer_adds_bos``: Llama, Gemma, Mistral), a post-processor puts
+    BOS in front of plain ``encode`` calls, so tokenizing a rendered chat text *with* special
+    tokens gives two BOS where the template writes one too — the renderer must not do that; a
+    family without BOS (Qwen) gets no post-processor. Training is single-pass and
+    deterministic for a fixed corpus.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -214,15 +214,16 @@ def train_tokenizer(corpus: Path, vocab: int):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab,
         min_frequency=2,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(family.special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus_texts(corpus), trainer=trainer)
-    bos_id = tokenizer.token_to_id(BOS_TOKEN)
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B", special_tokens=[(BOS_TOKEN, bos_id)]
-    )
+    if family.tokenizer_adds_bos:
+        bos = family.bos
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.token_to_id(bos))]
+        )
     return tokenizer
 
 
@@ -242,33 +243,36 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
         DataError: from :func:`corpus_texts`.
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
+    import transformers
+    from transformers import PreTrainedTokenizerFast
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"out: {str(out)!r} exists and is not an empty folder")
     out.mkdir(parents=True, exist_ok=True)
 
-    raw = train_tokenizer(corpus, config.vocab)
+    family = FAMILIES[config.family]
+    raw = train_tokenizer(corpus, config.vocab, family)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
+        bos_token=family.bos,
+        eos_token=family.eos,
+        pad_token=family.pad,
         model_max_length=config.max_len,
         padding_side="right",
-        chat_template=CHAT_TEMPLATE,
+        chat_template=family.chat_template,
     )
-    ids = {tok: raw.token_to_id(tok) for tok in SPECIAL_TOKENS}
-    config_class, model_class = LlamaConfig, (
-        LlamaForSequenceClassification if config.kind == "reward" else LlamaForCausalLM
-    )
-    extra = {}
+    ids = {tok: raw.token_to_id(tok) for tok in family.special_tokens}
+    config_name, classifier_name, causal_name = family.class_names()
+    config_class = getattr(transformers, config_name)
+    model_class = getattr(transformers, classifier_name if config.kind == "reward" else causal_name)
+    extra = dict(family.config)
+    if family.architecture == "Gemma2":
+        extra["query_pre_attn_scalar"] = config.head_dim  # the scaling 1/sqrt(head_dim), as Gemma 2's 2B and 9B
     if config.kind == "gated":
         config_class, model_class = _gated_classes(out)
         extra["num_objectives"] = config.objectives
-    model_config = config_class(
-        **extra,
+    fields = dict(
         vocab_size=raw.get_vocab_size(),
         hidden_size=config.hidden,
         intermediate_size=config.intermediate,
@@ -278,13 +282,14 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
         head_dim=config.head_dim,
         max_position_embeddings=config.max_len,
         rms_norm_eps=1e-6,
-        bos_token_id=ids[BOS_TOKEN],
-        eos_token_id=ids[EOS_TOKEN],
-        pad_token_id=ids[PAD_TOKEN],
+        bos_token_id=ids[family.bos] if family.bos is not None else None,
+        eos_token_id=ids[family.eos],
+        pad_token_id=ids[family.pad],
         num_labels=config.num_labels,
         tie_word_embeddings=False,
         architectures=[model_class.__name__],
     )
+    model_config = config_class(**{**fields, **extra})
     model_config.dtype = "float32"
 
     torch.manual_seed(config.seed)
@@ -297,13 +302,14 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
                 model.gating.weight.normal_(std=2.0 / config.hidden**0.5)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    _inline_chat_template(out)
+    _inline_chat_template(out, family.chat_template)
     if config.kind == "gated":
         _name_code_in_config(out, config_class.__name__, model_class.__name__)
+    family_line = "" if family.name == "demo" else f"Family {family.name} ({model_class.__name__}, its tokenizer rules and chat template).\n\n"
     title = {"reward": "reward model", "causal": "causal LM (a DPO policy or reference)",
              "gated": f"gated reward model with its own code ({GATED_CODE_FILE}; serve with --trust-remote-code)"}[config.kind]
     (out / "README.md").write_text(
-        f"# rmserve demo {title}\n\n{RANDOM_WEIGHTS_WARNING}\n\n"
+        f"# rmserve demo {title}\n\n{RANDOM_WEIGHTS_WARNING}\n\n{family_line}"
         f"Shape: {config.layers} layers, hidden {config.hidden}, {config.heads} heads "
         f"({config.kv_heads} KV heads, head dim {config.head_dim}), intermediate {config.intermediate}, "
         f"vocab {raw.get_vocab_size()}, max length {config.max_len}, seed {config.seed}.\n",
@@ -344,11 +350,11 @@ def _name_code_in_config(out: Path, config_class: str, model_class: str) -> None
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _inline_chat_template(out: Path) -> None:
+def _inline_chat_template(out: Path, template: str) -> None:
     """Keep the chat template in ``tokenizer_config.json`` (one source), not a side file."""
     config_path = out / "tokenizer_config.json"
     data = json.loads(config_path.read_text(encoding="utf-8"))
-    data["chat_template"] = CHAT_TEMPLATE
+    data["chat_template"] = template
     config_path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     side_file = out / "chat_template.jinja"
     if side_file.exists():

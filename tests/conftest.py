@@ -98,6 +98,26 @@ def demo_reference_dir(tmp_path_factory: pytest.TempPathFactory, rmbench_dir: Pa
     return out
 
 
+@pytest.fixture(scope="session")
+def family_replica(tmp_path_factory: pytest.TempPathFactory, rmbench_dir: Path):
+    """``build(family, kind="reward", seed=0)`` → the folder of that family's demo replica
+    (``rmserve demo-model --family``; max length 4096), each built once per session."""
+    from rmserve.demo_model import DemoModelConfig, build_demo_model
+
+    built: dict[tuple[str, str, int], Path] = {}
+
+    def build(family: str, kind: str = "reward", seed: int = 0) -> Path:
+        key = (family, kind, seed)
+        if key not in built:
+            out = tmp_path_factory.mktemp(f"family-{family}-{kind}-{seed}") / "model"
+            build_demo_model(out, rmbench_dir, DemoModelConfig(family=family, kind=kind, seed=seed,
+                                                               max_len=DEMO_MAX_MODEL_LEN))
+            built[key] = out
+        return built[key]
+
+    return build
+
+
 DEMO_NUM_LABELS = 3
 """Labels of the multi-label demo reward model (``demo_multi_label_dir``)."""
 

@@ -141,3 +141,17 @@ def test_demo_model_kind_is_checked():
 
     with pytest.raises(ValueError, match="kind: 'policy' must be reward, causal or gated"):
         DemoModelConfig(kind="policy")
+
+
+@pytest.mark.model
+def test_cli_builds_a_family_and_names_the_families_on_a_bad_one(tmp_path, chat_corpus):
+    runner = CliRunner()
+    built = runner.invoke(app, ["demo-model", str(tmp_path / "m"), "--family", "mistral", "--corpus", str(chat_corpus)])
+    assert built.exit_code == 0, built.output
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["architectures"] == ["MistralForSequenceClassification"]
+    assert "Family mistral" in (tmp_path / "m" / "README.md").read_text()
+    bad = runner.invoke(app, ["demo-model", str(tmp_path / "x"), "--family", "qwen9", "--corpus", str(chat_corpus)])
+    assert bad.exit_code == 2
+    assert "Invalid value for '--family': 'qwen9' is not one of demo, llama3, qwen2, qwen3, gemma2, mistral" in bad.stderr
+    assert not (tmp_path / "x").exists()
