@@ -22,7 +22,8 @@
   0     success
   1     an rmserve error other than bad input: server unreachable or failed, fingerprint
         mismatch, a corrupt file the command itself keeps (``OUT/scores.jsonl``, the store)
-  2     bad user input: an invalid option value, or bad data in a file the user named
+  2     bad user input: an invalid option value, a model or option a server started by the
+        command refused at start (``start_refused``), or bad data in a file the user named
         (benchmark data, score files given to ``metrics``)
   3     the run finished, but some groups could not be scored (recorded in the score file,
         counted as the official code counts them, named on stderr); ``--strict`` stops at
