@@ -189,6 +189,8 @@ class Evaluation:
             (recomputed from the DPO extras, ``MetricsConfig.dpo_reward``).
         models: the distinct ``(model name, fingerprint)`` pairs the score records name
             (empty when the files do not record them); the figures print them.
+        heads: the reward heads the score records name (:attr:`BenchmarkScores.heads`); the
+            report's header names them unless the only one is the plain ``classifier``.
         judge: for a generative judge's score records, its :class:`JudgeReport` (the figures
             then come from the verdicts and ``reward`` is :data:`JUDGE_VERDICTS`); else None.
     """
@@ -203,6 +205,7 @@ class Evaluation:
     score_kind: ScoreKind | None = None
     reward: str = SCORED_REWARDS
     models: tuple[tuple[str, str], ...] = ()
+    heads: tuple[str, ...] = ()
     judge: JudgeReport | None = None
 
     def figures(self) -> dict[str, float]:
@@ -276,6 +279,7 @@ def evaluate(scores: ScoreSet, config: MetricsConfig | None = None) -> Evaluatio
         score_kind=scores.score_kind,
         reward=reward,
         models=scores.models,
+        heads=scores.heads,
         judge=judge,
     )
 

@@ -18,7 +18,7 @@ from rmserve.metrics.rewardbench2 import TIES, TIES_WEIGHTS, RB2Result
 from rmserve.metrics.rmbench import RMBenchResult
 from rmserve.metrics.scores import JUDGE_KIND, SCORED_REWARDS
 
-from rmserve.schema import ScoreKind
+from rmserve.schema import CLASSIFIER_HEAD, ScoreKind
 
 MISSING_CELL = "—"
 """Table cell for a figure with no groups."""
@@ -81,6 +81,8 @@ def render_markdown(evaluation: Evaluation) -> str:
     elif evaluation.reward != SCORED_REWARDS:
         heading += f": DPO reward {evaluation.reward.removeprefix('dpo:')}"
     kind = _kind_text(evaluation.score_kind, judge.summary.protocols if judge is not None else ())
+    if evaluation.heads and evaluation.heads != (CLASSIFIER_HEAD,):
+        kind += f", head{'s' if len(evaluation.heads) > 1 else ''} {', '.join(evaluation.heads)}"
     lines = [
         f"## {heading}",
         "",

@@ -158,6 +158,8 @@ class _Rows:
     """Where the first score record (whose ``score_kind`` the others must share) was read."""
     models: dict[tuple[str, str], None] = field(default_factory=dict)
     """The distinct (model name, fingerprint) pairs of score records, in order of first appearance."""
+    heads: dict[str, None] = field(default_factory=dict)
+    """The distinct reward heads the score records' scorers name (:meth:`RewardHead.describe`), in order."""
     judge: list[JudgeGroupResult | None] = field(default_factory=list)
     """Per row its judge record (score records of kind ``judge``; None elsewhere)."""
     setup: SetupCollector = field(default_factory=SetupCollector)
@@ -500,6 +502,8 @@ def _score_record(rows: _Rows, record: ScoreRecord, where: _Where) -> None:
     rewards = _float_row(record.rewards)
     if record.model or record.fingerprint:
         rows.models.setdefault((record.model, record.fingerprint))
+    if record.scorer is not None and record.scorer.head is not None:
+        rows.heads.setdefault(record.scorer.head.describe())
     if record.benchmark == "rm-bench":
         if record.num_chosen != 3:
             raise where.error(
@@ -744,7 +748,7 @@ def _to_scores_in_file_order(rows: _Rows) -> ScoreSet:
         setup = rows.setup.setup()
     common = {
         "files": tuple(rows.files), "warnings": tuple(rows.warnings), "score_kind": rows.score_kind, "reward": reward,
-        "models": tuple(rows.models), "judge": judge, "judge_setup": setup,
+        "models": tuple(rows.models), "heads": tuple(rows.heads), "judge": judge, "judge_setup": setup,
     }
     if rows.benchmark == "rm-bench":
         return RMBenchScores(rewards=read_only(scores.reshape(-1, 6)), domains=domains, ids=ids, **common)

@@ -57,6 +57,8 @@ class BenchmarkScores:
         models: the distinct ``(model name, fingerprint)`` pairs of the score records, in
             order of first appearance; empty when the files do not record them (official
             result files).
+        heads: the distinct reward heads the score records name (``remote-code``, ``multi-label
+            (label 2)``, …), in order of first appearance; empty when no record names one.
         judge: for score records of kind ``judge``, an ``(n,)`` object array, read-only: per
             group its :class:`~rmserve.judge_records.JudgeGroupResult`, None where the judge
             could not take the group (null rewards and errors); the figures are computed from
@@ -76,6 +78,7 @@ class BenchmarkScores:
     score_kind: ScoreKind | None = None
     reward: str = SCORED_REWARDS
     models: tuple[tuple[str, str], ...] = field(default=())
+    heads: tuple[str, ...] = field(default=())
     judge: np.ndarray | None = None
     judge_setup: JudgeSetup | None = None
 

@@ -64,6 +64,24 @@ def test_one_objective_by_hand():
                         "(--reward-extra).")
 
 
+def test_the_header_names_the_head_the_records_name():
+    from rmserve.schema import RewardHead, Scorer
+
+    def scored(record, head):
+        return msgspec.structs.replace(record, scorer=Scorer(engine="hf", attention="sdpa", head=head))
+
+    remote = [scored(_gated_record(), RewardHead("remote-code"))]
+    evaluation = evaluate_records(remote, MetricsConfig(resamples=0), source="s.jsonl")
+    assert render_markdown(evaluation).splitlines()[2] == (
+        "1 group from s.jsonl. Scores: classifier, head remote-code; rewards as scored.")
+    plain = [scored(_gated_record(), RewardHead("classifier"))]  # the plain head is not named
+    assert "Scores: classifier; rewards" in render_markdown(evaluate_records(plain, MetricsConfig(resamples=0)))
+    two = [scored(_gated_record(record_id="1"), RewardHead("multi-label", label_index=2)),
+           scored(_gated_record(record_id="2"), RewardHead("multi-label", label_weights=(0.5, 1.0)))]
+    assert "Scores: classifier, heads multi-label (label 2), multi-label (weights 0.5, 1); rewards" in render_markdown(
+        evaluate_records(two, MetricsConfig(resamples=0)))
+
+
 def test_a_response_without_a_reward_keeps_none():
     record = msgspec.structs.replace(_gated_record(), rewards=(None,) + GATED[1:],
                                      extras={"objective_0": (None,) + OBJECTIVE_0[1:]})
