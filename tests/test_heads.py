@@ -61,7 +61,8 @@ ARMO = {"architectures": ["LlamaForRewardModelWithGating"],
         "auto_map": {"AutoModelForSequenceClassification": "modeling_custom.LlamaForRewardModelWithGating"}}
 OWN_CODE = (
     "has its own modeling code (auto_map AutoModelForSequenceClassification: {target}), which rmserve runs only when "
-    "the server is started with --trust-remote-code (it executes the checkpoint's Python files; off by default)"
+    "the server is started with --trust-remote-code (it executes the checkpoint's Python files; off by default), "
+    "on the transformers engine (--engine hf: vLLM runs no checkpoint code)"
 )
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -64,6 +65,10 @@ def free_loopback_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+_RMSERVE_WARNING = re.compile(r"^\S+ \S+ WARNING rmserve[\w.]*: (.*)$", re.MULTILINE)
+"""A warning line of rmserve's own loggers in a server log (``server/http/serve.py``'s format)."""
 
 
 def log_tail_lines(path: Path, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
@@ -231,6 +236,7 @@ class ServerProcess:
         self.argv = list(argv)
         self.name = name or Path(log_path).parent.name
         self.quiet = quiet
+        self._log_start = 0
         self.ready_after_s: float | None = None
         """Seconds :meth:`wait_ready` waited until ``/health`` answered 200 (None before)."""
         self.url = url
@@ -258,6 +264,7 @@ class ServerProcess:
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== rmserve run: {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(self.argv)}\n".encode())
             log.flush()
+            self._log_start = log.tell()
             self.process = subprocess.Popen(
                 self.argv,
                 stdin=subprocess.DEVNULL,
@@ -342,6 +349,22 @@ class ServerProcess:
             raise
         self.ready_after_s = time.monotonic() - started
         status.finish(f"{what} ready after {duration_text(self.ready_after_s)}", always=True)
+        for message in self.start_warnings():
+            print(f"server warning: {message}", file=sys.stderr, flush=True)
+
+    def start_warnings(self) -> list[str]:
+        """The messages of the warnings rmserve's own loggers wrote to this start's part of the
+        log (``… WARNING rmserve.server: MESSAGE``: remote code run, a route that will refuse
+        every request, …); :meth:`wait_ready` prints them on stderr once the server is ready,
+        so a user of ``run`` or ``eval`` sees them without opening the log. Other libraries'
+        warnings stay in the log only."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_start)
+                text = fh.read(1 << 20).decode("utf-8", "replace")
+        except OSError:
+            return []
+        return [m.group(1) for m in _RMSERVE_WARNING.finditer(text)]
 
     def _signal_group(self, sig: signal.Signals) -> None:
         assert self.process is not None

@@ -134,8 +134,8 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
             logger.info("engine ready: model %s (%s, %s)", info.name, info.engine, info.dtype)
             if renderer is not None and kind.name == CLASSIFIER_KIND:
                 warning = get_reward_kind.start_warning(config.policy_template, renderer)
-                if warning is not None:
-                    logger.warning("%s", warning)
+                if warning is not None:  # info: a run's own server serves no trainer (only warnings are echoed)
+                    logger.info("%s", warning)
             queue = queue_of(app)
             if queue is not None:
                 queue.set_window_tokens(engine_window(config, loaded.step_tokens))

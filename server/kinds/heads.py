@@ -340,7 +340,7 @@ def _remote_code_head(architectures: list[str], config: Mapping[str, Any], setti
         raise HeadProblem(
             f"has its own modeling code (auto_map {REMOTE_CLASSIFIER_KEY}: {target}), which rmserve runs only "
             f"when the server is started with --trust-remote-code (it executes the checkpoint's Python files; "
-            f"off by default){native}"
+            f"off by default), on the transformers engine (--engine hf: vLLM runs no checkpoint code){native}"
         )
     given = [flag for flag, value in (("--label-index", settings.label_index), ("--label-weights", settings.label_weights),
                                       ("--head-token-id", settings.token_id)) if value is not None]

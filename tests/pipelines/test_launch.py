@@ -112,6 +112,19 @@ def test_child_server_becomes_ready_and_stops_on_sigterm(tmp_path):
     assert "starting:" in log and f"stub: serving on 127.0.0.1:{port}" in log
 
 
+def test_the_servers_own_warnings_are_printed_once_ready(tmp_path, capsys):
+    with _server(tmp_path, "--warn", "running the modeling code of 'x'") as first:
+        first.wait_ready()
+    with _server(tmp_path, "--warn", "POST /get_reward will refuse every query") as second:  # same log, appended
+        second.wait_ready()
+        assert second.start_warnings() == ["POST /get_reward will refuse every query"]  # this start's part only
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if line.startswith("server warning: ")] == [
+        "server warning: running the modeling code of 'x'",
+        "server warning: POST /get_reward will refuse every query",
+    ]
+
+
 def test_child_that_dies_early_fails_with_the_log_tail(tmp_path):
     with _server(tmp_path, "--fail-at-start") as server:
         with pytest.raises(errors.ServerFault, match="exited with status 3 before it was ready") as info:

@@ -220,7 +220,7 @@ async def test_policy_template_rm_passes_text_through_without_adding_bos(aiohttp
 
 
 async def test_without_policy_template_an_rm_of_no_known_family_refuses(aiohttp_client, engine, caplog):
-    caplog.set_level(logging.WARNING, logger="rmserve.server")
+    caplog.set_level(logging.INFO, logger="rmserve.server")
     client = await client_with(aiohttp_client, engine)
     (said,) = [r.getMessage() for r in caplog.records if "/get_reward" in r.getMessage()]
     assert said.startswith("POST /get_reward (OpenRLHF) will refuse every query: no --policy-template was given")
@@ -262,7 +262,7 @@ async def test_a_chatml_rm_checks_and_passes_through_or_retemplates(aiohttp_clie
     """The RM's own template is ChatML: without --policy-template a ChatML query passes through
     as sent (its form checked; no warning at start); named, the same query is re-templated,
     which adds the RM template's default system block."""
-    caplog.set_level(logging.WARNING, logger="rmserve.server")
+    caplog.set_level(logging.INFO, logger="rmserve.server")
     renderer = Renderer(ChatmlCodePointTokenizer(), max_model_len=4096)
     engine = FakeEngine(model=LONG_MODEL)
     client = await client_with(aiohttp_client, engine, renderer=renderer)

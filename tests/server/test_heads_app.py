@@ -207,5 +207,6 @@ async def test_a_swap_to_a_checkpoint_with_its_own_code_needs_trust_remote_code(
     assert (status, error_of(body)["message"]) == (422, (
         "checkpoint 'armo-2/config.json': has its own modeling code (auto_map AutoModelForSequenceClassification: "
         "modeling_gated_rm.GatedRewardModel), which rmserve runs only when the server is started with "
-        "--trust-remote-code (it executes the checkpoint's Python files; off by default)"))
+        "--trust-remote-code (it executes the checkpoint's Python files; off by default), on the transformers "
+        "engine (--engine hf: vLLM runs no checkpoint code)"))
     assert engine.reloads == [str(root / "armo-1")]

@@ -238,8 +238,13 @@ def main() -> None:
     parser.add_argument("--ref-free", default=None)
     parser.add_argument("--compat", default="none")
     parser.add_argument("--delay-s", type=float, default=0.0, help="sleep per scoring request")
+    parser.add_argument("--warn", action="append", default=[],
+                        help="write this warning line as rmserve's server logger does (repeatable)")
     args, unknown = parser.parse_known_args()
     print(f"stub server argv extras: {unknown}", flush=True)
+    for message in args.warn:
+        print(f"2026-12-03 12:00:00,000 WARNING rmserve.server: {message}", flush=True)
+    print("2026-12-03 12:00:00,001 WARNING vllm.other: not ours", flush=True)
     if args.fail_at_start:
         print("stub: cannot load the model (scripted)", flush=True)
         raise SystemExit(3)
