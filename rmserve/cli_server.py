@@ -327,13 +327,15 @@ def demo_model_command(
     seed: Annotated[int, typer.Option("--seed", help="Weight seed (≥ 0); same seed and corpus give identical files.")] = 0,
     max_len: Annotated[int, typer.Option("--max-len", help="Max positions / tokenizer model_max_length (≥ 16).")] = 4096,
     head: Annotated[
-        Literal["reward", "causal", "gated"],
+        Literal["reward", "causal", "gated", "qwen2-rm"],
         typer.Option(
             "--head",
             help="reward: a one-label reward head (LlamaForSequenceClassification, for serve --kind classifier or "
             "length); causal: a language-model head (LlamaForCausalLM: a DPO policy or reference, or a judge, for "
             "--kind dpo or judge; two seeds make a pair); gated: a multi-objective reward model with a softmax gate "
-            "that ships its own modeling code, as ArmoRM does (serve with --trust-remote-code --engine hf).",
+            "that ships its own modeling code, as ArmoRM does (serve with --trust-remote-code --engine hf); qwen2-rm: "
+            "a per-token value model, Qwen2ForRewardModel as Qwen2.5-Math-RM (family qwen2; the token-value head, "
+            "on vLLM).",
         ),
     ] = "reward",
     objectives: Annotated[
@@ -366,7 +368,7 @@ def demo_model_command(
         lambda: DemoModelConfig(
             layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
             intermediate=intermediate, vocab=vocab, seed=seed, max_len=max_len, kind=head, num_labels=labels,
-            objectives=objectives, family=family,
+            objectives=objectives, family="qwen2" if head == "qwen2-rm" and family == "demo" else family,
         )
     )
     banner = "!" * 78

@@ -40,6 +40,11 @@ SPECIAL_TOKENS: tuple[str, ...] = DEMO_FAMILY.special_tokens
 CHAT_TEMPLATE = DEMO_FAMILY.chat_template
 """The demo chat template (Jinja): BOS once, a role marker and newline per turn, EOS after each turn."""
 
+QWEN2_RM_CODE_FILE = "modeling_qwen2_rm.py"
+"""The modeling file a ``qwen2-rm`` demo model ships (from ``rmserve/demo_code/``), named in its
+``auto_map`` (``AutoModel``): ``Qwen2ForRewardModel``, a value per token (transformers has no
+such class; vLLM implements the architecture)."""
+
 GATED_CODE_FILE = "modeling_gated_rm.py"
 """The modeling file a ``gated`` demo model ships (from ``rmserve/demo_code/``), named in its
 ``auto_map``: ``GatedRewardConfig`` and ``GatedRewardModel``."""
@@ -70,7 +75,10 @@ class DemoModelConfig:
             same tokenizer and template: a DPO policy or reference, or an ``lm-logit`` reward head)
             or ``gated`` (:data:`GATED_CODE_FILE`'s model: a Llama decoder, one reward per
             objective from a linear layer at the last token, a softmax gate over them from
-            another; reward = Σ gateₖ·rewardₖ; served by the ``remote-code`` head).
+            another; reward = Σ gateₖ·rewardₖ; served by the ``remote-code`` head) or
+            ``qwen2-rm`` (:data:`QWEN2_RM_CODE_FILE`'s ``Qwen2ForRewardModel``, Qwen2.5-Math-RM's
+            shape: a Qwen2 decoder and an MLP value head at every token; family ``qwen2``;
+            served by the ``token-value`` head on vLLM).
         num_labels: ``reward`` only: labels of the classifier (1: a one-label reward head; more:
             a multi-label head, served with ``--label-index`` or ``--label-weights``).
         objectives: ``gated`` only: the number of objectives (1 to 64).
@@ -112,7 +120,8 @@ class DemoModelConfig:
         need(300 <= self.vocab <= 65536, f"vocab: {self.vocab} must be between 300 and 65536")
         need(self.seed >= 0, f"seed: {self.seed} must be ≥ 0")
         need(self.max_len >= 16, f"max_len: {self.max_len} must be ≥ 16")
-        need(self.kind in ("reward", "causal", "gated"), f"kind: {self.kind!r} must be reward, causal or gated")
+        need(self.kind in ("reward", "causal", "gated", "qwen2-rm"),
+             f"kind: {self.kind!r} must be reward, causal, gated or qwen2-rm")
         need(isinstance(self.num_labels, int) and 1 <= self.num_labels <= 64,
              f"num_labels: {self.num_labels!r} must be an integer from 1 to 64")
         need(self.kind == "reward" or self.num_labels == 1, "num_labels: only for a reward model (head reward)")
@@ -120,6 +129,8 @@ class DemoModelConfig:
              f"objectives: {self.objectives!r} must be an integer from 1 to 64")
         need(self.family in FAMILIES, f"family: {self.family!r} is not one of {', '.join(FAMILY_NAMES)}")
         need(self.kind != "gated" or self.family == "demo", f"family: a gated model is family demo, not {self.family!r}")
+        need(self.kind != "qwen2-rm" or self.family == "qwen2",
+             f"family: a qwen2-rm model is family qwen2, not {self.family!r}")
 
     @property
     def head_dim(self) -> int:
@@ -270,8 +281,11 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
     if family.architecture == "Gemma2":
         extra["query_pre_attn_scalar"] = config.head_dim  # the scaling 1/sqrt(head_dim), as Gemma 2's 2B and 9B
     if config.kind == "gated":
-        config_class, model_class = _gated_classes(out)
+        module = _shipped_module(out, GATED_CODE_FILE)
+        config_class, model_class = module.GatedRewardConfig, module.GatedRewardModel
         extra["num_objectives"] = config.objectives
+    if config.kind == "qwen2-rm":
+        model_class = _shipped_module(out, QWEN2_RM_CODE_FILE).Qwen2ForRewardModel
     fields = dict(
         vocab_size=raw.get_vocab_size(),
         hidden_size=config.hidden,
@@ -300,14 +314,23 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
             # the plain mean of the objectives; gate logits of order 1 make the gating matter
             with torch.no_grad():
                 model.gating.weight.normal_(std=2.0 / config.hidden**0.5)
+        if config.kind == "qwen2-rm":
+            # rewards of order 1 (std 0.02 would give values of order 0.01)
+            with torch.no_grad():
+                for layer in (model.score[0], model.score[2]):
+                    layer.weight.normal_(std=2.0 / config.hidden**0.5)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     _inline_chat_template(out, family.chat_template)
     if config.kind == "gated":
-        _name_code_in_config(out, config_class.__name__, model_class.__name__)
+        _name_code_in_config(out, GATED_CODE_FILE, {"AutoConfig": config_class.__name__,
+                                                    "AutoModelForSequenceClassification": model_class.__name__})
+    if config.kind == "qwen2-rm":
+        _name_code_in_config(out, QWEN2_RM_CODE_FILE, {"AutoModel": model_class.__name__})
     family_line = "" if family.name == "demo" else f"Family {family.name} ({model_class.__name__}, its tokenizer rules and chat template).\n\n"
     title = {"reward": "reward model", "causal": "causal LM (a DPO policy or reference)",
-             "gated": f"gated reward model with its own code ({GATED_CODE_FILE}; serve with --trust-remote-code)"}[config.kind]
+             "gated": f"gated reward model with its own code ({GATED_CODE_FILE}; serve with --trust-remote-code)",
+             "qwen2-rm": f"per-token reward model, Qwen2ForRewardModel ({QWEN2_RM_CODE_FILE}; served on vLLM)"}[config.kind]
     (out / "README.md").write_text(
         f"# rmserve demo {title}\n\n{RANDOM_WEIGHTS_WARNING}\n\n{family_line}"
         f"Shape: {config.layers} layers, hidden {config.hidden}, {config.heads} heads "
@@ -325,28 +348,27 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
     )
 
 
-def _gated_classes(out: Path) -> tuple[type, type]:
-    """Copy :data:`GATED_CODE_FILE` into ``out`` and import its config and model classes from
+def _shipped_module(out: Path, name: str):
+    """Copy the modeling file ``name`` of ``rmserve/demo_code/`` into ``out`` and import it from
     there (the module the checkpoint ships)."""
     import importlib.resources
     import importlib.util
 
-    code = out / GATED_CODE_FILE
-    code.write_bytes((importlib.resources.files("rmserve") / "demo_code" / GATED_CODE_FILE).read_bytes())
-    spec = importlib.util.spec_from_file_location("rmserve_demo_gated_rm", code)
+    code = out / name
+    code.write_bytes((importlib.resources.files("rmserve") / "demo_code" / name).read_bytes())
+    spec = importlib.util.spec_from_file_location(f"rmserve_demo_{code.stem}", code)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.GatedRewardConfig, module.GatedRewardModel
+    return module
 
 
-def _name_code_in_config(out: Path, config_class: str, model_class: str) -> None:
-    """Name the shipped classes in ``config.json``'s ``auto_map``, as a checkpoint with its own
-    code does (``AutoConfig`` and ``AutoModelForSequenceClassification``)."""
+def _name_code_in_config(out: Path, code_file: str, classes: dict[str, str]) -> None:
+    """Name the shipped classes in ``config.json``'s ``auto_map`` (auto class → class name in
+    ``code_file``), as a checkpoint with its own code does."""
     path = out / "config.json"
     data = json.loads(path.read_text(encoding="utf-8"))
-    module = GATED_CODE_FILE.removesuffix(".py")
-    data["auto_map"] = {"AutoConfig": f"{module}.{config_class}",
-                        "AutoModelForSequenceClassification": f"{module}.{model_class}"}
+    module = code_file.removesuffix(".py")
+    data["auto_map"] = {auto: f"{module}.{cls}" for auto, cls in classes.items()}
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 

@@ -47,7 +47,7 @@ LENGTH_KIND: ModelKind = "length"
 MODEL_KINDS: tuple[ModelKind, ...] = (CLASSIFIER_KIND, DPO_KIND, JUDGE_KIND, LENGTH_KIND)
 """Every :data:`ModelKind`, in the order the CLI lists them."""
 
-HeadName = Literal["classifier", "multi-label", "lm-logit", "remote-code"]
+HeadName = Literal["classifier", "multi-label", "lm-logit", "remote-code", "token-value"]
 """How a sequence classifier's reward is read from the model (``rmserve.server.kinds.heads``):
 ``classifier`` — the one logit of a one-label ``*ForSequenceClassification`` at the last token;
 ``multi-label`` — one label, or a weighted sum of the labels, of a ``*ForSequenceClassification``
@@ -55,13 +55,15 @@ with ``num_labels > 1``; ``lm-logit`` — the logit of one vocabulary id of a ``
 LM head at the last position (Llama-3.1-Nemotron-70B-Reward-HF reads id 0); ``remote-code`` —
 the output of the checkpoint's own modeling code (``auto_map``, run only with
 ``--trust-remote-code``): its ``score`` (a gated multi-objective model such as ArmoRM) or its one
-logit (an MLP value head)."""
+logit (an MLP value head); ``token-value`` — a per-token value head (``Qwen2ForRewardModel``,
+Qwen2.5-Math-RM-72B), read at the last token."""
 
 CLASSIFIER_HEAD: HeadName = "classifier"
 MULTI_LABEL_HEAD: HeadName = "multi-label"
 LM_LOGIT_HEAD: HeadName = "lm-logit"
 REMOTE_CODE_HEAD: HeadName = "remote-code"
-HEAD_NAMES: tuple[HeadName, ...] = (CLASSIFIER_HEAD, MULTI_LABEL_HEAD, LM_LOGIT_HEAD, REMOTE_CODE_HEAD)
+TOKEN_VALUE_HEAD: HeadName = "token-value"
+HEAD_NAMES: tuple[HeadName, ...] = (CLASSIFIER_HEAD, MULTI_LABEL_HEAD, LM_LOGIT_HEAD, REMOTE_CODE_HEAD, TOKEN_VALUE_HEAD)
 """Every :data:`HeadName`, in the order the CLI and the docs list them."""
 
 ATTENTION_UNKNOWN = "unknown"

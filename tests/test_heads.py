@@ -55,8 +55,10 @@ KNOWN_HEADS = (
     "the heads it knows: classifier (a *ForSequenceClassification with one label); multi-label (a "
     "*ForSequenceClassification with num_labels > 1); lm-logit (a *ForCausalLM, named with --head lm-logit); "
     "remote-code (a checkpoint with its own modeling code (auto_map: AutoModelForSequenceClassification), with "
-    "--trust-remote-code)"
+    "--trust-remote-code); token-value (a per-token value model (Qwen2ForRewardModel))"
 )
+QWEN2_RM = {"architectures": ["Qwen2ForRewardModel"], "num_labels": 1,
+            "auto_map": {"AutoModel": "modeling_qwen2_rm.Qwen2ForRewardModel"}}
 ARMO = {"architectures": ["LlamaForRewardModelWithGating"],
         "auto_map": {"AutoModelForSequenceClassification": "modeling_custom.LlamaForRewardModelWithGating"}}
 OWN_CODE = (
@@ -70,14 +72,18 @@ OWN_CODE = (
 
 
 def test_the_registry_holds_every_head_with_its_engines():
-    assert tuple(HEADS) == HEAD_NAMES == ("classifier", "multi-label", "lm-logit", "remote-code")
-    assert [rule.engines for rule in HEADS.values()] == [("vllm", "hf")] * 3 + [("hf",)]  # vLLM runs no model code
-    assert [rule.detected for rule in HEADS.values()] == [True, True, False, True]  # a causal LM only with --head
+    assert tuple(HEADS) == HEAD_NAMES == ("classifier", "multi-label", "lm-logit", "remote-code", "token-value")
+    # vLLM runs no model code; transformers has no Qwen2ForRewardModel
+    assert [rule.engines for rule in HEADS.values()] == [("vllm", "hf")] * 3 + [("hf",), ("vllm",)]
+    assert [rule.detected for rule in HEADS.values()] == [True, True, False, True, True]  # a causal LM only with --head
     assert engine_problem(RewardHead("remote-code"), "hf") is None
     assert engine_problem(RewardHead("remote-code"), "vllm") == (
         "the remote-code head is served by the hf engine only (vLLM does not run a checkpoint's own modeling code): "
         "add --engine hf")
     assert engine_problem(RewardHead("classifier"), "vllm") is None
+    assert engine_problem(RewardHead("token-value"), "hf") == (
+        "the token-value head is served by the vllm engine only (transformers has no class for the architecture; "
+        "vLLM implements it): add --engine vllm")
 
 
 @pytest.mark.parametrize(
@@ -88,7 +94,8 @@ def test_the_registry_holds_every_head_with_its_engines():
         (THREE, "multi-label"),
         ({"architectures": ["LlamaForSequenceClassification"]}, "multi-label"),  # transformers' default: 2 labels
         (CAUSAL, None),  # never taken for an lm-logit head unless asked
-        ({"architectures": ["InternLM2ForRewardModel"]}, None),
+        ({"architectures": ["InternLM2ForRewardModel"]}, None),  # its reward token is not appended yet: refused
+        (QWEN2_RM, "token-value"),  # whatever its auto_map: vLLM implements the architecture
         (ARMO, "remote-code"),  # its own class, whatever its name or label count
         ({"architectures": ["LlamaForSequenceClassification"], "auto_map": {"AutoTokenizer": ["tok.T", None]}},
          "multi-label"),  # code for the tokenizer only: the classifier is transformers'
@@ -112,6 +119,8 @@ def test_detection_reads_the_architecture_and_the_label_count(config, head):
         ({"architectures": ["Gemma2ForCausalLM"], "vocab_size": 10, "final_logit_softcapping": None},
          HeadSettings(choice="lm-logit", token_id=9), RewardHead("lm-logit", token_id=9)),
         (ARMO, HeadSettings(trust_remote_code=True), RewardHead("remote-code")),
+        (QWEN2_RM, HeadSettings(), RewardHead("token-value")),
+        (QWEN2_RM, HeadSettings(choice="token-value"), RewardHead("token-value")),
         (ARMO, HeadSettings(choice="remote-code", trust_remote_code=True), RewardHead("remote-code")),
         ({**ARMO, "architectures": ["LlamaForSequenceClassification"], "num_labels": 1},
          HeadSettings(choice="classifier"), RewardHead("classifier")),  # transformers' own class, asked for
@@ -155,6 +164,14 @@ def test_a_servable_config_resolves_to_its_head(config, settings, head):
           "auto_map": {"AutoModelForSequenceClassification": ["modeling_qwen2_rm.Qwen2RM", None]}}, HeadSettings(),
          OWN_CODE.format(target="modeling_qwen2_rm.Qwen2RM") + "; or --head classifier / multi-label to read it as "
          "transformers' own Qwen2ForSequenceClassification instead (none of its code)"),
+        (QWEN2_RM, HeadSettings(label_index=0),
+         "has a per-token value head (Qwen2ForRewardModel) whose last value is the reward: --label-index does not "
+         "apply to the token-value head; drop it"),
+        ({**QWEN2_RM, "num_labels": 2}, HeadSettings(),
+         "has 2 labels (num_labels/id2label); the token-value head reads exactly 1 value per token"),
+        (CLASSIFIER, HeadSettings(choice="token-value"),
+         "has architectures ['LlamaForSequenceClassification']; the token-value head reads a per-token value model "
+         "(Qwen2ForRewardModel)"),
         (ARMO, HeadSettings(trust_remote_code=True, label_index=0),
          "has its own reward model class (modeling_custom.LlamaForRewardModelWithGating), whose output is the reward: "
          "--label-index does not apply to the remote-code head; drop it"),
@@ -223,7 +240,7 @@ def test_a_value_count_the_head_does_not_read_is_an_error(head, values, message)
         ({"kind": "judge", "label_index": 1, "head_token_id": 0},
          "label_index / head_token_id: only for kind classifier (a reward head); drop --label-index, --head-token-id "
          "or use --kind classifier"),
-        ({"head": "value"}, "head: 'value' is not one of classifier, multi-label, lm-logit, remote-code"),
+        ({"head": "value"}, "head: 'value' is not one of classifier, multi-label, lm-logit, remote-code, token-value"),
         ({"kind": "dpo", "ref_free": "avg", "trust_remote_code": True},
          "trust_remote_code: only for kind classifier (a reward head); drop --trust-remote-code or use --kind "
          "classifier"),

@@ -5,7 +5,9 @@ sequences with the ``classify`` task and no activation, so a reward is read from
 logits of the model's score head at the last token (:mod:`rmserve.server.kinds.heads`: the one
 label; one label or a weighted sum of several; for an ``lm-logit`` head, a causal LM whose
 LM-head row of the head's token id vLLM turns into a one-label score head at load,
-:func:`~rmserve.server.engines.vllm_compat.lm_logit_overrides`). The sequences of one group are
+:func:`~rmserve.server.engines.vllm_compat.lm_logit_overrides`; for a ``token-value`` head,
+vLLM's own per-token reward architecture under the ``token_classify`` task, read at the last
+row, which reads no prefix cache). The sequences of one group are
 submitted together, so they share prefix-cache blocks (the shared prompt is computed once; the
 last token is always recomputed).
 
@@ -100,7 +102,7 @@ from rmserve.server.engines.vllm_compat import (
 from rmserve.server.kinds.heads import read_reward
 
 from rmserve.errors import EngineError, EngineNotReady, ServerFault
-from rmserve.schema import CLASSIFIER_REWARD_HEAD, LM_LOGIT_HEAD, JUDGE_KIND, JudgeEngineInfo, JudgeSampling, Message, ModelInfo, RewardHead
+from rmserve.schema import CLASSIFIER_REWARD_HEAD, LM_LOGIT_HEAD, TOKEN_VALUE_HEAD, JUDGE_KIND, JudgeEngineInfo, JudgeSampling, Message, ModelInfo, RewardHead
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,13 +313,12 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
     def _build(self) -> _VLLMLoaded:
         cfg = self.config
         head = check_reward_head(cfg.model, cfg.head_settings, self.kind)
-        overrides = {}
+        overrides: dict[str, Any] = {"convert": "classify"}
         if head.name == LM_LOGIT_HEAD:
             overrides["hf_overrides"] = lm_logit_overrides(_token_text(cfg.model, head.token_id))
-        args = engine_args(
-            cfg, cfg.model, runner="pooling", convert="classify", pooler_config=PoolerConfig(use_activation=False),
-            **overrides,
-        )
+        if head.name == TOKEN_VALUE_HEAD:  # a pooling architecture of vLLM's own: nothing to convert
+            overrides = {}
+        args = engine_args(cfg, cfg.model, runner="pooling", pooler_config=PoolerConfig(use_activation=False), **overrides)
         engine = start_async_llm(cfg, cfg.model, args)
 
         def describe(engine: Any) -> _VLLMLoaded:
@@ -393,12 +394,19 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
     async def _score_one(
         self, engine: Any, ids: Sequence[int], request_id: str, options: dict[str, Any]
     ) -> SequenceScore:
-        params = PoolingParams(task="classify", use_activation=False)
+        per_token = self._head.name == TOKEN_VALUE_HEAD
+        params = PoolingParams(task="token_classify" if per_token else "classify", use_activation=False)
         final = await final_output(encode(engine, tokens_input(list(ids)), params, request_id, options), request_id)
         error = getattr(final, "error", None)
         if error is not None:
             raise EngineError(f"vLLM failed on request {request_id}: {error}")
         data = final.outputs.data
+        if per_token:  # (tokens, labels): the reward is the last token's value
+            if data.dim() != 2 or data.shape[0] != len(ids):
+                raise EngineError(
+                    f"expected one value row per token ({len(ids)}), got shape {tuple(data.shape)} (request {request_id})"
+                )
+            data = data[-1]
         if data.numel() != self._num_values:
             raise EngineError(
                 f"expected {self._num_values} score-head value(s) per sequence, got {data.numel()} (request {request_id})"

@@ -17,6 +17,8 @@ head                  checkpoint                                      engines   
 ``remote-code``       its own modeling code (``auto_map`` for         hf           the model's output: ``score``
                       ``AutoModelForSequenceClassification``), run                  (gated multi-objective), else its
                       only with ``--trust-remote-code``                            one logit; ``rewards`` → extras
+``token-value``       ``Qwen2ForRewardModel`` (a value per token:     vllm         the value at the last token
+                      an MLP score head at every position)
 ====================  ==============================================  ===========  ==================================
 
 :func:`resolve_head` turns a config and the server's :class:`HeadSettings` into the served
@@ -45,6 +47,7 @@ from rmserve.schema import (
     LM_LOGIT_HEAD,
     MULTI_LABEL_HEAD,
     REMOTE_CODE_HEAD,
+    TOKEN_VALUE_HEAD,
     HeadName,
     RewardHead,
 )
@@ -65,6 +68,11 @@ Llama-3.1-Nemotron-70B-Reward-HF's card reads)."""
 REMOTE_CLASSIFIER_KEY = "AutoModelForSequenceClassification"
 """The ``auto_map`` entry of a checkpoint whose reward model class is its own code
 (``"modeling_x.MyRewardModel"``), as ArmoRM-Llama3-8B-v0.1 ships it."""
+
+TOKEN_VALUE_ARCHITECTURES: tuple[str, ...] = ("Qwen2ForRewardModel",)
+"""Architectures whose model gives one value per token (vLLM's ``token_classify`` task), the
+sequence's reward being the last token's: the ``token-value`` head. vLLM implements them; the
+per-token output reads no prefix cache (vLLM computes every position of every sequence)."""
 
 OBJECTIVES_EXTRA = "objective_{index}"
 """Extras name of a ``remote-code`` model's per-objective rewards (its output's ``rewards``,
@@ -130,6 +138,13 @@ HEADS: dict[HeadName, HeadRule] = {
         "the model's own output at the sequence: its score (a gated sum of objective rewards) when it returns one, "
         "else its one logit; per-objective rewards (its rewards output) kept as extras objective_0, objective_1, ...",
         ("ArmoRM-Llama3-8B-v0.1", "QRM-Llama3.1-8B", "GRM-Llama3-8B-rewardmodel-ft"),
+    ),
+    TOKEN_VALUE_HEAD: HeadRule(
+        TOKEN_VALUE_HEAD,
+        f"a per-token value model ({', '.join(TOKEN_VALUE_ARCHITECTURES)})",
+        ("vllm",),
+        "the head's value at the last token (vLLM's token_classify output, its last row; no prefix-cache reads)",
+        ("Qwen2.5-Math-RM-72B",),
     ),
 }
 """Head name → its rule, in :data:`~rmserve.schema.HEAD_NAMES` order."""
@@ -230,6 +245,8 @@ def detect_head(config: Mapping[str, Any]) -> HeadName | None:
     if remote_classifier(config) is not None:
         return REMOTE_CODE_HEAD
     architectures = list(config.get("architectures") or [])
+    if any(a in TOKEN_VALUE_ARCHITECTURES for a in architectures):
+        return TOKEN_VALUE_HEAD
     if not any(is_classifier_architecture(a) for a in architectures):
         return None
     return CLASSIFIER_HEAD if num_labels(config) == 1 else MULTI_LABEL_HEAD
@@ -275,6 +292,8 @@ def resolve_head(config: Mapping[str, Any], settings: HeadSettings = HeadSetting
         return _lm_logit_head(architectures, config, settings)
     if name == REMOTE_CODE_HEAD:
         return _remote_code_head(architectures, config, settings)
+    if name == TOKEN_VALUE_HEAD:
+        return _token_value_head(architectures, config, settings)
     if not any(is_classifier_architecture(a) for a in architectures):
         hint = (
             f"; for a causal LM whose reward is one LM-head logit use --head {LM_LOGIT_HEAD}"
@@ -353,16 +372,39 @@ def _remote_code_head(architectures: list[str], config: Mapping[str, Any], setti
     return RewardHead(REMOTE_CODE_HEAD)
 
 
+def _token_value_head(architectures: list[str], config: Mapping[str, Any], settings: HeadSettings) -> RewardHead:
+    """The ``token-value`` head: one of :data:`TOKEN_VALUE_ARCHITECTURES` with one label; no
+    label or token settings apply."""
+    if not any(a in TOKEN_VALUE_ARCHITECTURES for a in architectures):
+        raise HeadProblem(
+            f"has architectures {architectures!r}; the {TOKEN_VALUE_HEAD} head reads a per-token value model "
+            f"({', '.join(TOKEN_VALUE_ARCHITECTURES)})"
+        )
+    labels = num_labels(config)
+    if labels != 1:
+        raise HeadProblem(f"has {labels_found(config)}; the {TOKEN_VALUE_HEAD} head reads exactly 1 value per token")
+    given = [flag for flag, value in (("--label-index", settings.label_index), ("--label-weights", settings.label_weights),
+                                      ("--head-token-id", settings.token_id)) if value is not None]
+    if given:
+        raise HeadProblem(
+            f"has a per-token value head ({architectures[0]}) whose last value is the reward: {', '.join(given)} "
+            f"{'does' if len(given) == 1 else 'do'} not apply to the {TOKEN_VALUE_HEAD} head; drop "
+            f"{'it' if len(given) == 1 else 'them'}"
+        )
+    return RewardHead(TOKEN_VALUE_HEAD)
+
+
 def engine_problem(head: RewardHead, engine: str) -> str | None:
     """Why ``engine`` (a registered engine name) cannot serve ``head``; None when it can
     (:attr:`HeadRule.engines`). Names the engines that can and the flag."""
     engines = HEADS[head.name].engines
     if engine in engines:
         return None
-    return (
-        f"the {head.name} head is served by the {' or '.join(engines)} engine only (vLLM does not run a checkpoint's "
-        f"own modeling code): add --engine {engines[0]}"
-    )
+    why = {
+        REMOTE_CODE_HEAD: "vLLM does not run a checkpoint's own modeling code",
+        TOKEN_VALUE_HEAD: "transformers has no class for the architecture; vLLM implements it",
+    }.get(head.name, "the other engines do not read it")
+    return f"the {head.name} head is served by the {' or '.join(engines)} engine only ({why}): add --engine {engines[0]}"
 
 
 def labels_found(config: Mapping[str, Any]) -> str:

@@ -1,0 +1,104 @@
+"""The ``token-value`` head (``Qwen2ForRewardModel``, Qwen2.5-Math-RM-72B's shape) on the real vLLM
+CPU engine: vLLM's own implementation of the architecture, its per-token ``token_classify``
+output read at the last row.
+
+The replica is ``rmserve demo-model --head qwen2-rm`` (family qwen2: a Qwen2 decoder and an MLP
+value head at every token, random weights, ``modeling_qwen2_rm.py`` beside them for
+transformers). The rewards equal the head computed in ``tests/testkit/token_value.py`` from its
+description (transformers' own ``Qwen2Model`` and the score tensors), within 1e-4 as
+``tests/server/test_heads_engines.py`` argues (float32 rounding observed below 1e-6); the value
+one position early is far off (the comparison has teeth). vLLM computes every position of a
+per-token output, so no prefix-cache hit is expected (and none is reported).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import msgspec
+import pytest
+from testkit.shared_data import shared_data_dir
+from testkit.token_value import token_value_forward
+
+from rmserve.datasets import load_rmbench
+from rmserve.fingerprint import model_fingerprint
+from rmserve.schema import RequestGroup, RewardHead, ScoreRecord
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+ATOL = 1e-4
+RMBENCH = shared_data_dir() / "rm-bench"
+VLLM_OPTIONS = {"engine": "vllm", "dtype": "float32", "max_model_len": 4096, "block_size": 32,
+                "kv_cache_memory_bytes": 1 << 30, "enforce_eager": True}
+RMSERVE = [sys.executable, "-m", "rmserve.cli"]
+
+
+@pytest.fixture(scope="module")
+def replica(family_replica):
+    return family_replica("qwen2", "qwen2-rm")
+
+
+def test_the_engine_reads_the_last_tokens_value_and_hf_is_refused(replica):
+    from rmserve.errors import ServerFault
+    from rmserve.server.config import EngineConfig
+    from rmserve.server.engines.registry import build_engine
+
+    chat = [g for g in load_rmbench(RMBENCH).groups if g.key.domain == "chat"][:3]
+    groups = [RequestGroup(id=str(g.key), responses=g.responses, messages=g.messages) for g in chat]
+
+    async def score():
+        engine = build_engine(EngineConfig(model=str(replica), **VLLM_OPTIONS))
+        await engine.start()
+        try:
+            info = engine.info()
+            rendered = engine.renderer.render_groups(groups)
+            per_group = await asyncio.gather(*(engine.score_group(g.token_ids, f"tv-{i}") for i, g in enumerate(rendered)))
+            return info, engine.renderer.chat_template, rendered, [s for group in per_group for s in group]
+        finally:
+            await engine.shutdown()
+
+    info, template, rendered, scores = asyncio.run(score())
+    assert (info.head, info.engine) == (RewardHead("token-value"), "vllm")
+    assert info.fingerprint == model_fingerprint(replica, template, "float32", RewardHead("token-value"))
+    sequences = [ids for g in rendered for ids in g.token_ids]
+    expected = token_value_forward(replica, sequences)
+    diff = max(abs(s.reward - e) for s, e in zip(scores, expected, strict=True))
+    print(f"token-value on vLLM: {len(scores)} rewards, max |diff| = {diff:.2e}")
+    assert diff <= ATOL
+    assert all(s.num_cached_tokens == 0 for s in scores)  # a per-token output reads no prefix cache
+    early = token_value_forward(replica, [ids[:-1] for ids in sequences[:6]])
+    assert min(abs(a - b) for a, b in zip(early, expected[:6], strict=True)) > 100 * ATOL
+
+    with pytest.raises(ServerFault, match="--engine vllm"):
+        asyncio.run(build_engine(EngineConfig(model=str(replica), engine="hf", dtype="float32")).start())
+
+
+def test_run_prints_the_table_naming_the_head(replica, tmp_path):
+    from rmserve.server.render.chat import Renderer
+
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [*RMSERVE, "run", str(replica), "--bench", "rm-bench", "--data", str(RMBENCH), "--only", "chat", "--out", str(out),
+         "--quiet", "--resamples", "0", "--dtype", "float32", "--max-model-len", "4096", "--block-size", "32",
+         "--kv-cache-memory-bytes", str(1 << 30), "--enforce-eager"],
+        capture_output=True, text=True, timeout=1100,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| Chat |" in done.stdout and "Scores: classifier, head token-value;" in done.stdout
+    records = [msgspec.json.decode(line, type=ScoreRecord) for line in (out / "scores.jsonl").read_bytes().splitlines()]
+    chat = [g for g in load_rmbench(RMBENCH).groups if g.key.domain == "chat"]
+    assert len(records) == len(chat)
+    by_key = {r.key: r for r in records}
+    sample = chat[:: len(chat) // 12]
+    rendered = Renderer.from_pretrained(replica, max_model_len=4096).render_groups(
+        [RequestGroup(id=str(g.key), responses=g.responses, messages=g.messages) for g in sample])
+    expected = iter(token_value_forward(replica, [ids for g in rendered for ids in g.token_ids]))
+    diff = 0.0
+    for group in sample:
+        record = by_key[group.key]
+        assert record.scorer.head == RewardHead("token-value")
+        diff = max(diff, *(abs(r - next(expected)) for r in record.rewards))
+    print(f"token-value run: {len(records)} chat groups, max |diff| = {diff:.2e}")
+    assert diff <= ATOL

@@ -1,0 +1,30 @@
+"""The per-token value head (``Qwen2ForRewardModel``, the ``token-value`` head) computed from its
+description, to check the served rewards against: transformers' own ``Qwen2Model`` on the
+folder's decoder weights, then the score head written out here from the checkpoint's tensors
+(``score.0``: hidden → hidden, ReLU, ``score.2``: hidden → 1) at the last position. Shares no
+code with the folder's modeling file or with rmserve. One unpadded forward pass per sequence,
+float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def token_value_forward(folder: Path, sequences: Sequence[Sequence[int]]) -> list[float]:
+    """Per sequence, ``W₂·relu(W₀·h + b₀) + b₂`` of the decoder's last hidden state ``h``."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import Qwen2Model
+
+    weights = load_file(str(Path(folder) / "model.safetensors"))
+    w0, b0 = weights["score.0.weight"].double(), weights["score.0.bias"].double()
+    w2, b2 = weights["score.2.weight"].double(), weights["score.2.bias"].double()
+    decoder = Qwen2Model.from_pretrained(str(folder), dtype=torch.float32).eval()
+    rewards = []
+    with torch.inference_mode():
+        for ids in sequences:
+            h = decoder(torch.tensor([list(ids)])).last_hidden_state[0, -1].double()
+            rewards.append(float((w2 @ torch.relu(w0 @ h + b0) + b2)[0]))
+    return rewards
