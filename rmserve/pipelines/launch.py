@@ -67,6 +67,9 @@ def free_loopback_port() -> int:
         return int(sock.getsockname()[1])
 
 
+ENGINE_FAILED_PREFIX = "engine failed to start: "
+"""What ``rmserve serve`` writes before the reason when its engine could not start (``server/http/serve.py``)."""
+
 _RMSERVE_WARNING = re.compile(r"^\S+ \S+ WARNING rmserve[\w.]*: (.*)$", re.MULTILINE)
 """A warning line of rmserve's own loggers in a server log (``server/http/serve.py``'s format)."""
 
@@ -291,6 +294,11 @@ class ServerProcess:
     def _exited_error(self, when: str) -> errors.ServerFault:
         said, lines = self._log_quote()
         if self.returncode == errors.SERVE_REFUSED_EXIT and when == "before it was ready":
+            reason = self._refusal()
+            if reason is not None:  # the engine's own refusal: its reason, not the traceback above it
+                return errors.StartRefused(
+                    f"the server refused to start: {reason} (the whole log: {self.log_path})"
+                )
             return errors.StartRefused(
                 f"the server refused to start (exit status {self.returncode}: the model, an option or the port "
                 f"was refused); {said}",
@@ -352,19 +360,30 @@ class ServerProcess:
         for message in self.start_warnings():
             print(f"server warning: {message}", file=sys.stderr, flush=True)
 
+    def _refusal(self) -> str | None:
+        """The reason of the last ``engine failed to start: REASON`` line ``serve`` wrote in this
+        start's part of the log, or None."""
+        for line in reversed(self._start_log().splitlines()):
+            if line.startswith(ENGINE_FAILED_PREFIX):
+                return line[len(ENGINE_FAILED_PREFIX):].strip() or None
+        return None
+
+    def _start_log(self) -> str:
+        """This start's part of the log (from its header on; its first MiB), '' when unreadable."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_start)
+                return fh.read(1 << 20).decode("utf-8", "replace")
+        except OSError:
+            return ""
+
     def start_warnings(self) -> list[str]:
         """The messages of the warnings rmserve's own loggers wrote to this start's part of the
         log (``… WARNING rmserve.server: MESSAGE``: remote code run, a route that will refuse
         every request, …); :meth:`wait_ready` prints them on stderr once the server is ready,
         so a user of ``run`` or ``eval`` sees them without opening the log. Other libraries'
         warnings stay in the log only."""
-        try:
-            with open(self.log_path, "rb") as fh:
-                fh.seek(self._log_start)
-                text = fh.read(1 << 20).decode("utf-8", "replace")
-        except OSError:
-            return []
-        return [m.group(1) for m in _RMSERVE_WARNING.finditer(text)]
+        return [m.group(1) for m in _RMSERVE_WARNING.finditer(self._start_log())]
 
     def _signal_group(self, sig: signal.Signals) -> None:
         assert self.process is not None

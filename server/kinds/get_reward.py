@@ -122,8 +122,9 @@ def start_warning(setting: str | None, renderer: Renderer) -> str | None:
         return None
     return (
         "POST /get_reward (OpenRLHF) will refuse every query: no --policy-template was given and the reward "
-        "model's chat template is none of the known families; restart with --policy-template FAMILY or FILE "
-        f"(the policy's template) or --policy-template {SAME_AS_RM} to serve trainers on it"
+        f"model's chat template is none of the known families ({', '.join(FAMILIES)}); restart with "
+        f"--policy-template FAMILY or FILE (the policy's template) or --policy-template {SAME_AS_RM} to serve "
+        "trainers on it"
     )
 
 

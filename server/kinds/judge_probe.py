@@ -103,8 +103,9 @@ def system_role_refused(who: str, protocol: str, detail: str) -> ServerFault:
     :data:`NO_SYSTEM_PROMPT_FLAG` (field ``judge_system_prompt``)."""
     return ServerFault(
         f"judge_system_prompt: {who} refuses the judge's {protocol} call, which sends its instructions as a system "
-        f"message ({detail}); the same call with the instructions in the user turn is accepted. Serve with "
-        f"{NO_SYSTEM_PROMPT_FLAG} (the ranking instructions then open the user turn, as the official "
+        f"message ({detail}); the same call with the instructions in the user turn is accepted (the server checks "
+        f"every call its protocol choice may send at start, whichever benchmark comes). Start it (serve, run, eval) "
+        f"with {NO_SYSTEM_PROMPT_FLAG} (the ranking instructions then open the user turn, as the official "
         "--no_system_prompt does)",
         field="judge_system_prompt",
     )

@@ -125,6 +125,16 @@ def test_the_servers_own_warnings_are_printed_once_ready(tmp_path, capsys):
     ]
 
 
+def test_an_engine_refusal_is_said_in_one_line_without_the_traceback(tmp_path):
+    with _server(tmp_path, "--refuse-at-start", "judge_system_prompt: refused; start it with --x") as server:
+        with pytest.raises(errors.StartRefused) as info:
+            server.wait_ready()
+    assert info.value.message == (
+        f"the server refused to start: judge_system_prompt: refused; start it with --x (the whole log: "
+        f"{tmp_path / 'server.log'})")
+    assert info.value.quoted == ()
+
+
 def test_child_that_dies_early_fails_with_the_log_tail(tmp_path):
     with _server(tmp_path, "--fail-at-start") as server:
         with pytest.raises(errors.ServerFault, match="exited with status 3 before it was ready") as info:

@@ -765,7 +765,8 @@ async def test_a_400_to_the_system_message_is_a_start_error_naming_the_flag(stub
     assert err.message.startswith(
         f"judge_system_prompt: the judge endpoint {url} (model 'judge-7b') refuses the judge's rb2-ranking call, "
         "which sends its instructions as a system message (HTTP 400: System role not supported); the same call "
-        "with the instructions in the user turn is accepted. Serve with --no-judge-system-prompt"
+        "with the instructions in the user turn is accepted (the server checks every call its protocol choice may "
+        "send at start, whichever benchmark comes). Start it (serve, run, eval) with --no-judge-system-prompt"
     )
     # First the ranking call (refused), then the same instructions in the user turn (accepted).
     assert [[m["role"] for m in body["messages"]] for body in stub.refused] == [["system", "user"]]
@@ -785,7 +786,7 @@ async def test_the_server_start_is_refused_with_the_message_and_exit_status_2(st
     engine = OpenAIJudgeEngine(config(url))
     assert await serve_app(ServerConfig(port=0), engine, announce=lines.append) == 2  # a refusal naming a flag
     assert lines[-1].startswith("engine failed to start: judge_system_prompt: the judge endpoint ")
-    assert "Serve with --no-judge-system-prompt" in lines[-1]
+    assert "Start it (serve, run, eval) with --no-judge-system-prompt" in lines[-1]
 
 
 async def test_without_the_system_prompt_the_same_endpoint_starts(stub_server, engines):

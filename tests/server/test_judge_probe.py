@@ -108,8 +108,9 @@ def test_a_template_without_a_system_role_is_a_start_error_naming_the_flag():
     assert err.message.startswith(
         "judge_system_prompt: the chat template of 'gemma-like' refuses the judge's rb2-ranking call, which sends "
         "its instructions as a system message (the judge's chat template rejected the messages (['system', 'user']): "
-        "TemplateError: System role not supported); the same call with the instructions in the user turn is accepted. "
-        "Serve with --no-judge-system-prompt"
+        "TemplateError: System role not supported); the same call with the instructions in the user turn is accepted "
+        "(the server checks every call its protocol choice may send at start, whichever benchmark comes). Start it "
+        "(serve, run, eval) with --no-judge-system-prompt"
     )
     # Rendered: the ranking call refused, then its merged form (accepted); nothing else needed.
     assert len(tokenizer.rendered) == 1 and tokenizer.rendered[0].startswith("<bos><turn>user\nPlease act as")

@@ -33,8 +33,9 @@ NO_SYSTEM_TEMPLATE = (
 EXPECTED_START = (
     "judge_system_prompt: the chat template of {model!r} refuses the judge's rb2-ranking call, which sends its "
     "instructions as a system message (the judge's chat template rejected the messages (['system', 'user']): "
-    "TemplateError: System role not supported); the same call with the instructions in the user turn is accepted. "
-    "Serve with --no-judge-system-prompt"
+    "TemplateError: System role not supported); the same call with the instructions in the user turn is accepted "
+    "(the server checks every call its protocol choice may send at start, whichever benchmark comes). Start it "
+    "(serve, run, eval) with --no-judge-system-prompt"
 )
 
 

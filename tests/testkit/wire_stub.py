@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from dataclasses import dataclass, field
 
 import msgspec
@@ -231,6 +232,7 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--fail-at-start", action="store_true", help="print a message and exit 3")
+    parser.add_argument("--refuse-at-start", default=None, help="print a traceback, then this refusal as serve does; exit 2")
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--startup-delay-s", type=float, default=0.0)
     parser.add_argument("--kind", default="classifier")
@@ -245,6 +247,11 @@ def main() -> None:
     for message in args.warn:
         print(f"2026-12-03 12:00:00,000 WARNING rmserve.server: {message}", flush=True)
     print("2026-12-03 12:00:00,001 WARNING vllm.other: not ours", flush=True)
+    if args.refuse_at_start is not None:
+        print("Traceback (most recent call last):\n  File \"x.py\", line 1, in _build", flush=True)
+        print(f"rmserve.errors.ServerFault: {args.refuse_at_start}", flush=True)
+        print(f"engine failed to start: {args.refuse_at_start}", flush=True)
+        sys.exit(2)
     if args.fail_at_start:
         print("stub: cannot load the model (scripted)", flush=True)
         raise SystemExit(3)
