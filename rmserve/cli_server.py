@@ -327,7 +327,7 @@ def demo_model_command(
     seed: Annotated[int, typer.Option("--seed", help="Weight seed (≥ 0); same seed and corpus give identical files.")] = 0,
     max_len: Annotated[int, typer.Option("--max-len", help="Max positions / tokenizer model_max_length (≥ 16).")] = 4096,
     head: Annotated[
-        Literal["reward", "causal", "gated", "qwen2-rm"],
+        Literal["reward", "causal", "gated", "qwen2-rm", "internlm2-rm"],
         typer.Option(
             "--head",
             help="reward: a one-label reward head (LlamaForSequenceClassification, for serve --kind classifier or "
@@ -335,7 +335,9 @@ def demo_model_command(
             "--kind dpo or judge; two seeds make a pair); gated: a multi-objective reward model with a softmax gate "
             "that ships its own modeling code, as ArmoRM does (serve with --trust-remote-code --engine hf); qwen2-rm: "
             "a per-token value model, Qwen2ForRewardModel as Qwen2.5-Math-RM (family qwen2; the token-value head, "
-            "on vLLM).",
+            "on vLLM); internlm2-rm: InternLM2ForRewardModel, its reward read at a reward token appended to every "
+            "sequence, as internlm2-7b-reward (the reward-token head, on vLLM with --trust-remote-code for its "
+            "config class).",
         ),
     ] = "reward",
     objectives: Annotated[

@@ -40,6 +40,14 @@ SPECIAL_TOKENS: tuple[str, ...] = DEMO_FAMILY.special_tokens
 CHAT_TEMPLATE = DEMO_FAMILY.chat_template
 """The demo chat template (Jinja): BOS once, a role marker and newline per turn, EOS after each turn."""
 
+INTERNLM2_CONFIG_FILE = "configuration_internlm2.py"
+"""The configuration file an ``internlm2-rm`` demo model ships (``auto_map`` ``AutoConfig``):
+``InternLM2Config`` (transformers has none; vLLM implements the architecture)."""
+
+REWARD_TOKEN = "[UNUSED_TOKEN_130]"
+"""The special token an ``internlm2-rm`` demo model's reward is read at (``reward_token_id``;
+InternLM2's reward models use the token of that name)."""
+
 QWEN2_RM_CODE_FILE = "modeling_qwen2_rm.py"
 """The modeling file a ``qwen2-rm`` demo model ships (from ``rmserve/demo_code/``), named in its
 ``auto_map`` (``AutoModel``): ``Qwen2ForRewardModel``, a value per token (transformers has no
@@ -78,7 +86,12 @@ class DemoModelConfig:
             another; reward = Σ gateₖ·rewardₖ; served by the ``remote-code`` head) or
             ``qwen2-rm`` (:data:`QWEN2_RM_CODE_FILE`'s ``Qwen2ForRewardModel``, Qwen2.5-Math-RM's
             shape: a Qwen2 decoder and an MLP value head at every token; family ``qwen2``;
-            served by the ``token-value`` head on vLLM).
+            served by the ``token-value`` head on vLLM) or ``internlm2-rm``
+            (``InternLM2ForRewardModel``, internlm2-7b-reward's shape: the ``causal`` Llama of the
+            same seed converted to InternLM2's weight layout — ``wqkv`` packed per key/value head,
+            ``w1``/``w3``/``w2`` — and a ``v_head`` giving a value per token, read at
+            :data:`REWARD_TOKEN`, ``reward_token_id`` in its config; family ``demo``; served by
+            the ``reward-token`` head on vLLM with ``--trust-remote-code`` for its config class).
         num_labels: ``reward`` only: labels of the classifier (1: a one-label reward head; more:
             a multi-label head, served with ``--label-index`` or ``--label-weights``).
         objectives: ``gated`` only: the number of objectives (1 to 64).
@@ -120,15 +133,16 @@ class DemoModelConfig:
         need(300 <= self.vocab <= 65536, f"vocab: {self.vocab} must be between 300 and 65536")
         need(self.seed >= 0, f"seed: {self.seed} must be ≥ 0")
         need(self.max_len >= 16, f"max_len: {self.max_len} must be ≥ 16")
-        need(self.kind in ("reward", "causal", "gated", "qwen2-rm"),
-             f"kind: {self.kind!r} must be reward, causal, gated or qwen2-rm")
+        need(self.kind in ("reward", "causal", "gated", "qwen2-rm", "internlm2-rm"),
+             f"kind: {self.kind!r} must be reward, causal, gated, qwen2-rm or internlm2-rm")
         need(isinstance(self.num_labels, int) and 1 <= self.num_labels <= 64,
              f"num_labels: {self.num_labels!r} must be an integer from 1 to 64")
         need(self.kind == "reward" or self.num_labels == 1, "num_labels: only for a reward model (head reward)")
         need(isinstance(self.objectives, int) and 1 <= self.objectives <= 64,
              f"objectives: {self.objectives!r} must be an integer from 1 to 64")
         need(self.family in FAMILIES, f"family: {self.family!r} is not one of {', '.join(FAMILY_NAMES)}")
-        need(self.kind != "gated" or self.family == "demo", f"family: a gated model is family demo, not {self.family!r}")
+        for kind in ("gated", "internlm2-rm"):
+            need(self.kind != kind or self.family == "demo", f"family: a {kind} model is family demo, not {self.family!r}")
         need(self.kind != "qwen2-rm" or self.family == "qwen2",
              f"family: a qwen2-rm model is family qwen2, not {self.family!r}")
 
@@ -206,7 +220,7 @@ def corpus_texts(corpus: Path) -> Iterator[str]:
                 )
 
 
-def train_tokenizer(corpus: Path, vocab: int, family: Family = DEMO_FAMILY):
+def train_tokenizer(corpus: Path, vocab: int, family: Family = DEMO_FAMILY, extra_tokens: tuple[str, ...] = ()):
     """Train a byte-level BPE ``tokenizers.Tokenizer`` on :func:`corpus_texts` with the special
     tokens of ``family``.
 
@@ -225,7 +239,7 @@ def train_tokenizer(corpus: Path, vocab: int, family: Family = DEMO_FAMILY):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab,
         min_frequency=2,
-        special_tokens=list(family.special_tokens),
+        special_tokens=[*family.special_tokens, *extra_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -263,7 +277,7 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
     out.mkdir(parents=True, exist_ok=True)
 
     family = FAMILIES[config.family]
-    raw = train_tokenizer(corpus, config.vocab, family)
+    raw = train_tokenizer(corpus, config.vocab, family, (REWARD_TOKEN,) if config.kind == "internlm2-rm" else ())
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw,
         bos_token=family.bos,
@@ -330,7 +344,9 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
     family_line = "" if family.name == "demo" else f"Family {family.name} ({model_class.__name__}, its tokenizer rules and chat template).\n\n"
     title = {"reward": "reward model", "causal": "causal LM (a DPO policy or reference)",
              "gated": f"gated reward model with its own code ({GATED_CODE_FILE}; serve with --trust-remote-code)",
-             "qwen2-rm": f"per-token reward model, Qwen2ForRewardModel ({QWEN2_RM_CODE_FILE}; served on vLLM)"}[config.kind]
+             "qwen2-rm": f"per-token reward model, Qwen2ForRewardModel ({QWEN2_RM_CODE_FILE}; served on vLLM)",
+             "internlm2-rm": f"reward model read at a reward token, InternLM2ForRewardModel ({INTERNLM2_CONFIG_FILE}; "
+                             "served on vLLM with --trust-remote-code)"}[config.kind]
     (out / "README.md").write_text(
         f"# rmserve demo {title}\n\n{RANDOM_WEIGHTS_WARNING}\n\n{family_line}"
         f"Shape: {config.layers} layers, hidden {config.hidden}, {config.heads} heads "
@@ -338,6 +354,8 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
         f"vocab {raw.get_vocab_size()}, max length {config.max_len}, seed {config.seed}.\n",
         encoding="utf-8",
     )
+    if config.kind == "internlm2-rm":
+        _as_internlm2_reward_model(out, raw.token_to_id(REWARD_TOKEN), config)
     weights = out / "model.safetensors"
     return DemoModelReport(
         path=out,
@@ -346,6 +364,51 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
         head_dim=config.head_dim,
         weights_sha256=hashlib.sha256(weights.read_bytes()).hexdigest(),
     )
+
+
+def _as_internlm2_reward_model(out: Path, reward_token_id: int, config: DemoModelConfig) -> None:
+    """Rewrite the causal Llama in ``out`` as an ``InternLM2ForRewardModel`` checkpoint: the
+    decoder's tensors under InternLM2's names (per key/value head ``h``, ``wqkv`` rows hold the
+    ``q`` rows of the query heads of group ``h``, then ``h``'s ``k`` rows, then its ``v`` rows,
+    as vLLM's ``InternLM2Attention.split_qkv`` reads them), a random ``v_head`` (hidden → 1), no
+    LM head, and a ``config.json`` naming :data:`INTERNLM2_CONFIG_FILE`'s class in ``auto_map``
+    with ``reward_token_id``."""
+    import importlib.resources
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(out / "model.safetensors"))
+    hidden, kv_heads, head_dim = config.hidden, config.kv_heads, config.head_dim
+    group = config.heads // kv_heads
+    new = {"model.tok_embeddings.weight": weights["model.embed_tokens.weight"],
+           "model.norm.weight": weights["model.norm.weight"]}
+    names = {"self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3",
+             "mlp.down_proj": "feed_forward.w2", "input_layernorm": "attention_norm",
+             "post_attention_layernorm": "ffn_norm"}
+    for i in range(config.layers):
+        p = f"model.layers.{i}."
+        q = weights[p + "self_attn.q_proj.weight"].view(kv_heads, group, head_dim, hidden)
+        k = weights[p + "self_attn.k_proj.weight"].view(kv_heads, 1, head_dim, hidden)
+        v = weights[p + "self_attn.v_proj.weight"].view(kv_heads, 1, head_dim, hidden)
+        new[p + "attention.wqkv.weight"] = torch.cat([q, k, v], dim=1).reshape(-1, hidden)
+        for llama, internlm in names.items():
+            new[f"{p}{internlm}.weight"] = weights[f"{p}{llama}.weight"]
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    new["v_head.weight"] = torch.randn(1, hidden, generator=generator) * (2.0 / hidden**0.5)  # rewards of order 1
+    save_file({k: t.contiguous() for k, t in new.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / INTERNLM2_CONFIG_FILE).write_bytes(
+        (importlib.resources.files("rmserve") / "demo_code" / INTERNLM2_CONFIG_FILE).read_bytes())
+    llama = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    fields = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "bos_token_id", "eos_token_id",
+              "pad_token_id")
+    data = {name: llama[name] for name in fields}
+    data.update(architectures=["InternLM2ForRewardModel"], model_type="internlm2", hidden_act="silu",
+                rope_theta=10000.0, bias=False, tie_word_embeddings=False, reward_token_id=reward_token_id,
+                dtype="float32", auto_map={"AutoConfig": f"{INTERNLM2_CONFIG_FILE.removesuffix('.py')}.InternLM2Config"})
+    (out / "config.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (out / "generation_config.json").unlink(missing_ok=True)
 
 
 def _shipped_module(out: Path, name: str):

@@ -47,7 +47,7 @@ LENGTH_KIND: ModelKind = "length"
 MODEL_KINDS: tuple[ModelKind, ...] = (CLASSIFIER_KIND, DPO_KIND, JUDGE_KIND, LENGTH_KIND)
 """Every :data:`ModelKind`, in the order the CLI lists them."""
 
-HeadName = Literal["classifier", "multi-label", "lm-logit", "remote-code", "token-value"]
+HeadName = Literal["classifier", "multi-label", "lm-logit", "remote-code", "token-value", "reward-token"]
 """How a sequence classifier's reward is read from the model (``rmserve.server.kinds.heads``):
 ``classifier`` — the one logit of a one-label ``*ForSequenceClassification`` at the last token;
 ``multi-label`` — one label, or a weighted sum of the labels, of a ``*ForSequenceClassification``
@@ -56,14 +56,18 @@ LM head at the last position (Llama-3.1-Nemotron-70B-Reward-HF reads id 0); ``re
 the output of the checkpoint's own modeling code (``auto_map``, run only with
 ``--trust-remote-code``): its ``score`` (a gated multi-objective model such as ArmoRM) or its one
 logit (an MLP value head); ``token-value`` — a per-token value head (``Qwen2ForRewardModel``,
-Qwen2.5-Math-RM-72B), read at the last token."""
+Qwen2.5-Math-RM-72B), read at the last token; ``reward-token`` — a per-token value head read at
+a reward token appended to every sequence (``InternLM2ForRewardModel``, its ``reward_token_id``)."""
 
 CLASSIFIER_HEAD: HeadName = "classifier"
 MULTI_LABEL_HEAD: HeadName = "multi-label"
 LM_LOGIT_HEAD: HeadName = "lm-logit"
 REMOTE_CODE_HEAD: HeadName = "remote-code"
 TOKEN_VALUE_HEAD: HeadName = "token-value"
-HEAD_NAMES: tuple[HeadName, ...] = (CLASSIFIER_HEAD, MULTI_LABEL_HEAD, LM_LOGIT_HEAD, REMOTE_CODE_HEAD, TOKEN_VALUE_HEAD)
+REWARD_TOKEN_HEAD: HeadName = "reward-token"
+HEAD_NAMES: tuple[HeadName, ...] = (
+    CLASSIFIER_HEAD, MULTI_LABEL_HEAD, LM_LOGIT_HEAD, REMOTE_CODE_HEAD, TOKEN_VALUE_HEAD, REWARD_TOKEN_HEAD
+)
 """Every :data:`HeadName`, in the order the CLI and the docs list them."""
 
 ATTENTION_UNKNOWN = "unknown"
@@ -78,7 +82,8 @@ class RewardHead(msgspec.Struct, frozen=True, omit_defaults=True):
         label_index: ``multi-label`` read as one label: its index (0-based, below ``num_labels``).
         label_weights: ``multi-label`` read as a weighted sum: one weight per label, label order
             (reward = Σ weight_i · logit_i).
-        token_id: ``lm-logit``: the vocabulary id whose logit is the reward.
+        token_id: ``lm-logit``: the vocabulary id whose logit is the reward; ``reward-token``:
+            the reward token appended to every sequence (the config's ``reward_token_id``).
 
     Every field but ``name`` is None (and left out of the JSON) where the head has no such
     setting; the one-label classifier is :data:`CLASSIFIER_REWARD_HEAD`.

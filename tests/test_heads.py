@@ -55,8 +55,11 @@ KNOWN_HEADS = (
     "the heads it knows: classifier (a *ForSequenceClassification with one label); multi-label (a "
     "*ForSequenceClassification with num_labels > 1); lm-logit (a *ForCausalLM, named with --head lm-logit); "
     "remote-code (a checkpoint with its own modeling code (auto_map: AutoModelForSequenceClassification), with "
-    "--trust-remote-code); token-value (a per-token value model (Qwen2ForRewardModel))"
+    "--trust-remote-code); token-value (a per-token value model (Qwen2ForRewardModel)); reward-token (a per-token "
+    "value model read at a reward token (InternLM2ForRewardModel, reward_token_id))"
 )
+INTERNLM2 = {"architectures": ["InternLM2ForRewardModel"], "vocab_size": 92544, "reward_token_id": 92527,
+             "auto_map": {"AutoConfig": "configuration_internlm2.InternLM2Config"}}
 QWEN2_RM = {"architectures": ["Qwen2ForRewardModel"], "num_labels": 1,
             "auto_map": {"AutoModel": "modeling_qwen2_rm.Qwen2ForRewardModel"}}
 ARMO = {"architectures": ["LlamaForRewardModelWithGating"],
@@ -72,10 +75,11 @@ OWN_CODE = (
 
 
 def test_the_registry_holds_every_head_with_its_engines():
-    assert tuple(HEADS) == HEAD_NAMES == ("classifier", "multi-label", "lm-logit", "remote-code", "token-value")
-    # vLLM runs no model code; transformers has no Qwen2ForRewardModel
-    assert [rule.engines for rule in HEADS.values()] == [("vllm", "hf")] * 3 + [("hf",), ("vllm",)]
-    assert [rule.detected for rule in HEADS.values()] == [True, True, False, True, True]  # a causal LM only with --head
+    assert tuple(HEADS) == HEAD_NAMES == (
+        "classifier", "multi-label", "lm-logit", "remote-code", "token-value", "reward-token")
+    # vLLM runs no model code; transformers has no Qwen2ForRewardModel or InternLM2ForRewardModel
+    assert [rule.engines for rule in HEADS.values()] == [("vllm", "hf")] * 3 + [("hf",), ("vllm",), ("vllm",)]
+    assert [rule.detected for rule in HEADS.values()] == [True, True, False, True, True, True]  # a causal LM: --head
     assert engine_problem(RewardHead("remote-code"), "hf") is None
     assert engine_problem(RewardHead("remote-code"), "vllm") == (
         "the remote-code head is served by the hf engine only (vLLM does not run a checkpoint's own modeling code): "
@@ -94,7 +98,7 @@ def test_the_registry_holds_every_head_with_its_engines():
         (THREE, "multi-label"),
         ({"architectures": ["LlamaForSequenceClassification"]}, "multi-label"),  # transformers' default: 2 labels
         (CAUSAL, None),  # never taken for an lm-logit head unless asked
-        ({"architectures": ["InternLM2ForRewardModel"]}, None),  # its reward token is not appended yet: refused
+        (INTERNLM2, "reward-token"),
         (QWEN2_RM, "token-value"),  # whatever its auto_map: vLLM implements the architecture
         (ARMO, "remote-code"),  # its own class, whatever its name or label count
         ({"architectures": ["LlamaForSequenceClassification"], "auto_map": {"AutoTokenizer": ["tok.T", None]}},
@@ -121,6 +125,8 @@ def test_detection_reads_the_architecture_and_the_label_count(config, head):
         (ARMO, HeadSettings(trust_remote_code=True), RewardHead("remote-code")),
         (QWEN2_RM, HeadSettings(), RewardHead("token-value")),
         (QWEN2_RM, HeadSettings(choice="token-value"), RewardHead("token-value")),
+        (INTERNLM2, HeadSettings(trust_remote_code=True), RewardHead("reward-token", token_id=92527)),
+        ({**INTERNLM2, "auto_map": {}}, HeadSettings(), RewardHead("reward-token", token_id=92527)),  # a config of its own
         (ARMO, HeadSettings(choice="remote-code", trust_remote_code=True), RewardHead("remote-code")),
         ({**ARMO, "architectures": ["LlamaForSequenceClassification"], "num_labels": 1},
          HeadSettings(choice="classifier"), RewardHead("classifier")),  # transformers' own class, asked for
@@ -155,10 +161,20 @@ def test_a_servable_config_resolves_to_its_head(config, settings, head):
          "LM whose reward is one LM-head logit (as Llama-3.1-Nemotron-70B-Reward-HF) is served with --head lm-logit "
          "[--head-token-id N]; to score a DPO policy by its implicit reward use --kind dpo with --ref-model REF or "
          "--ref-free avg|sum|norm"),
-        ({"architectures": ["InternLM2ForRewardModel"], "auto_map": {"AutoModel": "modeling.M"}}, HeadSettings(),
-         f"has architectures ['InternLM2ForRewardModel'], whose reward head rmserve does not know; {KNOWN_HEADS}; it "
+        ({"architectures": ["InternLMForRewardModel"], "auto_map": {"AutoModel": "modeling.M"}}, HeadSettings(),
+         f"has architectures ['InternLMForRewardModel'], whose reward head rmserve does not know; {KNOWN_HEADS}; it "
          "ships its own modeling code (auto_map) but no AutoModelForSequenceClassification class, which the "
          "remote-code head runs"),
+        ({**INTERNLM2, "reward_token_id": None}, HeadSettings(trust_remote_code=True),
+         "has reward_token_id None; the reward-token head appends that token to every sequence and reads the reward "
+         "there, so the config must name a token id of its vocabulary (0 … 92543)"),
+        (INTERNLM2, HeadSettings(),
+         "has its own configuration class (auto_map AutoConfig: configuration_internlm2.InternLM2Config), which "
+         "transformers runs to read the config and the tokenizer only when the server is started with "
+         "--trust-remote-code (it executes the checkpoint's Python files; off by default; vLLM runs the model itself)"),
+        (INTERNLM2, HeadSettings(trust_remote_code=True, token_id=3),
+         "has a reward token (reward_token_id 92527) at which the reward is read: --head-token-id does not apply to "
+         "the reward-token head; drop it"),
         (ARMO, HeadSettings(), OWN_CODE.format(target="modeling_custom.LlamaForRewardModelWithGating")),
         ({"architectures": ["Qwen2ForSequenceClassification"], "num_labels": 1,
           "auto_map": {"AutoModelForSequenceClassification": ["modeling_qwen2_rm.Qwen2RM", None]}}, HeadSettings(),
@@ -240,7 +256,7 @@ def test_a_value_count_the_head_does_not_read_is_an_error(head, values, message)
         ({"kind": "judge", "label_index": 1, "head_token_id": 0},
          "label_index / head_token_id: only for kind classifier (a reward head); drop --label-index, --head-token-id "
          "or use --kind classifier"),
-        ({"head": "value"}, "head: 'value' is not one of classifier, multi-label, lm-logit, remote-code, token-value"),
+        ({"head": "value"}, "head: 'value' is not one of classifier, multi-label, lm-logit, remote-code, token-value, reward-token"),
         ({"kind": "dpo", "ref_free": "avg", "trust_remote_code": True},
          "trust_remote_code: only for kind classifier (a reward head); drop --trust-remote-code or use --kind "
          "classifier"),

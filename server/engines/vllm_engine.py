@@ -7,7 +7,9 @@ label; one label or a weighted sum of several; for an ``lm-logit`` head, a causa
 LM-head row of the head's token id vLLM turns into a one-label score head at load,
 :func:`~rmserve.server.engines.vllm_compat.lm_logit_overrides`; for a ``token-value`` head,
 vLLM's own per-token reward architecture under the ``token_classify`` task, read at the last
-row, which reads no prefix cache). The sequences of one group are
+row, which reads no prefix cache; a ``reward-token`` head the same, with the config's
+``reward_token_id`` appended to every sequence — the renderer's limit is one token less, and the
+counts it reports leave the reward token out). The sequences of one group are
 submitted together, so they share prefix-cache blocks (the shared prompt is computed once; the
 last token is always recomputed).
 
@@ -102,7 +104,7 @@ from rmserve.server.engines.vllm_compat import (
 from rmserve.server.kinds.heads import read_reward
 
 from rmserve.errors import EngineError, EngineNotReady, ServerFault
-from rmserve.schema import CLASSIFIER_REWARD_HEAD, LM_LOGIT_HEAD, TOKEN_VALUE_HEAD, JUDGE_KIND, JudgeEngineInfo, JudgeSampling, Message, ModelInfo, RewardHead
+from rmserve.schema import CLASSIFIER_REWARD_HEAD, LM_LOGIT_HEAD, REWARD_TOKEN_HEAD, TOKEN_VALUE_HEAD, JUDGE_KIND, JudgeEngineInfo, JudgeSampling, Message, ModelInfo, RewardHead
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +318,7 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
         overrides: dict[str, Any] = {"convert": "classify"}
         if head.name == LM_LOGIT_HEAD:
             overrides["hf_overrides"] = lm_logit_overrides(_token_text(cfg.model, head.token_id))
-        if head.name == TOKEN_VALUE_HEAD:  # a pooling architecture of vLLM's own: nothing to convert
+        if head.name in (TOKEN_VALUE_HEAD, REWARD_TOKEN_HEAD):  # a pooling architecture of vLLM's own: nothing to convert
             overrides = {}
         args = engine_args(cfg, cfg.model, runner="pooling", pooler_config=PoolerConfig(use_activation=False), **overrides)
         engine = start_async_llm(cfg, cfg.model, args)
@@ -325,6 +327,9 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
             self._head = head
             self._num_values = int(getattr(engine.model_config.hf_config, "num_labels", 1) or 1)
             max_model_len = int(engine.model_config.max_model_len)
+            if head.name == REWARD_TOKEN_HEAD:
+                self._num_values = 1  # its v_head gives one value, whatever num_labels its config implies
+                max_model_len -= 1  # the appended reward token takes one position of the context
             renderer = Renderer.from_pretrained(
                 cfg.model, max_model_len=max_model_len, chat_template_path=cfg.chat_template,
                 trust_remote_code=cfg.trust_remote_code,
@@ -394,8 +399,10 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
     async def _score_one(
         self, engine: Any, ids: Sequence[int], request_id: str, options: dict[str, Any]
     ) -> SequenceScore:
-        per_token = self._head.name == TOKEN_VALUE_HEAD
+        per_token = self._head.name in (TOKEN_VALUE_HEAD, REWARD_TOKEN_HEAD)
         params = PoolingParams(task="token_classify" if per_token else "classify", use_activation=False)
+        if self._head.name == REWARD_TOKEN_HEAD:  # read at the reward token, appended as the model's own code does
+            ids = [*ids, int(self._head.token_id)]
         final = await final_output(encode(engine, tokens_input(list(ids)), params, request_id, options), request_id)
         error = getattr(final, "error", None)
         if error is not None:

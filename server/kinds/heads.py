@@ -19,6 +19,10 @@ head                  checkpoint                                      engines   
                       only with ``--trust-remote-code``                            one logit; ``rewards`` → extras
 ``token-value``       ``Qwen2ForRewardModel`` (a value per token:     vllm         the value at the last token
                       an MLP score head at every position)
+``reward-token``      ``InternLM2ForRewardModel`` (a value per        vllm         the value at the reward token
+                      token; ``reward_token_id`` in its config;                    ``reward_token_id``, appended to
+                      its config class is its own code:                            every sequence
+                      ``--trust-remote-code``)
 ====================  ==============================================  ===========  ==================================
 
 :func:`resolve_head` turns a config and the server's :class:`HeadSettings` into the served
@@ -48,6 +52,7 @@ from rmserve.schema import (
     MULTI_LABEL_HEAD,
     REMOTE_CODE_HEAD,
     TOKEN_VALUE_HEAD,
+    REWARD_TOKEN_HEAD,
     HeadName,
     RewardHead,
 )
@@ -73,6 +78,12 @@ TOKEN_VALUE_ARCHITECTURES: tuple[str, ...] = ("Qwen2ForRewardModel",)
 """Architectures whose model gives one value per token (vLLM's ``token_classify`` task), the
 sequence's reward being the last token's: the ``token-value`` head. vLLM implements them; the
 per-token output reads no prefix cache (vLLM computes every position of every sequence)."""
+
+REWARD_TOKEN_ARCHITECTURES: tuple[str, ...] = ("InternLM2ForRewardModel",)
+"""Architectures whose reward is a per-token value read at a reward token the scorer appends to
+every sequence (``reward_token_id`` in the config; InternLM2's reward models append it in their
+``get_score``): the ``reward-token`` head. Without the token the value is read at the
+conversation's last token, a silently wrong reward."""
 
 OBJECTIVES_EXTRA = "objective_{index}"
 """Extras name of a ``remote-code`` model's per-objective rewards (its output's ``rewards``,
@@ -145,6 +156,14 @@ HEADS: dict[HeadName, HeadRule] = {
         ("vllm",),
         "the head's value at the last token (vLLM's token_classify output, its last row; no prefix-cache reads)",
         ("Qwen2.5-Math-RM-72B",),
+    ),
+    REWARD_TOKEN_HEAD: HeadRule(
+        REWARD_TOKEN_HEAD,
+        f"a per-token value model read at a reward token ({', '.join(REWARD_TOKEN_ARCHITECTURES)}, reward_token_id)",
+        ("vllm",),
+        "the head's value at the reward token (reward_token_id), appended to every sequence (vLLM's token_classify "
+        "output, its last row; no prefix-cache reads)",
+        ("internlm2-7b-reward", "internlm2-20b-reward"),
     ),
 }
 """Head name → its rule, in :data:`~rmserve.schema.HEAD_NAMES` order."""
@@ -247,6 +266,8 @@ def detect_head(config: Mapping[str, Any]) -> HeadName | None:
     architectures = list(config.get("architectures") or [])
     if any(a in TOKEN_VALUE_ARCHITECTURES for a in architectures):
         return TOKEN_VALUE_HEAD
+    if any(a in REWARD_TOKEN_ARCHITECTURES for a in architectures):
+        return REWARD_TOKEN_HEAD
     if not any(is_classifier_architecture(a) for a in architectures):
         return None
     return CLASSIFIER_HEAD if num_labels(config) == 1 else MULTI_LABEL_HEAD
@@ -294,6 +315,8 @@ def resolve_head(config: Mapping[str, Any], settings: HeadSettings = HeadSetting
         return _remote_code_head(architectures, config, settings)
     if name == TOKEN_VALUE_HEAD:
         return _token_value_head(architectures, config, settings)
+    if name == REWARD_TOKEN_HEAD:
+        return _reward_token_head(architectures, config, settings)
     if not any(is_classifier_architecture(a) for a in architectures):
         hint = (
             f"; for a causal LM whose reward is one LM-head logit use --head {LM_LOGIT_HEAD}"
@@ -394,6 +417,42 @@ def _token_value_head(architectures: list[str], config: Mapping[str, Any], setti
     return RewardHead(TOKEN_VALUE_HEAD)
 
 
+def _reward_token_head(architectures: list[str], config: Mapping[str, Any], settings: HeadSettings) -> RewardHead:
+    """The ``reward-token`` head: one of :data:`REWARD_TOKEN_ARCHITECTURES` whose config names a
+    ``reward_token_id`` in its vocabulary; a config class of the checkpoint's own code
+    (``auto_map`` ``AutoConfig``) needs ``--trust-remote-code``."""
+    if not any(a in REWARD_TOKEN_ARCHITECTURES for a in architectures):
+        raise HeadProblem(
+            f"has architectures {architectures!r}; the {REWARD_TOKEN_HEAD} head reads a model scored at a reward token "
+            f"({', '.join(REWARD_TOKEN_ARCHITECTURES)})"
+        )
+    token = config.get("reward_token_id")
+    vocab = _vocab_size(config)
+    if isinstance(token, bool) or not isinstance(token, int) or token < 0 or (vocab is not None and token >= vocab):
+        where = f" (0 … {vocab - 1})" if vocab is not None else ""
+        raise HeadProblem(
+            f"has reward_token_id {token!r}; the {REWARD_TOKEN_HEAD} head appends that token to every sequence and "
+            f"reads the reward there, so the config must name a token id of its vocabulary{where}"
+        )
+    given = [flag for flag, value in (("--label-index", settings.label_index), ("--label-weights", settings.label_weights),
+                                      ("--head-token-id", settings.token_id)) if value is not None]
+    if given:
+        raise HeadProblem(
+            f"has a reward token (reward_token_id {token}) at which the reward is read: {', '.join(given)} "
+            f"{'does' if len(given) == 1 else 'do'} not apply to the {REWARD_TOKEN_HEAD} head; drop "
+            f"{'it' if len(given) == 1 else 'them'}"
+        )
+    auto_map = config.get("auto_map")
+    own_config = auto_map.get("AutoConfig") if isinstance(auto_map, Mapping) else None
+    if own_config is not None and not settings.trust_remote_code:
+        raise HeadProblem(
+            f"has its own configuration class (auto_map AutoConfig: {own_config}), which transformers runs to read "
+            "the config and the tokenizer only when the server is started with --trust-remote-code (it executes the "
+            "checkpoint's Python files; off by default; vLLM runs the model itself)"
+        )
+    return RewardHead(REWARD_TOKEN_HEAD, token_id=token)
+
+
 def engine_problem(head: RewardHead, engine: str) -> str | None:
     """Why ``engine`` (a registered engine name) cannot serve ``head``; None when it can
     (:attr:`HeadRule.engines`). Names the engines that can and the flag."""
@@ -403,6 +462,7 @@ def engine_problem(head: RewardHead, engine: str) -> str | None:
     why = {
         REMOTE_CODE_HEAD: "vLLM does not run a checkpoint's own modeling code",
         TOKEN_VALUE_HEAD: "transformers has no class for the architecture; vLLM implements it",
+        REWARD_TOKEN_HEAD: "transformers has no class for the architecture; vLLM implements it",
     }.get(head.name, "the other engines do not read it")
     return f"the {head.name} head is served by the {' or '.join(engines)} engine only ({why}): add --engine {engines[0]}"
 

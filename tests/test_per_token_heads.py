@@ -1,6 +1,13 @@
-"""The ``token-value`` head (``Qwen2ForRewardModel``, Qwen2.5-Math-RM-72B's shape) on the real vLLM
-CPU engine: vLLM's own implementation of the architecture, its per-token ``token_classify``
-output read at the last row.
+"""The per-token heads on the real vLLM CPU engine — ``token-value`` (``Qwen2ForRewardModel``,
+Qwen2.5-Math-RM-72B's shape) and ``reward-token`` (``InternLM2ForRewardModel``,
+internlm2-7b-reward's) —: vLLM's own implementations of the architectures, their per-token
+``token_classify`` output read at the last row (for ``reward-token``, at the reward token rmserve
+appends).
+
+The InternLM2 replica is ``rmserve demo-model --head internlm2-rm``: the demo's causal Llama
+converted to InternLM2's weight layout, a random ``v_head``, and a configuration file of its own
+(so it is served with ``--trust-remote-code``); its rewards equal ``tests/testkit/internlm2.py``
+(the tensors unpacked back into transformers' ``LlamaModel``, the token appended, ``v_head``).
 
 The replica is ``rmserve demo-model --head qwen2-rm`` (family qwen2: a Qwen2 decoder and an MLP
 value head at every token, random weights, ``modeling_qwen2_rm.py`` beside them for
@@ -20,6 +27,7 @@ import sys
 import msgspec
 import pytest
 from testkit.shared_data import shared_data_dir
+from testkit.internlm2 import internlm2_reward_forward
 from testkit.token_value import token_value_forward
 
 from rmserve.datasets import load_rmbench
@@ -102,3 +110,43 @@ def test_run_prints_the_table_naming_the_head(replica, tmp_path):
         diff = max(diff, *(abs(r - next(expected)) for r in record.rewards))
     print(f"token-value run: {len(records)} chat groups, max |diff| = {diff:.2e}")
     assert diff <= ATOL
+
+
+@pytest.fixture(scope="module")
+def internlm2(family_replica):
+    return family_replica("demo", "internlm2-rm")
+
+
+def test_the_reward_is_read_at_the_appended_reward_token(internlm2, tmp_path):
+    import json
+
+    from rmserve.server.render.chat import Renderer
+
+    token = json.loads((internlm2 / "config.json").read_text())["reward_token_id"]
+    argv = [*RMSERVE, "run", str(internlm2), "--bench", "rm-bench", "--data", str(RMBENCH), "--only", "chat", "--quiet",
+            "--resamples", "0", "--dtype", "float32", "--max-model-len", "4096", "--block-size", "32",
+            "--kv-cache-memory-bytes", str(1 << 30), "--enforce-eager"]
+    refused = subprocess.run([*argv, "--out", str(tmp_path / "refused")], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "--trust-remote-code" in refused.stderr, refused.stderr[-2000:]
+    out = tmp_path / "run"
+    done = subprocess.run([*argv, "--out", str(out), "--trust-remote-code"], capture_output=True, text=True, timeout=1100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| Chat |" in done.stdout and f"Scores: classifier, head reward-token (token id {token});" in done.stdout
+    records = [msgspec.json.decode(line, type=ScoreRecord) for line in (out / "scores.jsonl").read_bytes().splitlines()]
+    chat = [g for g in load_rmbench(RMBENCH).groups if g.key.domain == "chat"]
+    assert len(records) == len(chat)
+    by_key = {r.key: r for r in records}
+    sample = chat[:: len(chat) // 12]
+    renderer = Renderer.from_pretrained(internlm2, max_model_len=4096, trust_remote_code=True)
+    rendered = renderer.render_groups([RequestGroup(id=str(g.key), responses=g.responses, messages=g.messages)
+                                       for g in sample])
+    sequences = [ids for g in rendered for ids in g.token_ids]
+    assert all(ids[-1] != token for ids in sequences)  # the conversation itself never holds it
+    expected = internlm2_reward_forward(internlm2, sequences)
+    got = [r for g in sample for r in by_key[g.key].rewards]
+    assert [n for g in sample for n in by_key[g.key].num_tokens] == [len(ids) for ids in sequences]  # token left out
+    diff = max(abs(a - b) for a, b in zip(got, expected, strict=True))
+    print(f"reward-token run: {len(records)} chat groups, {len(got)} rewards checked, max |diff| = {diff:.2e}")
+    assert diff <= ATOL
+    forgot = internlm2_reward_forward(internlm2, sequences[:6], append=False)  # teeth: the token matters
+    assert min(abs(a - b) for a, b in zip(forgot, expected[:6], strict=True)) > 100 * ATOL
