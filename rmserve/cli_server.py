@@ -347,6 +347,7 @@ def demo_model_command(
         str,
         typer.Option(
             "--family",
+            metavar="FAMILY",
             help="Model family: its architecture class, tokenizer rules (special tokens, BOS/EOS) and chat template: "
             "demo (Llama, rmserve's own template), llama3 (BOS written by the template and added by the tokenizer), "
             "qwen2 (ChatML, no BOS, Qwen2.5's default system turn), qwen3 (ChatML with the <think> block), gemma2 "

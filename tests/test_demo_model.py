@@ -139,7 +139,7 @@ def test_causal_demo_model_is_a_causal_lm_with_the_demo_tokenizer(demo_policy_di
 def test_demo_model_kind_is_checked():
     from rmserve.demo_model import DemoModelConfig
 
-    with pytest.raises(ValueError, match="kind: 'policy' must be reward, causal or gated"):
+    with pytest.raises(ValueError, match="kind: 'policy' must be reward, causal, gated, qwen2-rm or internlm2-rm"):
         DemoModelConfig(kind="policy")
 
 
@@ -155,3 +155,12 @@ def test_cli_builds_a_family_and_names_the_families_on_a_bad_one(tmp_path, chat_
     assert bad.exit_code == 2
     assert "Invalid value for '--family': 'qwen9' is not one of demo, llama3, qwen2, qwen3, gemma2, mistral" in bad.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_the_family_help_names_every_family():
+    from rmserve.demo_families import FAMILY_NAMES
+
+    result = CliRunner().invoke(app, ["demo-model", "--help"])
+    flat = " ".join(result.output.split())
+    assert "--family FAMILY Model family" in flat
+    assert all(f"{name} (" in flat for name in FAMILY_NAMES), flat

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from rmserve.server.kinds.heads import known_heads
 from rmserve.server.config import check_lm_head
 from rmserve.server.swaps.checkpoints import architecture_problem, check_checkpoint, check_config, num_labels
 
@@ -13,12 +14,7 @@ from rmserve.errors import InvalidCheckpoint, ServerFault
 
 GOOD_CONFIG = {"architectures": ["LlamaForSequenceClassification"], "id2label": {"0": "LABEL_0"}}
 
-KNOWN_HEADS = (
-    "the heads it knows: classifier (a *ForSequenceClassification with one label); multi-label (a "
-    "*ForSequenceClassification with num_labels > 1); lm-logit (a *ForCausalLM, named with --head lm-logit); "
-    "remote-code (a checkpoint with its own modeling code (auto_map: AutoModelForSequenceClassification), with "
-    "--trust-remote-code)"
-)
+KNOWN_HEADS = f"the heads it knows: {known_heads()}"  # its words are pinned in tests/test_heads.py
 CAUSAL_LM_FIX = (
     "a causal LM whose reward is one LM-head logit (as Llama-3.1-Nemotron-70B-Reward-HF) is served with --head "
     "lm-logit [--head-token-id N]; to score a DPO policy by its implicit reward use --kind dpo with --ref-model REF "
