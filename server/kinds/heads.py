@@ -384,15 +384,24 @@ def _remote_code_head(architectures: list[str], config: Mapping[str, Any], setti
             f"when the server is started with --trust-remote-code (it executes the checkpoint's Python files; "
             f"off by default), on the transformers engine (--engine hf: vLLM runs no checkpoint code){native}"
         )
+    _refuse_settings(settings, f"has its own reward model class ({target}), whose output is the reward", REMOTE_CODE_HEAD)
+    return RewardHead(REMOTE_CODE_HEAD)
+
+
+def _refuse_settings(settings: HeadSettings, found: str, head: HeadName) -> None:
+    """Refuse the label and token options for a head whose model gives the reward itself:
+    ``found`` (``has …``) says why, then the options given and ``drop``.
+
+    Raises:
+        HeadProblem: any of ``--label-index``, ``--label-weights``, ``--head-token-id`` given.
+    """
     given = [flag for flag, value in (("--label-index", settings.label_index), ("--label-weights", settings.label_weights),
                                       ("--head-token-id", settings.token_id)) if value is not None]
     if given:
         raise HeadProblem(
-            f"has its own reward model class ({target}), whose output is the reward: {', '.join(given)} "
-            f"{'does' if len(given) == 1 else 'do'} not apply to the {REMOTE_CODE_HEAD} head; drop "
+            f"{found}: {', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to the {head} head; drop "
             f"{'it' if len(given) == 1 else 'them'}"
         )
-    return RewardHead(REMOTE_CODE_HEAD)
 
 
 def _token_value_head(architectures: list[str], config: Mapping[str, Any], settings: HeadSettings) -> RewardHead:
@@ -406,14 +415,7 @@ def _token_value_head(architectures: list[str], config: Mapping[str, Any], setti
     labels = num_labels(config)
     if labels != 1:
         raise HeadProblem(f"has {labels_found(config)}; the {TOKEN_VALUE_HEAD} head reads exactly 1 value per token")
-    given = [flag for flag, value in (("--label-index", settings.label_index), ("--label-weights", settings.label_weights),
-                                      ("--head-token-id", settings.token_id)) if value is not None]
-    if given:
-        raise HeadProblem(
-            f"has a per-token value head ({architectures[0]}) whose last value is the reward: {', '.join(given)} "
-            f"{'does' if len(given) == 1 else 'do'} not apply to the {TOKEN_VALUE_HEAD} head; drop "
-            f"{'it' if len(given) == 1 else 'them'}"
-        )
+    _refuse_settings(settings, f"has a per-token value head ({architectures[0]}) whose last value is the reward", TOKEN_VALUE_HEAD)
     return RewardHead(TOKEN_VALUE_HEAD)
 
 
@@ -434,14 +436,7 @@ def _reward_token_head(architectures: list[str], config: Mapping[str, Any], sett
             f"has reward_token_id {token!r}; the {REWARD_TOKEN_HEAD} head appends that token to every sequence and "
             f"reads the reward there, so the config must name a token id of its vocabulary{where}"
         )
-    given = [flag for flag, value in (("--label-index", settings.label_index), ("--label-weights", settings.label_weights),
-                                      ("--head-token-id", settings.token_id)) if value is not None]
-    if given:
-        raise HeadProblem(
-            f"has a reward token (reward_token_id {token}) at which the reward is read: {', '.join(given)} "
-            f"{'does' if len(given) == 1 else 'do'} not apply to the {REWARD_TOKEN_HEAD} head; drop "
-            f"{'it' if len(given) == 1 else 'them'}"
-        )
+    _refuse_settings(settings, f"has a reward token (reward_token_id {token}) at which the reward is read", REWARD_TOKEN_HEAD)
     auto_map = config.get("auto_map")
     own_config = auto_map.get("AutoConfig") if isinstance(auto_map, Mapping) else None
     if own_config is not None and not settings.trust_remote_code:
