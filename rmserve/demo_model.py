@@ -142,7 +142,8 @@ class DemoModelConfig:
              f"objectives: {self.objectives!r} must be an integer from 1 to 64")
         need(self.family in FAMILIES, f"family: {self.family!r} is not one of {', '.join(FAMILY_NAMES)}")
         for kind in ("gated", "internlm2-rm"):
-            need(self.kind != kind or self.family == "demo", f"family: a {kind} model is family demo, not {self.family!r}")
+            need(self.kind != kind or self.family == "demo", f"family: an {kind} model is family demo, not {self.family!r}"
+                 if kind[0] in "aeiou" else f"family: a {kind} model is family demo, not {self.family!r}")
         need(self.kind != "qwen2-rm" or self.family == "qwen2",
              f"family: a qwen2-rm model is family qwen2, not {self.family!r}")
 

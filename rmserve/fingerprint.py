@@ -36,6 +36,7 @@ from rmserve.schema import (
     JUDGE_KIND,
     LENGTH_KIND,
     REMOTE_CODE_HEAD,
+    REWARD_TOKEN_HEAD,
     JudgeSampling,
     RewardHead,
 )
@@ -85,8 +86,9 @@ def model_fingerprint(
     ``dtype`` (``float32``, ``bfloat16`` …) is hashed when given; engines pass the dtype they
     compute in, so a fingerprint names the model, the template and the numerics. ``head`` is
     how the reward is read (:func:`head_sections`; None or
-    ``CLASSIFIER_REWARD_HEAD``, the one-label classifier, add nothing; a ``remote-code`` head adds
-    the folder's ``*.py`` files).
+    ``CLASSIFIER_REWARD_HEAD``, the one-label classifier, add nothing; a ``remote-code`` head, and a
+    ``reward-token`` head whose config class is the checkpoint's code, add the folder's ``*.py``
+    files).
 
     Returns:
         The first :data:`FINGERPRINT_HEX_CHARS` hex characters of the sha256 described in
@@ -119,7 +121,7 @@ def model_fingerprint(
         section("dtype", dtype.encode())
     for label, value in head_sections(head):
         section(label, value.encode())
-    if head is not None and head.name == REMOTE_CODE_HEAD:
+    if head is not None and head.name in (REMOTE_CODE_HEAD, REWARD_TOKEN_HEAD):  # code the load executes
         for code in sorted(p for p in folder.glob("*.py") if p.is_file()):
             section(f"code:{code.name}", code.read_bytes())
     return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]

@@ -109,7 +109,7 @@ class EngineConfig:
     """lm-logit head only: the vocabulary id whose LM-head logit at the last position is the reward (≥ 0; below the checkpoint's vocab_size). None = 0, the id Llama-3.1-Nemotron-70B-Reward-HF reads."""
 
     trust_remote_code: bool = False
-    """Classifier only: let the transformers engine run a checkpoint's own modeling code (its ``auto_map`` reward model class, as ArmoRM ships): the remote-code head, recorded in the fingerprint (with the code files) and the start log. Off unless given: such a checkpoint is refused at start and in a swap, naming this flag."""
+    """Classifier only: let the transformers engine run a checkpoint's own modeling code (its ``auto_map`` reward model class, as ArmoRM ships): the remote-code head; and let a reward-token model (InternLM2ForRewardModel) load its own config class on vLLM. Recorded in the fingerprint (with the code files) and the start log. Off unless given: such a checkpoint is refused at start and in a swap, naming this flag."""
 
     ref_model: str | None = None
     """DPO only: folder or hub id of the reference model (same tokenizer as the policy). Reward = sum of the answer's log-probs under the policy minus under the reference."""

@@ -51,7 +51,7 @@ from rmserve.client.score_store import ScoreStore, checkpoint_signature
 from rmserve.pipelines.progress import StatusLine, duration_text
 
 from rmserve import errors
-from rmserve.schema import CLASSIFIER_KIND, DPO_KIND, JUDGE_KIND, LENGTH_KIND, ModelInfo
+from rmserve.schema import CLASSIFIER_KIND, DPO_KIND, JUDGE_KIND, LENGTH_KIND, ModelInfo, RewardHead
 
 SERVER_LOG_FILENAME = "server.log"
 """Name of the child server's log inside the output folder."""
@@ -543,6 +543,19 @@ def _tokenizer_chat_template(folder: Path) -> str | None:
     return template if isinstance(template, str) else None
 
 
+def _local_head(folder: Path, options: Mapping[str, object]) -> RewardHead | None:
+    """The head a classifier server would serve ``folder`` with under ``options`` (its head
+    options; :func:`rmserve.server.config.check_reward_head` on the folder's ``config.json``),
+    None for the other kinds. Raises what the check raises (the caller gives up the shortcut)."""
+    from rmserve.server.config import EngineConfig, check_reward_head
+
+    if options.get("kind", CLASSIFIER_KIND) != CLASSIFIER_KIND:
+        return None
+    fields = {k: v for k, v in options.items() if k in EngineConfig.__dataclass_fields__}
+    config = EngineConfig(**{**fields, "model": str(folder)})
+    return check_reward_head(config.model, config.head_settings)
+
+
 def local_fingerprint(serve: ServeOptions) -> str | None:
     """The fingerprint a server started with ``serve`` would report, computed here without
     loading the model, or None when it cannot be.
@@ -582,7 +595,7 @@ def local_fingerprint(serve: ServeOptions) -> str | None:
     if template is None:
         return None
     try:
-        policy = model_fingerprint(folder, template, dtype)
+        policy = model_fingerprint(folder, template, dtype, _local_head(folder, options))
         if options.get("kind") == JUDGE_KIND:
             return _judge_fingerprint(policy, options)
         if options.get("kind", CLASSIFIER_KIND) != DPO_KIND:

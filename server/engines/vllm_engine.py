@@ -55,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -320,6 +321,7 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
             overrides["hf_overrides"] = lm_logit_overrides(_token_text(cfg.model, head.token_id))
         if head.name in (TOKEN_VALUE_HEAD, REWARD_TOKEN_HEAD):  # a pooling architecture of vLLM's own: nothing to convert
             overrides = {}
+        warn_remote_code(cfg)
         args = engine_args(cfg, cfg.model, runner="pooling", pooler_config=PoolerConfig(use_activation=False), **overrides)
         engine = start_async_llm(cfg, cfg.model, args)
 
@@ -424,6 +426,19 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
         except ValueError as exc:
             raise EngineError(f"{exc} (request {request_id})") from None
         return SequenceScore(reward=reward, num_cached_tokens=int(final.num_cached_tokens or 0))
+
+
+def warn_remote_code(cfg: EngineConfig) -> None:
+    """Log a warning naming the Python files of a local checkpoint folder that the load may run
+    (its configuration or tokenizer class, ``auto_map``) when the engine trusts remote code;
+    nothing otherwise. ``run`` and ``eval`` print the server's warnings on stderr."""
+    folder = Path(cfg.model)
+    if not cfg.trust_remote_code or not folder.is_dir():
+        return
+    code = sorted(p.name for p in folder.glob("*.py") if p.is_file())
+    if code:
+        logging.getLogger(__name__).warning(
+            "running the code of %r its config names (--trust-remote-code): %s", str(folder), ", ".join(code))
 
 
 def _token_text(model: str, token_id: int | None) -> str:

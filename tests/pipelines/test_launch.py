@@ -347,6 +347,21 @@ def test_local_fingerprint_is_the_server_rule_with_the_tokenizer_template(tmp_pa
     assert local_fingerprint(ServeOptions(model=str(bare), engine_options={"dtype": "float32"})) is None
 
 
+def test_local_fingerprint_covers_the_head_the_server_would_serve(tmp_path):
+    from rmserve.schema import RewardHead
+
+    folder = _checkpoint(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_labels": 3}))
+    options = {"dtype": "float32", "label_index": 2}
+    expected = model_fingerprint(folder, TEMPLATE, "float32", RewardHead("multi-label", label_index=2))
+    assert expected != model_fingerprint(folder, TEMPLATE, "float32")
+    assert local_fingerprint(ServeOptions(model=str(folder), engine_options=options)) == expected
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen2ForRewardModel"], "num_labels": 1}))
+    assert local_fingerprint(ServeOptions(model=str(folder), engine_options={"dtype": "float32"})) == model_fingerprint(
+        folder, TEMPLATE, "float32", RewardHead("token-value"))
+
+
 def test_local_fingerprint_of_a_dpo_pair(tmp_path):
     policy, reference = _checkpoint(tmp_path, causal_lm=True), fake_checkpoint(tmp_path / "ref", b"ref", causal_lm=True)
     options = {"dtype": "float32", "kind": "dpo", "ref_model": str(reference)}
