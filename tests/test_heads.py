@@ -390,6 +390,16 @@ def test_the_fingerprint_covers_the_head_and_its_settings(tmp_path):
         heads[RewardHead("multi-label", label_weights=(0.5, 1.0, -2.0))])
 
 
+def test_code_files_enter_the_fingerprint_of_the_heads_that_run_them(tmp_path):
+    folder = _fingerprint_folder(tmp_path)
+    heads = (RewardHead("remote-code"), RewardHead("reward-token", token_id=6), RewardHead("token-value"))
+    before = [model_fingerprint(folder, "TEMPLATE", "float32", head) for head in heads]
+    (folder / "configuration_x.py").write_text("# the checkpoint's own code\n")
+    after = [model_fingerprint(folder, "TEMPLATE", "float32", head) for head in heads]
+    # remote-code runs its model class, reward-token its config class; vLLM runs no code of a token-value folder
+    assert [b != a for b, a in zip(before, after, strict=True)] == [True, True, False]
+
+
 OLD_RECORD_LINE = (
     b'{"benchmark":"rm-bench","domain":"chat","id":"1","num_chosen":1,"rewards":[0.5,-0.25],'
     b'"num_tokens":[12,11],"num_cached_tokens":[0,8],"model":"rm","fingerprint":"49cd52fdd2c84d1c"}\n'
