@@ -335,6 +335,8 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
                 for layer in (model.score[0], model.score[2]):
                     layer.weight.normal_(std=2.0 / config.hidden**0.5)
     model.save_pretrained(out)
+    if getattr(model_config, "tie_word_embeddings", False):
+        _drop_tied_lm_head(out)
     tokenizer.save_pretrained(out)
     _inline_chat_template(out, family.chat_template)
     if config.kind == "gated":
@@ -410,6 +412,19 @@ def _as_internlm2_reward_model(out: Path, reward_token_id: int, config: DemoMode
                 dtype="float32", auto_map={"AutoConfig": f"{INTERNLM2_CONFIG_FILE.removesuffix('.py')}.InternLM2Config"})
     (out / "config.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (out / "generation_config.json").unlink(missing_ok=True)
+
+
+def _drop_tied_lm_head(out: Path) -> None:
+    """Leave ``lm_head.weight`` out of ``out``'s weights for a model whose LM head is tied to its
+    embeddings (Gemma 2). ``save_pretrained`` leaves it out only when the two tensors still share
+    memory at save time; a checkpoint that holds it anyway is refused by vLLM's Gemma 2 (it has
+    no LM head of its own), and transformers ties the head to the embeddings on load either way."""
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    weights = load_file(str(path))
+    if weights.pop("lm_head.weight", None) is not None:
+        save_file(weights, str(path), metadata={"format": "pt"})
 
 
 def _shipped_module(out: Path, name: str):
