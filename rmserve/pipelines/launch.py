@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from rmserve.client.client import RewardClient
 from rmserve.client.config import Timeouts
@@ -52,6 +53,9 @@ from rmserve.pipelines.progress import StatusLine, duration_text
 
 from rmserve import errors
 from rmserve.schema import CLASSIFIER_KIND, DPO_KIND, JUDGE_KIND, LENGTH_KIND, ModelInfo, RewardHead
+
+if TYPE_CHECKING:
+    from rmserve.server.config import EngineConfig
 
 SERVER_LOG_FILENAME = "server.log"
 """Name of the child server's log inside the output folder."""
@@ -168,12 +172,11 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         from rmserve.cli_common import check_model_sources, engine_argv
-        from rmserve.server.config import EngineConfig
 
         if not self.model:
             raise ValueError("model must be a path or hub id, got an empty string")
         engine_argv(self.engine_options)  # unknown names, non-boolean switches
-        config = EngineConfig(model=self.model, **self.engine_options)  # every value within its limits
+        config = self.engine_config()  # every value within its limits
         check_model_sources(config)  # the checks rmserve serve makes, before any server starts
         object.__setattr__(self, "engine_options", MappingProxyType(dict(self.engine_options)))
         if not self.startup_timeout_s > 0:
@@ -182,6 +185,12 @@ class ServeOptions:
             raise ValueError(f"stop_grace_s must be ≥ 0, got {self.stop_grace_s!r}")
         if not self.serve_command:
             raise ValueError("serve_command must name a program")
+
+    def engine_config(self) -> EngineConfig:
+        """The :class:`~rmserve.server.config.EngineConfig` of the server's model and engine options."""
+        from rmserve.server.config import EngineConfig
+
+        return EngineConfig(model=self.model, **self.engine_options)
 
     def argv(self, host: str, port: int) -> list[str]:
         """The child's command line for a server on ``host:port``: the serve command, the model,
@@ -543,17 +552,14 @@ def _tokenizer_chat_template(folder: Path) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def _local_head(folder: Path, options: Mapping[str, object]) -> RewardHead | None:
-    """The head a classifier server would serve ``folder`` with under ``options`` (its head
-    options; :func:`rmserve.server.config.check_reward_head` on the folder's ``config.json``),
-    None for the other kinds. Raises what the check raises (the caller gives up the shortcut)."""
-    from rmserve.server.config import EngineConfig, check_reward_head
+def _local_head(serve: ServeOptions) -> RewardHead | None:
+    """The head a classifier server started with ``serve`` would serve (its head options;
+    :func:`rmserve.server.config.check_reward_head` on the folder's ``config.json``), None for
+    the other kinds. Raises what the check raises (the caller gives up the shortcut)."""
+    from rmserve.server.config import check_reward_head
 
-    if options.get("kind", CLASSIFIER_KIND) != CLASSIFIER_KIND:
-        return None
-    fields = {k: v for k, v in options.items() if k in EngineConfig.__dataclass_fields__}
-    config = EngineConfig(**{**fields, "model": str(folder)})
-    return check_reward_head(config.model, config.head_settings)
+    config = serve.engine_config()
+    return check_reward_head(config.model, config.head_settings) if config.kind == CLASSIFIER_KIND else None
 
 
 def local_fingerprint(serve: ServeOptions) -> str | None:
@@ -595,7 +601,7 @@ def local_fingerprint(serve: ServeOptions) -> str | None:
     if template is None:
         return None
     try:
-        policy = model_fingerprint(folder, template, dtype, _local_head(folder, options))
+        policy = model_fingerprint(folder, template, dtype, _local_head(serve))
         if options.get("kind") == JUDGE_KIND:
             return _judge_fingerprint(policy, options)
         if options.get("kind", CLASSIFIER_KIND) != DPO_KIND:

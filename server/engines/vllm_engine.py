@@ -102,10 +102,10 @@ from rmserve.server.engines.vllm_compat import (
     vllm_version,
 )
 
-from rmserve.server.kinds.heads import read_reward
+from rmserve.server.kinds.heads import PER_TOKEN_HEADS, read_reward
 
 from rmserve.errors import EngineError, EngineNotReady, ServerFault
-from rmserve.schema import CLASSIFIER_REWARD_HEAD, LM_LOGIT_HEAD, REWARD_TOKEN_HEAD, TOKEN_VALUE_HEAD, JUDGE_KIND, JudgeEngineInfo, JudgeSampling, Message, ModelInfo, RewardHead
+from rmserve.schema import CLASSIFIER_REWARD_HEAD, LM_LOGIT_HEAD, REWARD_TOKEN_HEAD, JUDGE_KIND, JudgeEngineInfo, JudgeSampling, Message, ModelInfo, RewardHead
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,11 +316,9 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
     def _build(self) -> _VLLMLoaded:
         cfg = self.config
         head = check_reward_head(cfg.model, cfg.head_settings, self.kind)
-        overrides: dict[str, Any] = {"convert": "classify"}
+        overrides: dict[str, Any] = {} if head.name in PER_TOKEN_HEADS else {"convert": "classify"}
         if head.name == LM_LOGIT_HEAD:
             overrides["hf_overrides"] = lm_logit_overrides(_token_text(cfg.model, head.token_id))
-        if head.name in (TOKEN_VALUE_HEAD, REWARD_TOKEN_HEAD):  # a pooling architecture of vLLM's own: nothing to convert
-            overrides = {}
         warn_remote_code(cfg)
         args = engine_args(cfg, cfg.model, runner="pooling", pooler_config=PoolerConfig(use_activation=False), **overrides)
         engine = start_async_llm(cfg, cfg.model, args)
@@ -401,7 +399,7 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
     async def _score_one(
         self, engine: Any, ids: Sequence[int], request_id: str, options: dict[str, Any]
     ) -> SequenceScore:
-        per_token = self._head.name in (TOKEN_VALUE_HEAD, REWARD_TOKEN_HEAD)
+        per_token = self._head.name in PER_TOKEN_HEADS
         params = PoolingParams(task="token_classify" if per_token else "classify", use_activation=False)
         if self._head.name == REWARD_TOKEN_HEAD:  # read at the reward token, appended as the model's own code does
             ids = [*ids, int(self._head.token_id)]

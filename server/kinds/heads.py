@@ -85,6 +85,10 @@ every sequence (``reward_token_id`` in the config; InternLM2's reward models app
 ``get_score``): the ``reward-token`` head. Without the token the value is read at the
 conversation's last token, a silently wrong reward."""
 
+PER_TOKEN_HEADS: tuple[HeadName, ...] = (TOKEN_VALUE_HEAD, REWARD_TOKEN_HEAD)
+"""Heads read from a per-token output (vLLM's ``token_classify`` task, its last row) of an
+architecture vLLM implements as a pooling model: nothing is converted at load."""
+
 OBJECTIVES_EXTRA = "objective_{index}"
 """Extras name of a ``remote-code`` model's per-objective rewards (its output's ``rewards``,
 one column per objective): ``objective_0``, ``objective_1``, …"""

@@ -417,8 +417,7 @@ class Renderer:
     def lead(self, ids: list[int]) -> list[int]:
         """``ids`` (a rendered text's, no special tokens added) with :attr:`added_bos_id` in
         front when the tokenizer adds a BOS and ``ids`` does not start with it; else ``ids``."""
-        bos = self.added_bos_id
-        return ids if bos is None or ids[:1] == [bos] else [bos, *ids]
+        return with_lead_bos(ids, self.added_bos_id)
 
     def encode_texts(self, texts: Sequence[str], *, add_special_tokens: bool) -> list[list[int]]:
         """Each text tokenized as it is, no chat template: ``tokenizer.encode(text,
@@ -498,6 +497,12 @@ def _nothing_left_message(length: int, content: int, limit: int) -> str:
         f"a right cut to truncation.max_tokens={limit:,} keeps none of the response: the first {content:,} of its "
         f"{length:,} tokens are the prompt and the chat template before it"
     )
+
+
+def with_lead_bos(ids: list[int], bos: int | None) -> list[int]:
+    """``ids`` with ``bos`` in front unless ``bos`` is None or ``ids`` already starts with it
+    (the one rule of every renderer that puts the tokenizer's BOS in front: exactly one)."""
+    return ids if bos is None or ids[:1] == [bos] else [bos, *ids]
 
 
 def tokenizer_added_bos(tokenizer: Any) -> int | None:

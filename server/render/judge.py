@@ -38,7 +38,7 @@ from typing import Any
 from rmserve.errors import InvalidRequest, SequenceTooLong, ServerFault
 from rmserve.judge_records import THINK_OPEN
 from rmserve.schema import Message
-from rmserve.server.render.chat import tokenizer_added_bos
+from rmserve.server.render.chat import tokenizer_added_bos, with_lead_bos
 
 CHAT_TEMPLATE_FIX = (
     "a judge needs a chat template: use a chat (instruction-tuned) model whose tokenizer has one, "
@@ -173,9 +173,7 @@ class JudgeRenderer:
             raise InvalidRequest("a judge group has no call", field="messages", value=0, limit=1)
         texts = [self.render_text(messages) for messages in calls]
         ids = [list(seq) for seq in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        bos = self.lead_bos
-        if bos is not None:
-            ids = [seq if seq[:1] == [bos] else [bos, *seq] for seq in ids]
+        ids = [with_lead_bos(seq, self.lead_bos) for seq in ids]
         check_prompt_lengths(ids, self.max_prompt_tokens)
         return ids, [opens_reasoning(text) for text in texts]
 
