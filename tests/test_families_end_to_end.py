@@ -102,6 +102,21 @@ def test_classifier_run_on_each_family_equals_a_transformers_forward(family_repl
     assert sum(sum(r.num_cached_tokens) for r in records) > 0  # the groups shared their prompts (prefix cache)
 
 
+def _causal_lm(loader, folder):
+    """The transformers causal LM of ``folder``, float32, its LM head the embeddings where the
+    config ties them (Gemma 2: the checkpoint holds no lm_head.weight, and vLLM reads the
+    embeddings). Tied explicitly: one CI run's load reported lm_head.weight missing and left it
+    at random, which made the reference, not the served rewards, wrong."""
+    import torch
+
+    model = loader.from_pretrained(str(folder), dtype=torch.float32).eval()
+    if model.config.tie_word_embeddings:
+        embeddings = model.get_input_embeddings().weight
+        if model.get_output_embeddings().weight.data_ptr() != embeddings.data_ptr():
+            model.get_output_embeddings().weight = embeddings
+    return model
+
+
 @pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_dpo_run_on_each_family_equals_the_official_formula(family_replica, small_chat, tmp_path, name):
     import torch
@@ -115,8 +130,7 @@ def test_dpo_run_on_each_family_equals_the_official_formula(family_replica, smal
     assert "| Chat |" in done.stdout
     records = {r.key: r for r in _records(out)}
     tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
-    policy = AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=torch.float32).eval()
-    reference = AutoModelForCausalLM.from_pretrained(str(reference_dir), dtype=torch.float32).eval()
+    policy, reference = (_causal_lm(AutoModelForCausalLM, folder) for folder in (policy_dir, reference_dir))
     groups = load_rmbench(small_chat).groups
     assert len(records) == len(groups)
     worst = 0.0

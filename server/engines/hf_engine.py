@@ -72,6 +72,7 @@ from rmserve.schema import (
     JUDGE_KIND,
     LM_LOGIT_HEAD,
     REMOTE_CODE_HEAD,
+    MLP_VALUE_HEAD,
     JudgeEngineInfo,
     JudgeSampling,
     Message,
@@ -129,6 +130,75 @@ def attention_implementation(model: Any) -> str:
     return str(value) if isinstance(value, str) and value else ATTENTION_UNKNOWN
 
 
+def from_pretrained_checked(loader: Any, path: str, **kwargs: Any) -> Any:
+    """``loader.from_pretrained(path, **kwargs)``, refused when the checkpoint holds no tensor
+    for some of the model's weights: transformers would initialise those at random (a score
+    head under another name, an LM head a config says is not tied) and every reward read
+    through them would be silently wrong. Weights tied to one the checkpoint holds are not
+    missing.
+
+    Raises:
+        ServerFault: transformers could not load ``path``, or weights are missing (naming up to
+            five of them and their count).
+    """
+    try:
+        model, info = loader.from_pretrained(path, output_loading_info=True, **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        raise ServerFault(f"transformers could not load {path!r}: {type(exc).__name__}: {exc}") from exc
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ServerFault(
+            f"{path!r} holds no tensor for {len(missing)} weight(s) of {type(model).__name__} ({shown}), which "
+            "transformers would initialise at random; a checkpoint whose head is named otherwise needs the head that "
+            "reads it (--head)"
+        )
+    return model
+
+
+def _mlp_score_head(path: str, hidden_size: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Sequential:
+    """The ``mlp-value`` head of checkpoint ``path``: ``score.2(relu(score.0(h)))`` from its
+    tensors (:data:`~rmserve.server.kinds.heads.MLP_SCORE_WEIGHTS`), shape (batch, hidden) →
+    (batch, 1).
+
+    Raises:
+        ServerFault: a tensor is missing, or the layers' shapes are not hidden → hidden → 1.
+    """
+    from safetensors import safe_open
+
+    from rmserve.server.kinds.heads import MLP_SCORE_WEIGHTS
+
+    folder = Path(path)
+    if not folder.is_dir():
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(path, allow_patterns=["*.safetensors", "*.json"]))
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as shard:
+            for name in MLP_SCORE_WEIGHTS:
+                if name in shard.keys():
+                    tensors[name] = shard.get_tensor(name)
+    missing = [name for name in MLP_SCORE_WEIGHTS if name not in tensors]
+    if missing:
+        raise ServerFault(f"{path!r} has no {', '.join(missing)} in its *.safetensors files; the mlp-value head reads them")
+    shapes = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
+    want = {"score.0.weight": (hidden_size, hidden_size), "score.0.bias": (hidden_size,),
+            "score.2.weight": (1, hidden_size), "score.2.bias": (1,)}
+    if shapes != want:
+        raise ServerFault(
+            f"{path!r} has an MLP score head of shapes {shapes}; the mlp-value head reads hidden → hidden → 1 "
+            f"(hidden {hidden_size}): {want}"
+        )
+    first, last = torch.nn.Linear(hidden_size, hidden_size), torch.nn.Linear(hidden_size, 1)
+    with torch.no_grad():
+        first.weight.copy_(tensors["score.0.weight"])
+        first.bias.copy_(tensors["score.0.bias"])
+        last.weight.copy_(tensors["score.2.weight"])
+        last.bias.copy_(tensors["score.2.bias"])
+    return torch.nn.Sequential(first, torch.nn.ReLU(), last).to(device=device, dtype=dtype).eval()
+
+
 def load_reward_model(path: str, head: RewardHead, dtype: str, device: torch.device) -> tuple[Any, Any, Any]:
     """Load the model of a reward head: ``(model, base, score head)``.
 
@@ -140,18 +210,24 @@ def load_reward_model(path: str, head: RewardHead, dtype: str, device: torch.dev
     (``trust_remote_code=True``; the head was resolved only because the server trusts remote
     code), returned as ``(model, None, None)``: it is run whole (:func:`model_output_rewards`).
 
-    Raises:
-        ServerFault: transformers could not load ``path``, or the model has no such head over a
-            base model (the transformers engine supports Llama/Qwen/Mistral/Gemma-style models).
-    """
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    ``mlp-value``: the decoder alone (``AutoModel``, the checkpoint's ``model.*`` tensors) and
+    the MLP of its ``score.0`` / ``score.2`` tensors (:func:`_mlp_score_head`); ``model`` is the
+    decoder.
 
+    Raises:
+        ServerFault: transformers could not load ``path``, the checkpoint lacks some of the
+            model's weights (:func:`from_pretrained_checked`), or the model has no such head over
+            a base model (the transformers engine supports Llama/Qwen/Mistral/Gemma-style models).
+    """
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    if head.name == MLP_VALUE_HEAD:
+        base = from_pretrained_checked(AutoModel, path, **_dtype_kwargs(dtype)).to(device).eval()
+        score = _mlp_score_head(path, int(base.config.hidden_size), device, next(base.parameters()).dtype)
+        return base, base, score
     loader = AutoModelForCausalLM if head.name == LM_LOGIT_HEAD else AutoModelForSequenceClassification
     remote = head.name == REMOTE_CODE_HEAD
-    try:
-        model = loader.from_pretrained(path, **_dtype_kwargs(dtype), **({"trust_remote_code": True} if remote else {}))
-    except Exception as exc:  # noqa: BLE001
-        raise ServerFault(f"transformers could not load {path!r}: {type(exc).__name__}: {exc}") from exc
+    model = from_pretrained_checked(loader, path, **_dtype_kwargs(dtype), **({"trust_remote_code": True} if remote else {}))
     model = model.to(device).eval()
     if remote:
         log.warning("running the modeling code of %r (--trust-remote-code): %s", path, type(model).__module__)
@@ -566,7 +642,9 @@ class HFLogprobEngine(_TorchLifecycle[_TorchLoaded]):
         check_lm_head(model_path, self._field)
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_path)
-            model = AutoModelForCausalLM.from_pretrained(model_path, **_dtype_kwargs(dtype))
+            model = from_pretrained_checked(AutoModelForCausalLM, model_path, **_dtype_kwargs(dtype))
+        except ServerFault as exc:
+            raise ServerFault(f"{self._field}: {exc}") from exc
         except Exception as exc:  # noqa: BLE001
             raise ServerFault(
                 f"{self._field}: transformers could not load {model_path!r}: {type(exc).__name__}: {exc}"
@@ -785,9 +863,9 @@ class HFJudgeEngine(_TorchLifecycle[_JudgeLoaded]):
                               enable_thinking=enable_thinking(cfg.judge_thinking))
         check_chat_template(probe.render_text, JudgeSettings.from_engine_config(cfg), model=cfg.model)
         try:
-            model = AutoModelForCausalLM.from_pretrained(cfg.model, **_dtype_kwargs(dtype))
-        except Exception as exc:  # noqa: BLE001
-            raise ServerFault(f"model: transformers could not load {cfg.model!r}: {type(exc).__name__}: {exc}") from exc
+            model = from_pretrained_checked(AutoModelForCausalLM, cfg.model, **_dtype_kwargs(dtype))
+        except ServerFault as exc:
+            raise ServerFault(f"model: {exc}") from exc
         model = model.to(device).eval()
         context = _context_limit(model, cfg)
         stop_ids = judge_stop_ids(tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None))
