@@ -494,6 +494,7 @@ def _without_none(hint: Any) -> Any:
 
 
 ENGINE_METAVARS: dict[str, str] = {
+    "head": "HEAD",  # its choices are listed in its help (the |-joined list passes 80 columns)
     "ref_model": "MODEL",
     "judge_url": "URL",
     "judge_model": "NAME",
@@ -563,10 +564,10 @@ def engine_options() -> tuple[EngineOption, ...]:
             raise TypeError(f"EngineConfig.{field.name}: type {value_type!r} has no command line form")
         is_literal = typing.get_origin(value_type) is typing.Literal
         choices = ENGINE_CHOICES.get(field.name)
-        if value_type in (bool,) or is_literal or choices:
-            metavar = None
-        elif field.name in ENGINE_METAVARS:
+        if field.name in ENGINE_METAVARS:  # a Literal's too, when its choices do not fit a line
             metavar = ENGINE_METAVARS[field.name]
+        elif value_type in (bool,) or is_literal or choices:
+            metavar = None
         elif value_type is int:
             metavar = "N"
         else:

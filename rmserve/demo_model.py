@@ -48,6 +48,9 @@ REWARD_TOKEN = "[UNUSED_TOKEN_130]"
 """The special token an ``internlm2-rm`` demo model's reward is read at (``reward_token_id``;
 InternLM2's reward models use the token of that name)."""
 
+DEMO_KINDS: tuple[str, ...] = ("reward", "causal", "gated", "qwen2-rm", "internlm2-rm", "inf-orm")
+"""The models ``demo-model --head`` builds (:attr:`DemoModelConfig.kind`)."""
+
 QWEN2_RM_CODE_FILE = "modeling_qwen2_rm.py"
 """The modeling file a ``qwen2-rm`` demo model ships (from ``rmserve/demo_code/``), named in its
 ``auto_map`` (``AutoModel``): ``Qwen2ForRewardModel``, a value per token (transformers has no
@@ -91,7 +94,12 @@ class DemoModelConfig:
             same seed converted to InternLM2's weight layout — ``wqkv`` packed per key/value head,
             ``w1``/``w3``/``w2`` — and a ``v_head`` giving a value per token, read at
             :data:`REWARD_TOKEN`, ``reward_token_id`` in its config; family ``demo``; served by
-            the ``reward-token`` head on vLLM with ``--trust-remote-code`` for its config class).
+            the ``reward-token`` head on vLLM with ``--trust-remote-code`` for its config class)
+            or ``inf-orm`` (INF-ORM-Llama3.1-70B's shape: the ``reward`` classifier of the same
+            seed whose ``score`` layer is replaced by a two-layer MLP — ``score.0`` hidden →
+            hidden, ReLU, ``score.2`` hidden → 1, random — and whose architecture is
+            ``INFORMForSequenceClassification``, a class no library ships; family ``demo`` or
+            ``llama3``; served by the ``mlp-value`` head on the transformers engine).
         num_labels: ``reward`` only: labels of the classifier (1: a one-label reward head; more:
             a multi-label head, served with ``--label-index`` or ``--label-weights``).
         objectives: ``gated`` only: the number of objectives (1 to 64).
@@ -133,8 +141,7 @@ class DemoModelConfig:
         need(300 <= self.vocab <= 65536, f"vocab: {self.vocab} must be between 300 and 65536")
         need(self.seed >= 0, f"seed: {self.seed} must be ≥ 0")
         need(self.max_len >= 16, f"max_len: {self.max_len} must be ≥ 16")
-        need(self.kind in ("reward", "causal", "gated", "qwen2-rm", "internlm2-rm"),
-             f"kind: {self.kind!r} must be reward, causal, gated, qwen2-rm or internlm2-rm")
+        need(self.kind in DEMO_KINDS, f"kind: {self.kind!r} must be {', '.join(DEMO_KINDS[:-1])} or {DEMO_KINDS[-1]}")
         need(isinstance(self.num_labels, int) and 1 <= self.num_labels <= 64,
              f"num_labels: {self.num_labels!r} must be an integer from 1 to 64")
         need(self.kind == "reward" or self.num_labels == 1, "num_labels: only for a reward model (head reward)")
@@ -146,6 +153,8 @@ class DemoModelConfig:
                  if kind[0] in "aeiou" else f"family: a {kind} model is family demo, not {self.family!r}")
         need(self.kind != "qwen2-rm" or self.family == "qwen2",
              f"family: a qwen2-rm model is family qwen2, not {self.family!r}")
+        need(self.kind != "inf-orm" or self.family in ("demo", "llama3"),
+             f"family: an inf-orm model is a Llama, family demo or llama3, not {self.family!r}")
 
     @property
     def head_dim(self) -> int:
@@ -291,7 +300,7 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
     ids = {tok: raw.token_to_id(tok) for tok in family.special_tokens}
     config_name, classifier_name, causal_name = family.class_names()
     config_class = getattr(transformers, config_name)
-    model_class = getattr(transformers, classifier_name if config.kind == "reward" else causal_name)
+    model_class = getattr(transformers, classifier_name if config.kind in ("reward", "inf-orm") else causal_name)
     extra = dict(family.config)
     if family.architecture == "Gemma2":
         extra["query_pre_attn_scalar"] = config.head_dim  # the scaling 1/sqrt(head_dim), as Gemma 2's 2B and 9B
@@ -349,7 +358,9 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
              "gated": f"gated reward model with its own code ({GATED_CODE_FILE}; serve with --trust-remote-code)",
              "qwen2-rm": f"per-token reward model, Qwen2ForRewardModel ({QWEN2_RM_CODE_FILE}; served on vLLM)",
              "internlm2-rm": f"reward model read at a reward token, InternLM2ForRewardModel ({INTERNLM2_CONFIG_FILE}; "
-                             "served on vLLM with --trust-remote-code)"}[config.kind]
+                             "served on vLLM with --trust-remote-code)",
+             "inf-orm": "reward model with an MLP score head, INFORMForSequenceClassification (served with --engine hf)",
+             }[config.kind]
     (out / "README.md").write_text(
         f"# rmserve demo {title}\n\n{RANDOM_WEIGHTS_WARNING}\n\n{family_line}"
         f"Shape: {config.layers} layers, hidden {config.hidden}, {config.heads} heads "
@@ -359,6 +370,8 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
     )
     if config.kind == "internlm2-rm":
         _as_internlm2_reward_model(out, raw.token_to_id(REWARD_TOKEN), config)
+    if config.kind == "inf-orm":
+        _as_mlp_value_model(out, config)
     weights = out / "model.safetensors"
     return DemoModelReport(
         path=out,
@@ -412,6 +425,30 @@ def _as_internlm2_reward_model(out: Path, reward_token_id: int, config: DemoMode
                 dtype="float32", auto_map={"AutoConfig": f"{INTERNLM2_CONFIG_FILE.removesuffix('.py')}.InternLM2Config"})
     (out / "config.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (out / "generation_config.json").unlink(missing_ok=True)
+
+
+def _as_mlp_value_model(out: Path, config: DemoModelConfig) -> None:
+    """Rewrite the one-label classifier in ``out`` as INF-ORM's shape: its ``score.weight``
+    replaced by ``score.0`` (hidden → hidden, with bias) and ``score.2`` (hidden → 1, with
+    bias), random (seed ``config.seed + 1``, of a size that gives rewards of order 1), and
+    ``config.json``'s architecture ``INFORMForSequenceClassification``."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(out / "model.safetensors"))
+    del weights["score.weight"]
+    hidden = config.hidden
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    scale = 2.0 / hidden**0.5
+    weights["score.0.weight"] = torch.randn(hidden, hidden, generator=generator) * scale
+    weights["score.0.bias"] = torch.randn(hidden, generator=generator) * 0.1
+    weights["score.2.weight"] = torch.randn(1, hidden, generator=generator) * scale
+    weights["score.2.bias"] = torch.randn(1, generator=generator) * 0.1
+    save_file({k: t.contiguous() for k, t in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    path = out / "config.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["architectures"] = ["INFORMForSequenceClassification"]
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _drop_tied_lm_head(out: Path) -> None:

@@ -97,7 +97,7 @@ class EngineConfig:
     """What the model is: ``classifier`` (a reward head, see --head), ``dpo`` (a policy scored by its implicit reward; needs --ref-model or --ref-free), ``judge`` (a chat model that ranks, rates or compares the answers) or ``length`` (the length baseline: reward = the response's token count, see --length-sign)."""
 
     head: HeadName | None = None
-    """Classifier only: the head the reward is read from: ``classifier`` (the one label of a *ForSequenceClassification), ``multi-label`` (a *ForSequenceClassification with num_labels > 1, read with label_index or label_weights) ``lm-logit`` (a *ForCausalLM: the LM-head logit of head_token_id at the last position, as Llama-3.1-Nemotron-70B-Reward-HF) ``remote-code`` (the checkpoint's own reward model class, auto_map; with trust_remote_code, transformers engine) ``token-value`` (a per-token value model, Qwen2ForRewardModel: the value at the last token; vLLM engine) or ``reward-token`` (InternLM2ForRewardModel: the value at its reward_token_id, appended to every sequence; vLLM engine, --trust-remote-code for its config class). None = found from the checkpoint's config (token-value for Qwen2ForRewardModel, reward-token for InternLM2ForRewardModel, remote-code when its auto_map names a classifier class, else classifier or multi-label by its label count; a causal LM needs --head lm-logit)."""
+    """Classifier only: the head the reward is read from: ``classifier`` (the one label of a *ForSequenceClassification), ``multi-label`` (a *ForSequenceClassification with num_labels > 1, read with label_index or label_weights) ``lm-logit`` (a *ForCausalLM: the LM-head logit of head_token_id at the last position, as Llama-3.1-Nemotron-70B-Reward-HF) ``remote-code`` (the checkpoint's own reward model class, auto_map; with trust_remote_code, transformers engine) ``token-value`` (a per-token value model, Qwen2ForRewardModel: the value at the last token; vLLM engine) ``reward-token`` (InternLM2ForRewardModel: the value at its reward_token_id, appended to every sequence; vLLM engine, --trust-remote-code for its config class) or ``mlp-value`` (a two-layer MLP score head, score.0 and score.2, as INF-ORM-Llama3.1-70B's INFORMForSequenceClassification; transformers engine). None = found from the checkpoint's config (token-value for Qwen2ForRewardModel, reward-token for InternLM2ForRewardModel, mlp-value for INFORMForSequenceClassification, remote-code when its auto_map names a classifier class, else classifier or multi-label by its label count; a causal LM needs --head lm-logit)."""
 
     label_index: int | None = None
     """Multi-label head only: the label whose logit is the reward (≥ 0; below the checkpoint's num_labels, 0-based)."""
@@ -537,17 +537,53 @@ def check_reward_head(model: str, head: HeadSettings | None = None, engine: str 
             modeling code without ``--trust-remote-code`` (naming the flag), or a head ``engine``
             does not serve (naming ``--engine``); the message starts with the quoted ``model``.
     """
-    from rmserve.server.kinds.heads import HeadProblem, engine_problem, resolve_head
+    from rmserve.server.kinds.heads import HeadProblem, engine_problem, mlp_score_problem, resolve_head
 
     config = _read_model_config(model, "")
     try:
         resolved = resolve_head(config, head or HeadSettings())
     except HeadProblem as problem:
         raise ServerFault(f"{model!r} {problem}") from None
+    problem = mlp_score_problem(resolved, checkpoint_weight_names(model))
+    if problem is not None:
+        raise ServerFault(f"{model!r} {problem}")
     problem = None if engine is None else engine_problem(resolved, engine)
     if problem is not None:
         raise ServerFault(f"{model!r} has the {resolved.name} head: {problem}")
     return resolved
+
+
+SAFETENSORS_HEADER_LIMIT = 100 * 1024 * 1024
+"""The largest safetensors header read (the format's own limit, 100 MB)."""
+
+
+def checkpoint_weight_names(model: str) -> frozenset[str] | None:
+    """The tensor names of a local checkpoint folder's safetensors weights, read without
+    loading a tensor: ``model.safetensors.index.json``'s ``weight_map``, else each
+    ``*.safetensors`` file's header (8 bytes of little-endian length, then JSON). None for a
+    hub id, a folder without safetensors weights, or a header that cannot be read (the names
+    are then not checked before the load)."""
+    import json
+    import struct
+
+    folder = Path(model)
+    if not folder.is_dir():
+        return None
+    try:
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            return frozenset(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
+        names: set[str] = set()
+        files = sorted(folder.glob("*.safetensors"))
+        for file in files:
+            with file.open("rb") as handle:
+                (length,) = struct.unpack("<Q", handle.read(8))
+                if length > min(file.stat().st_size - 8, SAFETENSORS_HEADER_LIMIT):
+                    return None  # not a safetensors header
+                names.update(k for k in json.loads(handle.read(length)) if k != "__metadata__")
+        return frozenset(names) if files else None
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
 
 
 def _read_model_config(model: str, field: str) -> dict:

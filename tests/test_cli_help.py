@@ -98,11 +98,11 @@ def test_serve_help_has_no_rest_markup_left():
     flat = _flat(_help(["serve"]))
     assert "What the model is: classifier (a reward head, see --head), dpo" in flat
     assert "`" not in flat and ":mod:" not in flat and ":class:" not in flat
-    assert ("--head classifier|multi-label|lm-logit|remote-code|token-value|reward-token Classifier only: the head the reward is read from: "
+    assert ("--head HEAD Classifier only: the head the reward is read from: "
             "classifier (the one label of a *ForSequenceClassification), multi-label") in flat
     assert "read with --label-index or --label-weights" in flat
     assert ("[default: found from the checkpoint's config (token-value for Qwen2ForRewardModel, reward-token for "
-            "InternLM2ForRewardModel, remote-code when "
+            "InternLM2ForRewardModel, mlp-value for INFORMForSequenceClassification, remote-code when "
             "its auto_map names a classifier class, else classifier or multi-label by its label count") in flat
     assert ("--trust-remote-code / --no-trust-remote-code Classifier only: let the transformers engine run a "
             "checkpoint's own modeling code (its auto_map reward model class, as ArmoRM ships): the remote-code head") in flat

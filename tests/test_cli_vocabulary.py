@@ -106,7 +106,9 @@ def test_placeholders_say_what_goes_there(argv, command):
         else:
             placeholder = names
         choices = _choices(param)
-        if choices:
+        if choices and placeholder == "HEAD":  # --head: its choices passed 80 columns; its help lists each
+            assert all(f"``{c}``" in (param.help or "") or c in (param.help or "") for c in choices), (names, choices)
+        elif choices:
             assert placeholder == "|".join(choices), (names, choices)
         else:
             assert PLACEHOLDER.fullmatch(placeholder), f"{names}: placeholder {placeholder!r}"

@@ -56,7 +56,8 @@ KNOWN_HEADS = (
     "*ForSequenceClassification with num_labels > 1); lm-logit (a *ForCausalLM, named with --head lm-logit); "
     "remote-code (a checkpoint with its own modeling code (auto_map: AutoModelForSequenceClassification), with "
     "--trust-remote-code); token-value (a per-token value model (Qwen2ForRewardModel)); reward-token (a per-token "
-    "value model read at a reward token (InternLM2ForRewardModel, reward_token_id))"
+    "value model read at a reward token (InternLM2ForRewardModel, reward_token_id)); mlp-value (a classifier whose "
+    "score head is a two-layer MLP (INFORMForSequenceClassification: score.0, ReLU, score.2), shipping no code for it)"
 )
 INTERNLM2 = {"architectures": ["InternLM2ForRewardModel"], "vocab_size": 92544, "reward_token_id": 92527,
              "auto_map": {"AutoConfig": "configuration_internlm2.InternLM2Config"}}
@@ -64,6 +65,8 @@ QWEN2_RM = {"architectures": ["Qwen2ForRewardModel"], "num_labels": 1,
             "auto_map": {"AutoModel": "modeling_qwen2_rm.Qwen2ForRewardModel"}}
 ARMO = {"architectures": ["LlamaForRewardModelWithGating"],
         "auto_map": {"AutoModelForSequenceClassification": "modeling_custom.LlamaForRewardModelWithGating"}}
+INF_ORM = {"architectures": ["INFORMForSequenceClassification"], "model_type": "llama"}  # no num_labels: 2 by default
+MLP_TENSORS = ("score.0.weight", "score.0.bias", "score.2.weight", "score.2.bias")
 OWN_CODE = (
     "has its own modeling code (auto_map AutoModelForSequenceClassification: {target}), which rmserve runs only when "
     "the server is started with --trust-remote-code (it executes the checkpoint's Python files; off by default), "
@@ -76,10 +79,14 @@ OWN_CODE = (
 
 def test_the_registry_holds_every_head_with_its_engines():
     assert tuple(HEADS) == HEAD_NAMES == (
-        "classifier", "multi-label", "lm-logit", "remote-code", "token-value", "reward-token")
-    # vLLM runs no model code; transformers has no Qwen2ForRewardModel or InternLM2ForRewardModel
-    assert [rule.engines for rule in HEADS.values()] == [("vllm", "hf")] * 3 + [("hf",), ("vllm",), ("vllm",)]
-    assert [rule.detected for rule in HEADS.values()] == [True, True, False, True, True, True]  # a causal LM: --head
+        "classifier", "multi-label", "lm-logit", "remote-code", "token-value", "reward-token", "mlp-value")
+    # vLLM runs no model code and has no MLP score head over a decoder; transformers has no
+    # Qwen2ForRewardModel or InternLM2ForRewardModel
+    assert [rule.engines for rule in HEADS.values()] == [("vllm", "hf")] * 3 + [("hf",), ("vllm",), ("vllm",), ("hf",)]
+    assert [rule.detected for rule in HEADS.values()] == [True, True, False, True, True, True, True]  # causal LM: --head
+    assert engine_problem(RewardHead("mlp-value"), "vllm") == (
+        "the mlp-value head is served by the hf engine only (vLLM has no MLP score head over a decoder; transformers "
+        "runs the decoder and the MLP from the checkpoint's tensors): add --engine hf")
     assert engine_problem(RewardHead("remote-code"), "hf") is None
     assert engine_problem(RewardHead("remote-code"), "vllm") == (
         "the remote-code head is served by the hf engine only (vLLM does not run a checkpoint's own modeling code): "
@@ -101,6 +108,8 @@ def test_the_registry_holds_every_head_with_its_engines():
         (INTERNLM2, "reward-token"),
         (QWEN2_RM, "token-value"),  # whatever its auto_map: vLLM implements the architecture
         (ARMO, "remote-code"),  # its own class, whatever its name or label count
+        (INF_ORM, "mlp-value"),  # whatever its label count: the MLP's last layer has one row
+        ({**INF_ORM, "num_labels": 1, "architectures": ["LlamaForSequenceClassification"]}, "classifier"),
         ({"architectures": ["LlamaForSequenceClassification"], "auto_map": {"AutoTokenizer": ["tok.T", None]}},
          "multi-label"),  # code for the tokenizer only: the classifier is transformers'
         ({}, None),
@@ -128,6 +137,8 @@ def test_detection_reads_the_architecture_and_the_label_count(config, head):
         (INTERNLM2, HeadSettings(trust_remote_code=True), RewardHead("reward-token", token_id=92527)),
         ({**INTERNLM2, "auto_map": {}}, HeadSettings(), RewardHead("reward-token", token_id=92527)),  # a config of its own
         (ARMO, HeadSettings(choice="remote-code", trust_remote_code=True), RewardHead("remote-code")),
+        (INF_ORM, HeadSettings(), RewardHead("mlp-value")),
+        (CLASSIFIER, HeadSettings(choice="mlp-value"), RewardHead("mlp-value")),  # the tensors are checked at start
         ({**ARMO, "architectures": ["LlamaForSequenceClassification"], "num_labels": 1},
          HeadSettings(choice="classifier"), RewardHead("classifier")),  # transformers' own class, asked for
     ],
@@ -191,6 +202,12 @@ def test_a_servable_config_resolves_to_its_head(config, settings, head):
         (ARMO, HeadSettings(trust_remote_code=True, label_index=0),
          "has its own reward model class (modeling_custom.LlamaForRewardModelWithGating), whose output is the reward: "
          "--label-index does not apply to the remote-code head; drop it"),
+        (INF_ORM, HeadSettings(label_weights=(1.0,)),
+         "has an MLP score head whose one value is the reward: --label-weights does not apply to the mlp-value head; "
+         "drop it"),
+        (CAUSAL, HeadSettings(choice="mlp-value"),
+         "has architectures ['LlamaForCausalLM']; the mlp-value head reads a classifier whose score head is a "
+         "two-layer MLP (score.0.weight, score.0.bias, score.2.weight, score.2.bias), a *ForSequenceClassification"),
         (CLASSIFIER, HeadSettings(choice="remote-code", trust_remote_code=True),
          "has architectures ['LlamaForSequenceClassification'] and no auto_map entry AutoModelForSequenceClassification; "
          "the remote-code head runs a checkpoint's own reward model class (leave out --head for a "
@@ -256,7 +273,8 @@ def test_a_value_count_the_head_does_not_read_is_an_error(head, values, message)
         ({"kind": "judge", "label_index": 1, "head_token_id": 0},
          "label_index / head_token_id: only for kind classifier (a reward head); drop --label-index, --head-token-id "
          "or use --kind classifier"),
-        ({"head": "value"}, "head: 'value' is not one of classifier, multi-label, lm-logit, remote-code, token-value, reward-token"),
+        ({"head": "value"}, "head: 'value' is not one of classifier, multi-label, lm-logit, remote-code, token-value, reward-token, "
+                           "mlp-value"),
         ({"kind": "dpo", "ref_free": "avg", "trust_remote_code": True},
          "trust_remote_code: only for kind classifier (a reward head); drop --trust-remote-code or use --kind "
          "classifier"),
@@ -462,3 +480,57 @@ def test_serve_refuses_a_multi_label_folder_without_a_label_rule(tmp_path):
                                 terminal_width=400)
     assert result.exit_code == 2
     assert "has 3 labels (num_labels/id2label); --label-index 3 is out of range (0 … 2)" in " ".join(result.output.split())
+
+
+# --- the tensors a head reads ----------------------------------------------------------------
+
+
+def _safetensors_file(path: Path, names: list[str]) -> None:
+    """A safetensors file as the format defines it (8 bytes of little-endian header length, the
+    JSON header, the data), one float32 each, written without torch or safetensors."""
+    import struct
+
+    header = {name: {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]} for i, name in enumerate(names)}
+    header["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * (4 * len(names)))
+
+
+def test_the_tensor_names_are_read_from_the_headers_or_the_index(tmp_path):
+    from rmserve.server.config import checkpoint_weight_names
+
+    one = tmp_path / "one"
+    one.mkdir()
+    _safetensors_file(one / "model-00001-of-00002.safetensors", ["model.embed_tokens.weight", "score.0.weight"])
+    _safetensors_file(one / "model-00002-of-00002.safetensors", ["score.0.bias"])
+    assert checkpoint_weight_names(str(one)) == {"model.embed_tokens.weight", "score.0.weight", "score.0.bias"}
+    (one / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "x.safetensors", "b": "y"}}))
+    assert checkpoint_weight_names(str(one)) == {"a", "b"}  # the index, when there is one
+    assert checkpoint_weight_names(str(tmp_path / "missing")) is None
+    assert checkpoint_weight_names("org/a-hub-id") is None
+    (tmp_path / "empty").mkdir()
+    assert checkpoint_weight_names(str(tmp_path / "empty")) is None  # no safetensors: not checked before the load
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "model.safetensors").write_bytes(b"\x05")
+    assert checkpoint_weight_names(str(tmp_path / "bad")) is None
+    (tmp_path / "bad" / "model.safetensors").write_bytes(b"\xff" * 64)  # a header longer than the file
+    assert checkpoint_weight_names(str(tmp_path / "bad")) is None
+
+
+def test_an_mlp_score_head_is_read_only_by_the_head_that_reads_it():
+    from rmserve.server.kinds.heads import mlp_score_problem
+
+    mlp = frozenset(["model.norm.weight", *MLP_TENSORS])
+    assert mlp_score_problem(RewardHead("mlp-value"), mlp) is None
+    assert mlp_score_problem(RewardHead("classifier"), mlp) == (
+        "has a two-layer MLP score head (score.0.weight, score.0.bias, score.2.weight, score.2.bias) and no "
+        "score.weight, which the classifier head reads (transformers would initialise it at random): serve it with "
+        "--head mlp-value --engine hf")
+    assert mlp_score_problem(RewardHead("multi-label", label_index=0), mlp).startswith("has a two-layer MLP score head")
+    assert mlp_score_problem(RewardHead("classifier"), mlp | {"score.weight"}) is None  # a score head as well
+    assert mlp_score_problem(RewardHead("classifier"), frozenset(["score.weight"])) is None
+    assert mlp_score_problem(RewardHead("mlp-value"), frozenset(["score.weight", "score.0.weight"])) == (
+        "has no score.0.bias, score.2.weight, score.2.bias; the mlp-value head reads a two-layer MLP score head "
+        "(score.0.weight, score.0.bias, score.2.weight, score.2.bias)")
+    assert mlp_score_problem(RewardHead("mlp-value"), None) is None  # names unknown (a hub id): checked at load
+    assert mlp_score_problem(RewardHead("lm-logit", token_id=0), mlp) is None

@@ -23,6 +23,9 @@ head                  checkpoint                                      engines   
                       token; ``reward_token_id`` in its config;                    ``reward_token_id``, appended to
                       its config class is its own code:                            every sequence
                       ``--trust-remote-code``)
+``mlp-value``         ``INFORMForSequenceClassification`` (an MLP     hf           ``W₂·relu(W₀·h + b₀) + b₂`` at the
+                      score head ``score.0``/``score.2``, no code                  last token
+                      shipped: INF-ORM's card gives the class)
 ====================  ==============================================  ===========  ==================================
 
 :func:`resolve_head` turns a config and the server's :class:`HeadSettings` into the served
@@ -53,6 +56,7 @@ from rmserve.schema import (
     REMOTE_CODE_HEAD,
     TOKEN_VALUE_HEAD,
     REWARD_TOKEN_HEAD,
+    MLP_VALUE_HEAD,
     HeadName,
     RewardHead,
 )
@@ -84,6 +88,17 @@ REWARD_TOKEN_ARCHITECTURES: tuple[str, ...] = ("InternLM2ForRewardModel",)
 every sequence (``reward_token_id`` in the config; InternLM2's reward models append it in their
 ``get_score``): the ``reward-token`` head. Without the token the value is read at the
 conversation's last token, a silently wrong reward."""
+
+MLP_VALUE_ARCHITECTURES: tuple[str, ...] = ("INFORMForSequenceClassification",)
+"""Architectures of a classifier whose score head is a two-layer MLP (``score.0``: hidden →
+hidden, ReLU, ``score.2``: hidden → 1, both with bias) read at the last token, for which the
+checkpoint ships no code (INF-ORM-Llama3.1-70B: its card and reward-bench's
+``rewardbench/models/inform.py`` define the class over ``LlamaModel``): the ``mlp-value`` head.
+transformers' own ``*ForSequenceClassification`` would find no ``score.weight`` in such a
+checkpoint and initialise one at random, a silently wrong reward."""
+
+MLP_SCORE_WEIGHTS: tuple[str, ...] = ("score.0.weight", "score.0.bias", "score.2.weight", "score.2.bias")
+"""The tensors of an ``mlp-value`` head's MLP, as the checkpoint names them."""
 
 PER_TOKEN_HEADS: tuple[HeadName, ...] = (TOKEN_VALUE_HEAD, REWARD_TOKEN_HEAD)
 """Heads read from a per-token output (vLLM's ``token_classify`` task, its last row) of an
@@ -168,6 +183,15 @@ HEADS: dict[HeadName, HeadRule] = {
         "the head's value at the reward token (reward_token_id), appended to every sequence (vLLM's token_classify "
         "output, its last row; no prefix-cache reads)",
         ("internlm2-7b-reward", "internlm2-20b-reward"),
+    ),
+    MLP_VALUE_HEAD: HeadRule(
+        MLP_VALUE_HEAD,
+        f"a classifier whose score head is a two-layer MLP ({', '.join(MLP_VALUE_ARCHITECTURES)}: score.0, ReLU, "
+        "score.2), shipping no code for it",
+        ("hf",),
+        "the MLP's value at the last token: W2 relu(W0 h + b0) + b2, the decoder and both layers from the "
+        "checkpoint's tensors",
+        ("INF-ORM-Llama3.1-70B",),
     ),
 }
 """Head name → its rule, in :data:`~rmserve.schema.HEAD_NAMES` order."""
@@ -272,6 +296,8 @@ def detect_head(config: Mapping[str, Any]) -> HeadName | None:
         return TOKEN_VALUE_HEAD
     if any(a in REWARD_TOKEN_ARCHITECTURES for a in architectures):
         return REWARD_TOKEN_HEAD
+    if any(a in MLP_VALUE_ARCHITECTURES for a in architectures):
+        return MLP_VALUE_HEAD
     if not any(is_classifier_architecture(a) for a in architectures):
         return None
     return CLASSIFIER_HEAD if num_labels(config) == 1 else MULTI_LABEL_HEAD
@@ -321,6 +347,8 @@ def resolve_head(config: Mapping[str, Any], settings: HeadSettings = HeadSetting
         return _token_value_head(architectures, config, settings)
     if name == REWARD_TOKEN_HEAD:
         return _reward_token_head(architectures, config, settings)
+    if name == MLP_VALUE_HEAD:
+        return _mlp_value_head(architectures, settings)
     if not any(is_classifier_architecture(a) for a in architectures):
         hint = (
             f"; for a causal LM whose reward is one LM-head logit use --head {LM_LOGIT_HEAD}"
@@ -452,6 +480,41 @@ def _reward_token_head(architectures: list[str], config: Mapping[str, Any], sett
     return RewardHead(REWARD_TOKEN_HEAD, token_id=token)
 
 
+def _mlp_value_head(architectures: list[str], settings: HeadSettings) -> RewardHead:
+    """The ``mlp-value`` head: a ``*ForSequenceClassification`` (found for
+    :data:`MLP_VALUE_ARCHITECTURES`, or named with ``--head``); its config's label count does
+    not apply (the MLP's last layer has one row, checked on the tensors at load); no label or
+    token settings apply."""
+    if not any(is_classifier_architecture(a) for a in architectures):
+        raise HeadProblem(
+            f"has architectures {architectures!r}; the {MLP_VALUE_HEAD} head reads a classifier whose score head is a "
+            f"two-layer MLP ({', '.join(MLP_SCORE_WEIGHTS)}), a *ForSequenceClassification"
+        )
+    _refuse_settings(settings, "has an MLP score head whose one value is the reward", MLP_VALUE_HEAD)
+    return RewardHead(MLP_VALUE_HEAD)
+
+
+def mlp_score_problem(head: RewardHead, weight_names: frozenset[str] | None) -> str | None:
+    """Why a checkpoint whose tensors are named ``weight_names`` cannot be served with ``head``
+    (None when it can, or when the names are unknown): a ``classifier`` or ``multi-label`` head
+    over a checkpoint holding an MLP score head (:data:`MLP_SCORE_WEIGHTS`) and no
+    ``score.weight`` (transformers would initialise that one at random), or an ``mlp-value``
+    head over a checkpoint without the MLP's tensors. The message starts with ``has``."""
+    if weight_names is None:
+        return None
+    mlp = all(name in weight_names for name in MLP_SCORE_WEIGHTS)
+    if head.name in (CLASSIFIER_HEAD, MULTI_LABEL_HEAD) and mlp and "score.weight" not in weight_names:
+        return (
+            f"has a two-layer MLP score head ({', '.join(MLP_SCORE_WEIGHTS)}) and no score.weight, which the "
+            f"{head.name} head reads (transformers would initialise it at random): serve it with --head {MLP_VALUE_HEAD} "
+            "--engine hf"
+        )
+    if head.name == MLP_VALUE_HEAD and not mlp:
+        missing = [name for name in MLP_SCORE_WEIGHTS if name not in weight_names]
+        return f"has no {', '.join(missing)}; the {MLP_VALUE_HEAD} head reads a two-layer MLP score head ({', '.join(MLP_SCORE_WEIGHTS)})"
+    return None
+
+
 def engine_problem(head: RewardHead, engine: str) -> str | None:
     """Why ``engine`` (a registered engine name) cannot serve ``head``; None when it can
     (:attr:`HeadRule.engines`). Names the engines that can and the flag."""
@@ -462,6 +525,8 @@ def engine_problem(head: RewardHead, engine: str) -> str | None:
         REMOTE_CODE_HEAD: "vLLM does not run a checkpoint's own modeling code",
         TOKEN_VALUE_HEAD: "transformers has no class for the architecture; vLLM implements it",
         REWARD_TOKEN_HEAD: "transformers has no class for the architecture; vLLM implements it",
+        MLP_VALUE_HEAD: "vLLM has no MLP score head over a decoder; transformers runs the decoder and the MLP from the "
+                        "checkpoint's tensors",
     }.get(head.name, "the other engines do not read it")
     return f"the {head.name} head is served by the {' or '.join(engines)} engine only ({why}): add --engine {engines[0]}"
 

@@ -1,0 +1,119 @@
+"""The ``mlp-value`` head (INF-ORM-Llama3.1-70B's shape: a two-layer MLP score head over a Llama
+decoder, ``INFORMForSequenceClassification``, a class no library ships) on the transformers
+engine, and the checks that keep such a checkpoint from being read through a head it lacks.
+
+The replica is ``rmserve demo-model --head inf-orm --family llama3``: the llama3 family's
+classifier whose ``score`` layer is replaced by random ``score.0`` / ``score.2`` tensors. The
+rewards equal ``tests/testkit/token_value.py`` (transformers' own ``LlamaModel`` on the folder's
+decoder weights, the MLP written out from the checkpoint's tensors, float64), within 1e-4 (float32
+rounding of a two-layer decoder, observed below 1e-5); the value one position early is far off.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import msgspec
+import pytest
+from testkit.shared_data import shared_data_dir
+from testkit.token_value import token_value_forward
+
+from rmserve.datasets import load_rmbench
+from rmserve.schema import RequestGroup, RewardHead, ScoreRecord
+
+ATOL = 1e-4
+RMBENCH = shared_data_dir() / "rm-bench"
+RMSERVE = [sys.executable, "-m", "rmserve.cli"]
+RUN = ["run", "--bench", "rm-bench", "--data", str(RMBENCH), "--only", "chat", "--quiet", "--resamples", "0",
+       "--dtype", "float32"]
+
+
+@pytest.fixture(scope="module")
+def replica(family_replica):
+    return family_replica("llama3", "inf-orm")
+
+
+def _relabelled(replica, tmp_path, architecture):
+    """A copy of the replica whose config names another architecture (its tensors unchanged)."""
+    copy = tmp_path / architecture
+    shutil.copytree(replica, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config["architectures"] = [architecture]
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy
+
+
+@pytest.mark.model
+def test_the_head_is_found_and_a_classifier_label_over_its_tensors_is_refused(replica, tmp_path, demo_model_dir):
+    from rmserve.errors import ServerFault
+    from rmserve.server.config import check_reward_head
+    from rmserve.server.kinds.heads import HeadSettings
+
+    assert check_reward_head(str(replica), None, "hf") == RewardHead("mlp-value")
+    with pytest.raises(ServerFault, match="served by the hf engine only.*add --engine hf"):
+        check_reward_head(str(replica), None, "vllm")
+    # INF-ORM's tensors under transformers' own class name: LlamaForSequenceClassification would find no
+    # score.weight and initialise one at random, so the start is refused naming the head that reads them
+    plain = _relabelled(replica, tmp_path, "LlamaForSequenceClassification")
+    for engine in ("vllm", "hf"):
+        with pytest.raises(ServerFault, match=r"MLP score head .* no score\.weight.*--head mlp-value --engine hf"):
+            check_reward_head(str(plain), None, engine)
+    assert check_reward_head(str(plain), HeadSettings(choice="mlp-value"), "hf") == RewardHead("mlp-value")
+    # and the head named over a plain classifier: its tensors are not there
+    with pytest.raises(ServerFault, match=r"has no score\.0\.weight, score\.0\.bias, score\.2\.weight, score\.2\.bias"):
+        check_reward_head(str(demo_model_dir), HeadSettings(choice="mlp-value"), "hf")
+    with pytest.raises(ServerFault, match="--label-index does not apply to the mlp-value head"):
+        check_reward_head(str(replica), HeadSettings(label_index=0), "hf")
+
+
+@pytest.mark.model
+def test_a_checkpoint_missing_a_weight_is_refused_not_initialised_at_random(demo_policy_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from rmserve.errors import ServerFault
+    from rmserve.server.engines.hf_engine import from_pretrained_checked
+
+    copy = tmp_path / "no-lm-head"
+    shutil.copytree(demo_policy_dir, copy)
+    weights = load_file(str(copy / "model.safetensors"))
+    del weights["lm_head.weight"]  # the demo policy's LM head is not tied (tie_word_embeddings false)
+    save_file(weights, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    assert from_pretrained_checked(AutoModelForCausalLM, str(demo_policy_dir)) is not None
+    with pytest.raises(ServerFault, match=r"holds no tensor for 1 weight\(s\) of LlamaForCausalLM \(lm_head\.weight\)"):
+        from_pretrained_checked(AutoModelForCausalLM, str(copy))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_run_on_the_transformers_engine_equals_the_head_from_its_description(replica, tmp_path):
+    from rmserve.server.render.chat import Renderer
+
+    refused = subprocess.run([*RMSERVE, RUN[0], str(replica), *RUN[1:], "--out", str(tmp_path / "refused")],
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "--engine hf" in refused.stderr, refused.stderr[-2000:]
+    out = tmp_path / "run"
+    done = subprocess.run([*RMSERVE, RUN[0], str(replica), *RUN[1:], "--out", str(out), "--engine", "hf"],
+                          capture_output=True, text=True, timeout=800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| Chat |" in done.stdout and "Scores: classifier, head mlp-value;" in done.stdout
+    records = [msgspec.json.decode(line, type=ScoreRecord) for line in (out / "scores.jsonl").read_bytes().splitlines()]
+    chat = [g for g in load_rmbench(RMBENCH).groups if g.key.domain == "chat"]
+    assert len(records) == len(chat)
+    by_key = {r.key: r for r in records}
+    sample = chat[:: len(chat) // 12]
+    rendered = Renderer.from_pretrained(replica, max_model_len=4096).render_groups(
+        [RequestGroup(id=str(g.key), responses=g.responses, messages=g.messages) for g in sample])
+    sequences = [ids for g in rendered for ids in g.token_ids]
+    expected = token_value_forward(replica, sequences, decoder="LlamaModel")
+    got = [r for g in sample for r in by_key[g.key].rewards]
+    assert all(by_key[g.key].scorer.head == RewardHead("mlp-value") for g in sample)
+    assert all(by_key[g.key].scorer.engine == "hf" for g in sample)
+    diff = max(abs(a - b) for a, b in zip(got, expected, strict=True))
+    print(f"mlp-value run: {len(records)} chat groups, {len(got)} rewards checked, max |diff| = {diff:.2e}")
+    assert diff <= ATOL
+    early = token_value_forward(replica, [ids[:-1] for ids in sequences[:6]], decoder="LlamaModel")
+    assert min(abs(a - b) for a, b in zip(early, expected[:6], strict=True)) > 100 * ATOL
