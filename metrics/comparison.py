@@ -26,7 +26,7 @@ from rmserve.metrics.judge_setup import compare_setups
 from rmserve.metrics.score_files import read_score_files, score_file_fingerprints
 from rmserve.metrics.scores import SCORED_REWARDS, RB2Scores, RMBenchScores, ScoreSet, repeated_keys
 
-from rmserve.errors import DataError
+from rmserve.errors import DataError, name_some
 from rmserve.schema import RB2_SUBSETS, ScoreKind
 
 
@@ -122,9 +122,8 @@ def compare_scores(
     for name, side in ((name_a, a), (name_b, b)):
         repeated = repeated_keys(side)
         if repeated:
-            shown = ", ".join(repeated[:5]) + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else "")
             raise DataError(
-                f"{len(repeated)} group key(s) appear more than once ({shown}); a comparison pairs each group of A "
+                f"{len(repeated)} group key(s) appear more than once ({name_some(repeated)}); a comparison pairs each group of A "
                 "with the group of B that has the same key, so every key must be unique: correct the ids in the "
                 "file (in the published RewardBench 2 per-item files the first ten Factuality ids, 30-39, should "
                 "be 0-9) and compare again",

@@ -12,6 +12,7 @@ input errors (:class:`DataError`) additionally name the file and the record/line
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -397,3 +398,10 @@ def field_path(exc: msgspec.ValidationError) -> str | None:
             path = f"{path}.{name}" if path else name
             break
     return path or None
+
+
+def name_some(items: Sequence[str], limit: int = 5) -> str:
+    """The first ``limit`` of ``items`` for a message, comma-separated, then ``and N more``
+    when there are more: ``"a, b, c, d, e and 2 more"``."""
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rmserve.errors import GroupNotScored
+from rmserve.errors import GroupNotScored, name_some
 from rmserve.schema import ScoreRecord
 
 REASONS: dict[str, str] = {
@@ -112,11 +112,9 @@ class TruncationSummary:
             f"{self.n_tokens_cut:,} tokens in all"
         )
         if self.identical_after_cut:
-            shown = ", ".join(self.identical_after_cut[:5])
-            more = f" and {len(self.identical_after_cut) - 5} more" if len(self.identical_after_cut) > 5 else ""
             text += (
                 f"; {len(self.identical_after_cut)} groups have a chosen and a rejected response identical after the "
-                f"cut (it left nothing that told them apart: {shown}{more})"
+                f"cut (it left nothing that told them apart: {name_some(self.identical_after_cut)})"
             )
         else:
             text += "; no chosen and rejected response came out identical"

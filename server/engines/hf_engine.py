@@ -65,7 +65,7 @@ from rmserve.server.render.chat import Renderer
 
 from rmserve.server.kinds.heads import OBJECTIVES_EXTRA, read_reward
 
-from rmserve.errors import EngineError, ServerFault
+from rmserve.errors import EngineError, ServerFault, name_some
 from rmserve.schema import (
     ATTENTION_UNKNOWN,
     CLASSIFIER_REWARD_HEAD,
@@ -147,9 +147,8 @@ def from_pretrained_checked(loader: Any, path: str, **kwargs: Any) -> Any:
         raise ServerFault(f"transformers could not load {path!r}: {type(exc).__name__}: {exc}") from exc
     missing = sorted(info.get("missing_keys") or ())
     if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise ServerFault(
-            f"{path!r} holds no tensor for {len(missing)} weight(s) of {type(model).__name__} ({shown}), which "
+            f"{path!r} holds no tensor for {len(missing)} weight(s) of {type(model).__name__} ({name_some(missing)}), which "
             "transformers would initialise at random; a checkpoint whose head is named otherwise needs the head that "
             "reads it (--head)"
         )
