@@ -16,13 +16,12 @@ import shutil
 import subprocess
 import sys
 
-import msgspec
 import pytest
+from testkit.chat_runs import chat_run_sample
 from testkit.shared_data import shared_data_dir
 from testkit.token_value import token_value_forward
 
-from rmserve.datasets import load_rmbench
-from rmserve.schema import RequestGroup, RewardHead, ScoreRecord
+from rmserve.schema import RewardHead
 
 ATOL = 1e-4
 RMBENCH = shared_data_dir() / "rm-bench"
@@ -100,20 +99,13 @@ def test_run_on_the_transformers_engine_equals_the_head_from_its_description(rep
                           capture_output=True, text=True, timeout=800)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| Chat |" in done.stdout and "Scores: classifier, head mlp-value;" in done.stdout
-    records = [msgspec.json.decode(line, type=ScoreRecord) for line in (out / "scores.jsonl").read_bytes().splitlines()]
-    chat = [g for g in load_rmbench(RMBENCH).groups if g.key.domain == "chat"]
-    assert len(records) == len(chat)
-    by_key = {r.key: r for r in records}
-    sample = chat[:: len(chat) // 12]
-    rendered = Renderer.from_pretrained(replica, max_model_len=4096).render_groups(
-        [RequestGroup(id=str(g.key), responses=g.responses, messages=g.messages) for g in sample])
-    sequences = [ids for g in rendered for ids in g.token_ids]
+    by_key, sample, sequences = chat_run_sample(out, RMBENCH, Renderer.from_pretrained(replica, max_model_len=4096))
     expected = token_value_forward(replica, sequences, decoder="LlamaModel")
     got = [r for g in sample for r in by_key[g.key].rewards]
     assert all(by_key[g.key].scorer.head == RewardHead("mlp-value") for g in sample)
     assert all(by_key[g.key].scorer.engine == "hf" for g in sample)
     diff = max(abs(a - b) for a, b in zip(got, expected, strict=True))
-    print(f"mlp-value run: {len(records)} chat groups, {len(got)} rewards checked, max |diff| = {diff:.2e}")
+    print(f"mlp-value run: {len(by_key)} chat groups, {len(got)} rewards checked, max |diff| = {diff:.2e}")
     assert diff <= ATOL
     early = token_value_forward(replica, [ids[:-1] for ids in sequences[:6]], decoder="LlamaModel")
     assert min(abs(a - b) for a, b in zip(early, expected[:6], strict=True)) > 100 * ATOL

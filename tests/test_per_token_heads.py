@@ -24,15 +24,15 @@ import asyncio
 import subprocess
 import sys
 
-import msgspec
 import pytest
+from testkit.chat_runs import chat_run_sample
 from testkit.shared_data import shared_data_dir
 from testkit.internlm2 import internlm2_reward_forward
 from testkit.token_value import token_value_forward
 
 from rmserve.datasets import load_rmbench
 from rmserve.fingerprint import model_fingerprint
-from rmserve.schema import RequestGroup, RewardHead, ScoreRecord
+from rmserve.schema import RequestGroup, RewardHead
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -95,20 +95,14 @@ def test_run_prints_the_table_naming_the_head(replica, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| Chat |" in done.stdout and "Scores: classifier, head token-value;" in done.stdout
-    records = [msgspec.json.decode(line, type=ScoreRecord) for line in (out / "scores.jsonl").read_bytes().splitlines()]
-    chat = [g for g in load_rmbench(RMBENCH).groups if g.key.domain == "chat"]
-    assert len(records) == len(chat)
-    by_key = {r.key: r for r in records}
-    sample = chat[:: len(chat) // 12]
-    rendered = Renderer.from_pretrained(replica, max_model_len=4096).render_groups(
-        [RequestGroup(id=str(g.key), responses=g.responses, messages=g.messages) for g in sample])
-    expected = iter(token_value_forward(replica, [ids for g in rendered for ids in g.token_ids]))
+    by_key, sample, sequences = chat_run_sample(out, RMBENCH, Renderer.from_pretrained(replica, max_model_len=4096))
+    expected = iter(token_value_forward(replica, sequences))
     diff = 0.0
     for group in sample:
         record = by_key[group.key]
         assert record.scorer.head == RewardHead("token-value")
         diff = max(diff, *(abs(r - next(expected)) for r in record.rewards))
-    print(f"token-value run: {len(records)} chat groups, max |diff| = {diff:.2e}")
+    print(f"token-value run: {len(by_key)} chat groups, max |diff| = {diff:.2e}")
     assert diff <= ATOL
 
 
@@ -132,21 +126,14 @@ def test_the_reward_is_read_at_the_appended_reward_token(internlm2, tmp_path):
     done = subprocess.run([*argv, "--out", str(out), "--trust-remote-code"], capture_output=True, text=True, timeout=1100)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| Chat |" in done.stdout and f"Scores: classifier, head reward-token (token id {token});" in done.stdout
-    records = [msgspec.json.decode(line, type=ScoreRecord) for line in (out / "scores.jsonl").read_bytes().splitlines()]
-    chat = [g for g in load_rmbench(RMBENCH).groups if g.key.domain == "chat"]
-    assert len(records) == len(chat)
-    by_key = {r.key: r for r in records}
-    sample = chat[:: len(chat) // 12]
     renderer = Renderer.from_pretrained(internlm2, max_model_len=4096, trust_remote_code=True)
-    rendered = renderer.render_groups([RequestGroup(id=str(g.key), responses=g.responses, messages=g.messages)
-                                       for g in sample])
-    sequences = [ids for g in rendered for ids in g.token_ids]
+    by_key, sample, sequences = chat_run_sample(out, RMBENCH, renderer)
     assert all(ids[-1] != token for ids in sequences)  # the conversation itself never holds it
     expected = internlm2_reward_forward(internlm2, sequences)
     got = [r for g in sample for r in by_key[g.key].rewards]
     assert [n for g in sample for n in by_key[g.key].num_tokens] == [len(ids) for ids in sequences]  # token left out
     diff = max(abs(a - b) for a, b in zip(got, expected, strict=True))
-    print(f"reward-token run: {len(records)} chat groups, {len(got)} rewards checked, max |diff| = {diff:.2e}")
+    print(f"reward-token run: {len(by_key)} chat groups, {len(got)} rewards checked, max |diff| = {diff:.2e}")
     assert diff <= ATOL
     forgot = internlm2_reward_forward(internlm2, sequences[:6], append=False)  # teeth: the token matters
     assert min(abs(a - b) for a, b in zip(forgot, expected[:6], strict=True)) > 100 * ATOL
