@@ -14,8 +14,9 @@ value head at every token, random weights, ``modeling_qwen2_rm.py`` beside them 
 transformers). The rewards equal the head computed in ``tests/testkit/token_value.py`` from its
 description (transformers' own ``Qwen2Model`` and the score tensors), within 1e-4 as
 ``tests/server/test_heads_engines.py`` argues (float32 rounding observed below 1e-6); the value
-one position early is far off (the comparison has teeth). vLLM computes every position of a
-per-token output, so no prefix-cache hit is expected (and none is reported).
+one position early is far off (the comparison has teeth). The requests read the prefix cache
+(vLLM's per-token output then holds the computed positions only; the last row is the last
+token's): a group's responses share its prompt, as a one-label classifier's do.
 """
 
 from __future__ import annotations
@@ -41,6 +42,18 @@ RMBENCH = shared_data_dir() / "rm-bench"
 VLLM_OPTIONS = {"engine": "vllm", "dtype": "float32", "max_model_len": 4096, "block_size": 32,
                 "kv_cache_memory_bytes": 1 << 30, "enforce_eager": True}
 RMSERVE = [sys.executable, "-m", "rmserve.cli"]
+
+
+def group_trie_bound(token_ids, block):
+    """Tokens a block-granular prefix cache can skip in one group: for each sequence after the
+    first, its longest common prefix with an earlier one, at most its length less one (the last
+    token is always computed), in whole blocks."""
+    total = 0
+    for j, ids in enumerate(token_ids[1:], start=1):
+        common = max(next((k for k, (a, b) in enumerate(zip(ids, other)) if a != b), min(len(ids), len(other)))
+                     for other in token_ids[:j])
+        total += min(common, len(ids) - 1) // block * block
+    return total
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +88,13 @@ def test_the_engine_reads_the_last_tokens_value_and_hf_is_refused(replica):
     diff = max(abs(s.reward - e) for s, e in zip(scores, expected, strict=True))
     print(f"token-value on vLLM: {len(scores)} rewards, max |diff| = {diff:.2e}")
     assert diff <= ATOL
-    assert all(s.num_cached_tokens == 0 for s in scores)  # a per-token output reads no prefix cache
+    # The prefix cache is read (the last row needs none of the cached positions): each group's
+    # responses share its prompt in whole 32-token blocks, as a one-label classifier's do.
+    hits, bound = sum(s.num_cached_tokens for s in scores), sum(group_trie_bound(g.token_ids, 32) for g in rendered)
+    print(f"token-value prefix-cache hits: {hits} tokens, per-group trie bound {bound}")
+    assert bound > 0 and hits >= 0.9 * bound
+    assert all(s.num_cached_tokens % 32 == 0 and s.num_cached_tokens < len(ids)
+               for s, ids in zip(scores, sequences, strict=True))
     early = token_value_forward(replica, [ids[:-1] for ids in sequences[:6]])
     assert min(abs(a - b) for a, b in zip(early, expected[:6], strict=True)) > 100 * ATOL
 
@@ -132,6 +151,8 @@ def test_the_reward_is_read_at_the_appended_reward_token(internlm2, tmp_path):
     expected = internlm2_reward_forward(internlm2, sequences)
     got = [r for g in sample for r in by_key[g.key].rewards]
     assert [n for g in sample for n in by_key[g.key].num_tokens] == [len(ids) for ids in sequences]  # token left out
+    cached = sum(sum(r.num_cached_tokens) for r in by_key.values())
+    assert cached > 0, "a group's responses read its prompt from the prefix cache"
     diff = max(abs(a - b) for a, b in zip(got, expected, strict=True))
     print(f"reward-token run: {len(by_key)} chat groups, {len(got)} rewards checked, max |diff| = {diff:.2e}")
     assert diff <= ATOL

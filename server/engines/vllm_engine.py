@@ -7,7 +7,8 @@ label; one label or a weighted sum of several; for an ``lm-logit`` head, a causa
 LM-head row of the head's token id vLLM turns into a one-label score head at load,
 :func:`~rmserve.server.engines.vllm_compat.lm_logit_overrides`; for a ``token-value`` head,
 vLLM's own per-token reward architecture under the ``token_classify`` task, read at the last
-row, which reads no prefix cache; a ``reward-token`` head the same, with the config's
+row, the request told to read the prefix cache (the output then holds the computed positions
+only, :func:`~rmserve.server.engines.vllm_compat.pooling_params`); a ``reward-token`` head the same, with the config's
 ``reward_token_id`` appended to every sequence — the renderer's limit is one token less, and the
 counts it reports leave the reward token out). The sequences of one group are
 submitted together, so they share prefix-cache blocks (the shared prompt is computed once; the
@@ -83,7 +84,6 @@ from rmserve.server.kinds.judge_probe import check_chat_template
 from rmserve.server.engines.vllm_compat import (
     CAN_READ_PREFIX_CACHE_WITH_PROMPT_LOGPROBS,
     PoolerConfig,
-    PoolingParams,
     SamplingParams,
     abort_requests,
     attention_backend,
@@ -92,6 +92,7 @@ from rmserve.server.engines.vllm_compat import (
     engine_args,
     final_output,
     lm_logit_overrides,
+    pooling_params,
     reset_engine_prefix_cache,
     served_name,
     shutdown_when_built,
@@ -400,7 +401,7 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
         self, engine: Any, ids: Sequence[int], request_id: str, options: dict[str, Any]
     ) -> SequenceScore:
         per_token = self._head.name in PER_TOKEN_HEADS
-        params = PoolingParams(task="token_classify" if per_token else "classify", use_activation=False)
+        params = pooling_params(per_token)
         if self._head.name == REWARD_TOKEN_HEAD:  # read at the reward token, appended as the model's own code does
             ids = [*ids, int(self._head.token_id)]
         final = await final_output(encode(engine, tokens_input(list(ids)), params, request_id, options), request_id)
@@ -408,10 +409,13 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
         if error is not None:
             raise EngineError(f"vLLM failed on request {request_id}: {error}")
         data = final.outputs.data
-        if per_token:  # (tokens, labels): the reward is the last token's value
-            if data.dim() != 2 or data.shape[0] != len(ids):
+        cached = int(final.num_cached_tokens or 0)
+        if per_token:  # (computed positions, labels): the reward is the last token's value, the last row
+            computed = len(ids) - cached
+            if data.dim() != 2 or data.shape[0] != computed:
                 raise EngineError(
-                    f"expected one value row per token ({len(ids)}), got shape {tuple(data.shape)} (request {request_id})"
+                    f"expected one value row per computed token ({len(ids)} tokens, {cached} from the prefix cache), "
+                    f"got shape {tuple(data.shape)} (request {request_id})"
                 )
             data = data[-1]
         if data.numel() != self._num_values:
@@ -423,7 +427,7 @@ class VLLMEngine(_VLLMAdapter, OwnRenderer):
             reward = read_reward(self._head, values)
         except ValueError as exc:
             raise EngineError(f"{exc} (request {request_id})") from None
-        return SequenceScore(reward=reward, num_cached_tokens=int(final.num_cached_tokens or 0))
+        return SequenceScore(reward=reward, num_cached_tokens=cached)
 
 
 def warn_remote_code(cfg: EngineConfig) -> None:

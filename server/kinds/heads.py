@@ -81,7 +81,8 @@ REMOTE_CLASSIFIER_KEY = "AutoModelForSequenceClassification"
 TOKEN_VALUE_ARCHITECTURES: tuple[str, ...] = ("Qwen2ForRewardModel",)
 """Architectures whose model gives one value per token (vLLM's ``token_classify`` task), the
 sequence's reward being the last token's: the ``token-value`` head. vLLM implements them; the
-per-token output reads no prefix cache (vLLM computes every position of every sequence)."""
+per-token output is asked to read the prefix cache (it then holds the computed positions only, the
+last one the last token's: :func:`~rmserve.server.engines.vllm_compat.pooling_params`)."""
 
 REWARD_TOKEN_ARCHITECTURES: tuple[str, ...] = ("InternLM2ForRewardModel",)
 """Architectures whose reward is a per-token value read at a reward token the scorer appends to
@@ -173,7 +174,8 @@ HEADS: dict[HeadName, HeadRule] = {
         TOKEN_VALUE_HEAD,
         f"a per-token value model ({', '.join(TOKEN_VALUE_ARCHITECTURES)})",
         ("vllm",),
-        "the head's value at the last token (vLLM's token_classify output, its last row; no prefix-cache reads)",
+        "the head's value at the last token (vLLM's token_classify output, its last row; the prompt read from the "
+        "prefix cache)",
         ("Qwen2.5-Math-RM-72B",),
     ),
     REWARD_TOKEN_HEAD: HeadRule(
@@ -181,7 +183,7 @@ HEADS: dict[HeadName, HeadRule] = {
         f"a per-token value model read at a reward token ({', '.join(REWARD_TOKEN_ARCHITECTURES)}, reward_token_id)",
         ("vllm",),
         "the head's value at the reward token (reward_token_id), appended to every sequence (vLLM's token_classify "
-        "output, its last row; no prefix-cache reads)",
+        "output, its last row; the prompt read from the prefix cache)",
         ("internlm2-7b-reward", "internlm2-20b-reward"),
     ),
     MLP_VALUE_HEAD: HeadRule(
