@@ -184,7 +184,8 @@ class EngineConfig:
     """Name reported in ``/v1/models`` and score replies; None = the model path's last part or the hub id."""
 
     hf_batch_size: int = 8
-    """Sequences per forward pass in the transformers engine (≥ 1)."""
+    """Most sequences per forward pass in the transformers engine (≥ 1): a pass takes the oldest waiting
+    sequence and those of the nearest lengths, across the groups in flight."""
 
     enable_prefix_caching: bool = True
     """Reuse the KV blocks of shared prefixes across sequences (vLLM). Off only to measure what the prefix cache saves."""

@@ -1,7 +1,9 @@
 """The transformers engines: a reference and fallback for the vLLM ones.
 
 :class:`HFEngine` loads ``AutoModelForSequenceClassification`` (an ``lm-logit`` head:
-``AutoModelForCausalLM``) and scores a group's sequences in right-padded batches. The reward is
+``AutoModelForCausalLM``) and scores sequences in right-padded batches taken across the groups
+in flight, each the oldest waiting sequence and those of the nearest lengths
+(:class:`~rmserve.server.engines.batching.CrossGroupBatcher`). The reward is
 read (:func:`~rmserve.server.kinds.heads.read_reward`) from the score head applied to the hidden
 state at each sequence's last real token, found from the attention mask
 (``position = mask.sum(-1) - 1``) — never by looking for the pad id, which breaks when
@@ -27,18 +29,19 @@ judge: ``AutoModelForCausalLM.generate`` with greedy decoding, one prompt at a t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
 import torch
-from rmserve.server.engines.batching import length_sorted_batches
+from rmserve.server.engines.batching import CrossGroupBatcher, length_sorted_batches
 from rmserve.server.config import EngineConfig, check_lm_head, check_reward_head
 from rmserve.server.kinds.judge_protocols import JudgeOutput
 from rmserve.server.render.judge import (
@@ -314,6 +317,16 @@ class HFEngine(_TorchLifecycle[_ClassifierLoaded], OwnRenderer):
 
     label = "transformers engine"
 
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self._batcher: CrossGroupBatcher[SequenceScore] = CrossGroupBatcher(
+            self._score_batch, max_batch_size=config.hf_batch_size,
+            error=lambda request_id, exc: EngineError(
+                f"forward pass failed for {request_id}: {type(exc).__name__}: {exc}"),
+        )
+        self._open = asyncio.Event()  # cleared while a checkpoint swap waits for the batches in flight
+        self._open.set()
+
     def _build(self) -> _ClassifierLoaded:
         """Load model and tokenizer.
 
@@ -350,49 +363,68 @@ class HFEngine(_TorchLifecycle[_ClassifierLoaded], OwnRenderer):
         """Score one group's sequences (the head's reward read from the raw logits,
         :func:`~rmserve.server.kinds.heads.read_reward`; ``num_cached_tokens`` is always 0).
 
-        ``priority`` is accepted and ignored (groups run in the order they arrive), and so is
+        The sequences join the queue of every group in flight
+        (:class:`~rmserve.server.engines.batching.CrossGroupBatcher`): each forward pass takes the
+        oldest waiting sequence and those of the nearest lengths, up to ``hf_batch_size``, whatever
+        their group, so batches hold little padding. All of a group's sequences run on the model
+        loaded when it arrived: a checkpoint swap waits until every queued sequence is scored, and
+        a group arriving during the swap waits for it.
+
+        ``priority`` is accepted and ignored (sequences run oldest first), and so is
         ``answer_starts`` (a classifier scores the whole sequence; part of the one
         :meth:`~rmserve.server.engines.protocol.RewardEngine.score_group` signature).
 
         ``request_id`` is only used in error messages: a forward pass in progress cannot
-        be aborted, a cancelled caller simply does not wait for it.
+        be aborted; a cancelled caller's sequences not yet in a forward pass are dropped.
 
         Raises:
             EngineNotReady: not started or shut down.
             InvalidRequest / SequenceTooLong: an empty or over-long sequence.
-            EngineError: the forward pass failed.
+            EngineError: the forward pass failed for one of the group's sequences (run alone
+                after a failed batch, so another group's sequence cannot fail this group).
         """
         loaded = self._require()
         limit = loaded.info.max_model_len
         check_token_ids(token_ids, limit)
+        await self._open.wait()
+        loaded = self._require()  # a checkpoint swap may have replaced the model meanwhile
+        futures = self._batcher.submit(loaded, token_ids, request_id)
+        try:
+            return list(await asyncio.gather(*futures))
+        finally:
+            for future in futures:  # one failed or the caller went away: drop what has not run
+                future.cancel()
+
+    @property
+    def forward_passes(self) -> int:
+        """Forward passes run so far (batches, a failed batch's one-sequence reruns included)."""
+        return self._batcher.batches
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self) -> AsyncIterator[None]:
+        """A reload or restart: new groups wait while every queued sequence is scored on the
+        model it was queued for, then the swap runs alone."""
         async with self._lock:
-            loaded = self._require()  # a checkpoint swap may have replaced the model meanwhile
+            self._open.clear()
             try:
-                if loaded.base is None:  # remote-code: the model's own forward, its objectives as extras
-                    return await asyncio.to_thread(self._model_scores, loaded, token_ids)
-                rewards = await asyncio.to_thread(self._rewards, loaded, token_ids)
-            except (RuntimeError, ValueError) as exc:
-                raise EngineError(f"forward pass failed for {request_id}: {type(exc).__name__}: {exc}") from exc
+                await self._batcher.idle()
+                yield
+            finally:
+                self._open.set()
+
+    def _score_batch(self, loaded: _ClassifierLoaded, token_ids: list[Sequence[int]]) -> list[SequenceScore]:
+        """One forward pass over a batch of sequences (any groups), right-padded; blocking.
+
+        A ``remote-code`` model runs whole (:func:`model_output_rewards`: its objectives become
+        extras); any other head reads the decoder's last real position through the head
+        (:func:`last_token_rewards`)."""
+        with torch.inference_mode():
+            if loaded.base is None:
+                outputs = model_output_rewards(loaded.model, token_ids, pad_id=loaded.pad_id, device=loaded.device)
+                return [SequenceScore(reward=reward, num_cached_tokens=0, extras=extras) for reward, extras in outputs]
+            rewards = last_token_rewards(loaded.base, loaded.head, token_ids, pad_id=loaded.pad_id, device=loaded.device,
+                                         read=lambda values: read_reward(loaded.reward_head, values))
         return [SequenceScore(reward=r, num_cached_tokens=0) for r in rewards]
-
-    def _model_scores(self, loaded: _ClassifierLoaded, token_ids: Sequence[Sequence[int]]) -> list[SequenceScore]:
-        """A ``remote-code`` model's scores in input order (:func:`model_output_rewards` over
-        length-sorted batches of ``hf_batch_size``)."""
-        outputs = in_length_sorted_batches(
-            token_ids,
-            lambda batch: model_output_rewards(loaded.model, [token_ids[j] for j in batch], pad_id=loaded.pad_id,
-                                               device=loaded.device),
-            max_batch_size=self.config.hf_batch_size,
-        )
-        return [SequenceScore(reward=reward, num_cached_tokens=0, extras=extras) for reward, extras in outputs]
-
-    def _rewards(self, loaded: _ClassifierLoaded, token_ids: Sequence[Sequence[int]]) -> list[float]:
-        """Rewards in input order; batches of ``hf_batch_size``, longest first (less padding)."""
-        return length_sorted_rewards(
-            loaded.base, loaded.head, token_ids, pad_id=loaded.pad_id, device=loaded.device,
-            max_batch_tokens=sys.maxsize, max_batch_size=self.config.hf_batch_size,
-            read=lambda values: read_reward(loaded.reward_head, values),
-        )
 
     async def _reload(self, loaded: _ClassifierLoaded, folder: Path) -> _ClassifierLoaded:
         """Load the classifier in ``folder`` in a worker thread (after the forward pass in

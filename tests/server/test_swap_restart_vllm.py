@@ -180,3 +180,47 @@ async def test_hf_restart_on_other_shape(demo_model_dir, rmbench_dir, restart_ch
         assert (await engine.restart(str(deeper))).info.fingerprint == info.fingerprint
     finally:
         await engine.shutdown()
+
+
+async def test_hf_swap_waits_for_the_groups_in_flight(demo_model_dir, rmbench_dir, restart_checkpoints):
+    """The transformers engine batches across groups; a swap that comes while groups wait lets
+    every queued group finish on the model it was queued for, and no group is scored by two
+    models (each group's rewards all equal one checkpoint's unbatched forward)."""
+    import asyncio
+
+    from rmserve.server.config import EngineConfig
+    from rmserve.server.engines.hf_engine import HFEngine
+
+    deeper, _, _ = restart_checkpoints
+    engine = HFEngine(EngineConfig(model=str(demo_model_dir), engine="hf", dtype="float32", hf_batch_size=4))
+    await engine.start()
+    try:
+        groups = [[list(ids) for ids in g.token_ids] for g in engine.renderer.render_groups(_chat_groups(rmbench_dir, 6))]
+        queued = [asyncio.create_task(engine.score_group(g, f"queued-{i}")) for i, g in enumerate(groups[:4])]
+        await asyncio.sleep(0)  # the four groups are in the queue
+        swap = asyncio.create_task(engine.reload_weights(str(deeper)))
+        during = [asyncio.create_task(engine.score_group(g, f"during-{i}")) for i, g in enumerate(groups[4:])]
+        scored = await asyncio.gather(*queued, *during)
+        await swap
+        after = await engine.score_group(groups[0], "after")
+        passes = engine.forward_passes
+    finally:
+        await engine.shutdown()
+    old = _direct_rewards(demo_model_dir, [ids for g in groups for ids in g])
+    new = _direct_rewards(deeper, [ids for g in groups for ids in g])
+    starts = [sum(map(len, groups[:i])) for i in range(len(groups))]
+
+    def model_of(i, scores):
+        got = [s.reward for s in scores]
+        n = len(groups[i])
+        if got == pytest.approx(old[starts[i]:starts[i] + n], abs=ATOL):
+            return "old"
+        assert got == pytest.approx(new[starts[i]:starts[i] + n], abs=ATOL), f"group {i} mixes two checkpoints"
+        return "new"
+
+    assert [model_of(i, s) for i, s in enumerate(scored[:4])] == ["old"] * 4
+    for i, s in enumerate(scored[4:], start=4):
+        model_of(i, s)  # one checkpoint or the other, never both
+    assert model_of(0, after) == "new"
+    assert min(abs(a - b) for a, b in zip(old, new)) > 100 * ATOL  # the two checkpoints are told apart
+    assert passes < sum(map(len, groups)) + len(groups[0])  # sequences shared forward passes
