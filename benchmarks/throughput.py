@@ -410,14 +410,39 @@ def score_reference(
     return rewards, wall_s, _latencies(first_start, last_done)
 
 
+class LastTokenValue:
+    """A per-token value model (``Qwen2ForRewardModel``: its own code, ``(batch, seq, 1)`` values)
+    called as a classifier is: ``.logits`` holds each sequence's value at its last real token
+    (the attention mask's), as the token-value head reads it."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.config = model.config
+
+    def __call__(self, *, input_ids: Any, attention_mask: Any) -> Any:
+        import torch
+
+        values = self.model(input_ids=input_ids, attention_mask=attention_mask)
+        values = values[0] if isinstance(values, (tuple, list)) else getattr(values, "logits", values)
+        last = attention_mask.sum(dim=-1) - 1
+        return type("Output", (), {"logits": values[torch.arange(values.shape[0]), last]})
+
+
 def run_reference(spec: dict[str, Any]) -> PathResult:
-    """Path a: ``AutoModelForSequenceClassification`` from the checkpoint, :func:`score_reference`."""
+    """Path a: ``AutoModelForSequenceClassification`` from the checkpoint (a per-token value model:
+    its own class through ``trust_remote_code``, read at the last token), :func:`score_reference`."""
     import torch
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+
+    from rmserve.server.kinds.heads import TOKEN_VALUE_ARCHITECTURES
 
     started = time.perf_counter()
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[spec["dtype"]]
-    model = AutoModelForSequenceClassification.from_pretrained(spec["model"], dtype=dtype).eval()
+    architectures = AutoConfig.from_pretrained(spec["model"], trust_remote_code=True).architectures or []
+    if any(a in TOKEN_VALUE_ARCHITECTURES for a in architectures):
+        model = LastTokenValue(AutoModel.from_pretrained(spec["model"], dtype=dtype, trust_remote_code=True).eval())
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(spec["model"], dtype=dtype).eval()
     startup_s = time.perf_counter() - started
     token_ids: list[list[list[int]]] = spec["token_ids"]
     rewards, wall_s, latencies = score_reference(
