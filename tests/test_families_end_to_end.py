@@ -8,6 +8,9 @@ on each family's replica (``rmserve demo-model --family``), as a user types it.
   tokenizer writes it).
 - DPO (policy and reference of the family, two seeds): three chat groups; the rewards equal
   ``testkit.dpo_reference`` (the official formula from the text, its own tokenization).
+- Gemma 2's soft-capped attention: a replica whose attention scores pass the cap (its query
+  weights scaled up) scored by vLLM and by the transformers engine equals transformers' eager
+  attention (which applies ``cap · tanh(s / cap)``), not its SDPA (which leaves the cap out).
 - judge: two chat groups at 8 generated tokens; every call generated (the random weights write
   no verdict: the records' calls, not their verdicts, are checked), Gemma 2 with
   ``--no-judge-system-prompt`` (its template refuses a system turn; without the flag the run
@@ -83,7 +86,8 @@ def test_classifier_run_on_each_family_equals_a_transformers_forward(family_repl
     assert len(records) == len(chat) and all(r.first_error is None for r in records)
     by_key = {r.key: r for r in records}
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModelForSequenceClassification.from_pretrained(str(folder), dtype=torch.float32).eval()
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder), dtype=torch.float32,
+                                                               attn_implementation="eager").eval()
     worst = 0.0
     moved = []
     with torch.inference_mode():
@@ -109,7 +113,7 @@ def _causal_lm(loader, folder):
     at random, which made the reference, not the served rewards, wrong."""
     import torch
 
-    model = loader.from_pretrained(str(folder), dtype=torch.float32).eval()
+    model = loader.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()
     if model.config.tie_word_embeddings:
         embeddings = model.get_input_embeddings().weight
         if model.get_output_embeddings().weight.data_ptr() != embeddings.data_ptr():
@@ -166,3 +170,52 @@ def test_judge_run_on_each_family_generates_every_call(family_replica, small_cha
         assert record.kind == "judge" and record.judge is not None and len(record.judge.calls) == 18
         assert all(1 <= call.completion_tokens <= 8 for call in record.judge.calls)
         assert sum(call.cached_tokens for call in record.judge.calls) > 0
+
+
+def test_gemma2_soft_capped_attention_on_both_engines(family_replica, small_chat, tmp_path):
+    """The random replica's attention scores stay far under Gemma 2's cap of 50, where capping
+    changes nothing; scaling its query weights 40× takes them past it, so a path that leaves the
+    cap out (transformers' SDPA: allenai/reward-bench #169) gives other rewards."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from rmserve.server.render.chat import Renderer
+
+    sharp = tmp_path / "gemma2-sharp"
+    shutil.copytree(family_replica("gemma2"), sharp)
+    model = AutoModelForSequenceClassification.from_pretrained(str(sharp), dtype=torch.float32).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(40.0)
+    model.save_pretrained(str(sharp))
+    assert model.config.attn_logit_softcapping == 50.0
+
+    renderer = Renderer.from_pretrained(sharp, max_model_len=4096)
+    groups = load_rmbench(small_chat).groups
+    from rmserve.schema import RequestGroup
+
+    rendered = renderer.render_groups([RequestGroup(id=str(g.key), responses=g.responses, messages=g.messages)
+                                       for g in groups])
+    sequences = [ids for g in rendered for ids in g.token_ids]
+    reference = {}
+    for implementation in ("eager", "sdpa"):
+        loaded = AutoModelForSequenceClassification.from_pretrained(
+            str(sharp), dtype=torch.float32, attn_implementation=implementation).eval()
+        with torch.inference_mode():
+            reference[implementation] = [loaded(torch.tensor([ids])).logits[0, 0].item() for ids in sequences]
+    uncapped = max(abs(a - b) for a, b in zip(reference["eager"], reference["sdpa"], strict=True))
+    assert uncapped > 10 * ATOL  # the cap matters for this replica
+
+    for engine, attention in (("vllm", None), ("hf", "eager")):
+        out = tmp_path / engine
+        done = _run(sharp, out, small_chat, "--engine", engine)
+        assert done.returncode == 0, done.stderr[-3000:]
+        records = {r.key: r for r in _records(out)}
+        got = [reward for g in groups for reward in records[g.key].rewards]
+        if attention is not None:
+            assert all(r.scorer.attention == attention for r in records.values())
+        diff = max(abs(a - b) for a, b in zip(got, reference["eager"], strict=True))
+        print(f"gemma2 soft-capped attention, {engine}: max |reward - eager| {diff:.2e} (SDPA is {uncapped:.2e} off)")
+        assert diff <= ATOL

@@ -9,7 +9,8 @@ state at each sequence's last real token, found from the attention mask
 (``position = mask.sum(-1) - 1``) — never by looking for the pad id, which breaks when
 pad == EOS; for an ``lm-logit`` head the "score head" is the LM head, read at the head's token
 id (the model's own logit there). ``info().attention`` is the model config's
-``_attn_implementation`` (``sdpa``, ``eager`` …). No activation is applied (raw logits), no prefix cache
+``_attn_implementation`` (``sdpa``, ``eager`` …; ``eager`` for a model whose attention scores are
+soft-capped, Gemma 2: :func:`attention_kwargs`). No activation is applied (raw logits), no prefix cache
 (``num_cached_tokens = 0``). Forward passes run in a worker thread, one at a time, so the
 event loop stays free. A checkpoint swap is :meth:`HFEngine.reload_weights` (same
 architecture: the tokenizer and renderer are kept) or :meth:`HFEngine.restart` (any
@@ -133,17 +134,43 @@ def attention_implementation(model: Any) -> str:
     return str(value) if isinstance(value, str) and value else ATTENTION_UNKNOWN
 
 
+SOFT_CAPPED_ATTENTION = "eager"
+"""The transformers attention implementation of a model whose attention scores are soft-capped
+(``attn_logit_softcapping`` in its config: Gemma 2). transformers' ``sdpa`` path leaves the cap
+out (allenai/reward-bench issue #169: Gemma-2 RMs scored lower under SDPA); its ``eager`` path
+applies ``cap · tanh(scores / cap)``, as the model was trained and as vLLM computes it."""
+
+
+def attention_kwargs(path: str, *, trust_remote_code: bool = False) -> dict[str, Any]:
+    """The ``from_pretrained`` attention keyword for checkpoint ``path``: ``attn_implementation=
+    "eager"`` (:data:`SOFT_CAPPED_ATTENTION`) when its config soft-caps attention scores, else
+    none (transformers' default). A config that cannot be read gives none (the load reports it)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 - from_pretrained raises it again, with its context
+        return {}
+    configs = [config, getattr(config, "text_config", None)]
+    if any(getattr(c, "attn_logit_softcapping", None) for c in configs if c is not None):
+        return {"attn_implementation": SOFT_CAPPED_ATTENTION}
+    return {}
+
+
 def from_pretrained_checked(loader: Any, path: str, **kwargs: Any) -> Any:
     """``loader.from_pretrained(path, **kwargs)``, refused when the checkpoint holds no tensor
     for some of the model's weights: transformers would initialise those at random (a score
     head under another name, an LM head a config says is not tied) and every reward read
     through them would be silently wrong. Weights tied to one the checkpoint holds are not
-    missing.
+    missing. A model whose attention scores are soft-capped (Gemma 2) is loaded with the
+    attention implementation that applies the cap (:func:`attention_kwargs`).
 
     Raises:
         ServerFault: transformers could not load ``path``, or weights are missing (naming up to
             five of them and their count).
     """
+    if "attn_implementation" not in kwargs:
+        kwargs.update(attention_kwargs(path, trust_remote_code=bool(kwargs.get("trust_remote_code"))))
     try:
         model, info = loader.from_pretrained(path, output_loading_info=True, **kwargs)
     except Exception as exc:  # noqa: BLE001
