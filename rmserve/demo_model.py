@@ -48,7 +48,7 @@ REWARD_TOKEN = "[UNUSED_TOKEN_130]"
 """The special token an ``internlm2-rm`` demo model's reward is read at (``reward_token_id``;
 InternLM2's reward models use the token of that name)."""
 
-DEMO_KINDS: tuple[str, ...] = ("reward", "causal", "gated", "qwen2-rm", "internlm2-rm", "inf-orm")
+DEMO_KINDS: tuple[str, ...] = ("reward", "causal", "gated", "qwen2-rm", "internlm2-rm", "inf-orm", "grm")
 """The models ``demo-model --head`` builds (:attr:`DemoModelConfig.kind`)."""
 
 QWEN2_RM_CODE_FILE = "modeling_qwen2_rm.py"
@@ -99,7 +99,11 @@ class DemoModelConfig:
             seed whose ``score`` layer is replaced by a two-layer MLP — ``score.0`` hidden →
             hidden, ReLU, ``score.2`` hidden → 1, random — and whose architecture is
             ``INFORMForSequenceClassification``, a class no library ships; family ``demo`` or
-            ``llama3``; served by the ``mlp-value`` head on the transformers engine).
+            ``llama3``; served by the ``mlp-value`` head on the transformers engine) or ``grm``
+            (the GRM reward models' shape, ``GRewardModel``: the ``causal`` model of the same seed
+            without its LM head and with a value head ``v_head.summary.0`` (hidden → 2·hidden),
+            ReLU, ``v_head.summary.2`` (→ 1), random; any family; served by the ``value-head``
+            head on the transformers engine).
         num_labels: ``reward`` only: labels of the classifier (1: a one-label reward head; more:
             a multi-label head, served with ``--label-index`` or ``--label-weights``).
         objectives: ``gated`` only: the number of objectives (1 to 64).
@@ -360,6 +364,7 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
              "internlm2-rm": f"reward model read at a reward token, InternLM2ForRewardModel ({INTERNLM2_CONFIG_FILE}; "
                              "served on vLLM with --trust-remote-code)",
              "inf-orm": "reward model with an MLP score head, INFORMForSequenceClassification (served with --engine hf)",
+             "grm": "reward model with a value head, GRewardModel as GRM's (served with --engine hf)",
              }[config.kind]
     (out / "README.md").write_text(
         f"# rmserve demo {title}\n\n{RANDOM_WEIGHTS_WARNING}\n\n{family_line}"
@@ -372,6 +377,8 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
         _as_internlm2_reward_model(out, raw.token_to_id(REWARD_TOKEN), config)
     if config.kind == "inf-orm":
         _as_mlp_value_model(out, config)
+    if config.kind == "grm":
+        _as_value_head_model(out, config)
     weights = out / "model.safetensors"
     return DemoModelReport(
         path=out,
@@ -448,6 +455,35 @@ def _as_mlp_value_model(out: Path, config: DemoModelConfig) -> None:
     path = out / "config.json"
     data = json.loads(path.read_text(encoding="utf-8"))
     data["architectures"] = ["INFORMForSequenceClassification"]
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+GRM_NEURONS_PER_HIDDEN = 2
+"""A ``grm`` demo model's value head width, in multiples of the hidden size."""
+
+
+def _as_value_head_model(out: Path, config: DemoModelConfig) -> None:
+    """Rewrite the causal LM in ``out`` as a GRM checkpoint (``GRewardModel``, per
+    allenai/reward-bench ``rewardbench/models/grm.py``): no LM head, a value head
+    ``v_head.summary.0`` (hidden → :data:`GRM_NEURONS_PER_HIDDEN`·hidden, with bias), ReLU,
+    ``v_head.summary.2`` (→ 1, with bias), random (seed ``config.seed + 1``, rewards of order 1),
+    and ``config.json``'s architecture ``GRewardModel`` with the value head's settings
+    (``vhead_layer_type`` ``mlp``, ``vhead_num_layers`` 1, ``vhead_num_neurons``)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(out / "model.safetensors"))
+    weights.pop("lm_head.weight", None)
+    hidden, neurons = config.hidden, GRM_NEURONS_PER_HIDDEN * config.hidden
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    weights["v_head.summary.0.weight"] = torch.randn(neurons, hidden, generator=generator) * (2.0 / hidden**0.5)
+    weights["v_head.summary.0.bias"] = torch.randn(neurons, generator=generator) * 0.1
+    weights["v_head.summary.2.weight"] = torch.randn(1, neurons, generator=generator) * (2.0 / neurons**0.5)
+    weights["v_head.summary.2.bias"] = torch.randn(1, generator=generator) * 0.1
+    save_file({k: t.contiguous() for k, t in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    path = out / "config.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data.update(architectures=["GRewardModel"], vhead_layer_type="mlp", vhead_num_layers=1, vhead_num_neurons=neurons)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 

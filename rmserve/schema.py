@@ -47,7 +47,9 @@ LENGTH_KIND: ModelKind = "length"
 MODEL_KINDS: tuple[ModelKind, ...] = (CLASSIFIER_KIND, DPO_KIND, JUDGE_KIND, LENGTH_KIND)
 """Every :data:`ModelKind`, in the order the CLI lists them."""
 
-HeadName = Literal["classifier", "multi-label", "lm-logit", "remote-code", "token-value", "reward-token", "mlp-value"]
+HeadName = Literal[
+    "classifier", "multi-label", "lm-logit", "remote-code", "token-value", "reward-token", "mlp-value", "value-head",
+]
 """How a sequence classifier's reward is read from the model (``rmserve.server.kinds.heads``):
 ``classifier`` — the one logit of a one-label ``*ForSequenceClassification`` at the last token;
 ``multi-label`` — one label, or a weighted sum of the labels, of a ``*ForSequenceClassification``
@@ -60,7 +62,9 @@ Qwen2.5-Math-RM-72B), read at the last token; ``reward-token`` — a per-token v
 a reward token appended to every sequence (``InternLM2ForRewardModel``, its ``reward_token_id``);
 ``mlp-value`` — a two-layer MLP score head (``score.0``, ReLU, ``score.2``) over a decoder, read at
 the last token, for a checkpoint that ships no code for it (INF-ORM-Llama3.1-70B, whose card
-gives the class)."""
+gives the class); ``value-head`` — a value head ``v_head.summary`` (linear layers with ReLU between)
+over a decoder, read at the last token (the GRM reward models, whose class only the official
+harness defines)."""
 
 CLASSIFIER_HEAD: HeadName = "classifier"
 MULTI_LABEL_HEAD: HeadName = "multi-label"
@@ -69,9 +73,10 @@ REMOTE_CODE_HEAD: HeadName = "remote-code"
 TOKEN_VALUE_HEAD: HeadName = "token-value"
 REWARD_TOKEN_HEAD: HeadName = "reward-token"
 MLP_VALUE_HEAD: HeadName = "mlp-value"
+VALUE_HEAD: HeadName = "value-head"
 HEAD_NAMES: tuple[HeadName, ...] = (
     CLASSIFIER_HEAD, MULTI_LABEL_HEAD, LM_LOGIT_HEAD, REMOTE_CODE_HEAD, TOKEN_VALUE_HEAD, REWARD_TOKEN_HEAD,
-    MLP_VALUE_HEAD,
+    MLP_VALUE_HEAD, VALUE_HEAD,
 )
 """Every :data:`HeadName`, in the order the CLI and the docs list them."""
 

@@ -102,7 +102,8 @@ def test_serve_help_has_no_rest_markup_left():
             "classifier (the one label of a *ForSequenceClassification), multi-label") in flat
     assert "read with --label-index or --label-weights" in flat
     assert ("[default: found from the checkpoint's config (token-value for Qwen2ForRewardModel, reward-token for "
-            "InternLM2ForRewardModel, mlp-value for INFORMForSequenceClassification, remote-code when "
+            "InternLM2ForRewardModel, mlp-value for INFORMForSequenceClassification, value-head for GRewardModel, "
+            "remote-code when "
             "its auto_map names a classifier class, else classifier or multi-label by its label count") in flat
     assert ("--trust-remote-code / --no-trust-remote-code Classifier only: let the transformers engine run a "
             "checkpoint's own modeling code (its auto_map reward model class, as ArmoRM ships): the remote-code head") in flat

@@ -57,7 +57,9 @@ KNOWN_HEADS = (
     "remote-code (a checkpoint with its own modeling code (auto_map: AutoModelForSequenceClassification), with "
     "--trust-remote-code); token-value (a per-token value model (Qwen2ForRewardModel)); reward-token (a per-token "
     "value model read at a reward token (InternLM2ForRewardModel, reward_token_id)); mlp-value (a classifier whose "
-    "score head is a two-layer MLP (INFORMForSequenceClassification: score.0, ReLU, score.2), shipping no code for it)"
+    "score head is a two-layer MLP (INFORMForSequenceClassification: score.0, ReLU, score.2), shipping no code for it); "
+    "value-head (a decoder with a value head (GRewardModel: v_head.summary.* tensors, linear layers with ReLU between), "
+    "shipping no code for it)"
 )
 INTERNLM2 = {"architectures": ["InternLM2ForRewardModel"], "vocab_size": 92544, "reward_token_id": 92527,
              "auto_map": {"AutoConfig": "configuration_internlm2.InternLM2Config"}}
@@ -79,11 +81,12 @@ OWN_CODE = (
 
 def test_the_registry_holds_every_head_with_its_engines():
     assert tuple(HEADS) == HEAD_NAMES == (
-        "classifier", "multi-label", "lm-logit", "remote-code", "token-value", "reward-token", "mlp-value")
-    # vLLM runs no model code and has no MLP score head over a decoder; transformers has no
+        "classifier", "multi-label", "lm-logit", "remote-code", "token-value", "reward-token", "mlp-value", "value-head")
+    # vLLM runs no model code and has no MLP or value head over a decoder; transformers has no
     # Qwen2ForRewardModel or InternLM2ForRewardModel
-    assert [rule.engines for rule in HEADS.values()] == [("vllm", "hf")] * 3 + [("hf",), ("vllm",), ("vllm",), ("hf",)]
-    assert [rule.detected for rule in HEADS.values()] == [True, True, False, True, True, True, True]  # causal LM: --head
+    assert [rule.engines for rule in HEADS.values()] == [("vllm", "hf")] * 3 + [("hf",), ("vllm",), ("vllm",), ("hf",),
+                                                                                 ("hf",)]
+    assert [rule.detected for rule in HEADS.values()] == [True, True, False, True, True, True, True, True]  # causal: --head
     assert engine_problem(RewardHead("mlp-value"), "vllm") == (
         "the mlp-value head is served by the hf engine only (vLLM has no MLP score head over a decoder; transformers "
         "runs the decoder and the MLP from the checkpoint's tensors): add --engine hf")
@@ -109,6 +112,7 @@ def test_the_registry_holds_every_head_with_its_engines():
         (QWEN2_RM, "token-value"),  # whatever its auto_map: vLLM implements the architecture
         (ARMO, "remote-code"),  # its own class, whatever its name or label count
         (INF_ORM, "mlp-value"),  # whatever its label count: the MLP's last layer has one row
+        ({"architectures": ["GRewardModel"], "model_type": "llama"}, "value-head"),  # GRM
         ({**INF_ORM, "num_labels": 1, "architectures": ["LlamaForSequenceClassification"]}, "classifier"),
         ({"architectures": ["LlamaForSequenceClassification"], "auto_map": {"AutoTokenizer": ["tok.T", None]}},
          "multi-label"),  # code for the tokenizer only: the classifier is transformers'
@@ -274,7 +278,7 @@ def test_a_value_count_the_head_does_not_read_is_an_error(head, values, message)
          "label_index / head_token_id: only for kind classifier (a reward head); drop --label-index, --head-token-id "
          "or use --kind classifier"),
         ({"head": "value"}, "head: 'value' is not one of classifier, multi-label, lm-logit, remote-code, token-value, reward-token, "
-                           "mlp-value"),
+                           "mlp-value, value-head"),
         ({"kind": "dpo", "ref_free": "avg", "trust_remote_code": True},
          "trust_remote_code: only for kind classifier (a reward head); drop --trust-remote-code or use --kind "
          "classifier"),
@@ -534,3 +538,10 @@ def test_an_mlp_score_head_is_read_only_by_the_head_that_reads_it():
         "(score.0.weight, score.0.bias, score.2.weight, score.2.bias)")
     assert mlp_score_problem(RewardHead("mlp-value"), None) is None  # names unknown (a hub id): checked at load
     assert mlp_score_problem(RewardHead("lm-logit", token_id=0), mlp) is None
+    grm = frozenset(["model.norm.weight", "v_head.summary.0.weight", "v_head.summary.0.bias"])
+    assert mlp_score_problem(RewardHead("value-head"), grm) is None
+    assert mlp_score_problem(RewardHead("classifier"), grm) == (
+        "has a value head (v_head.summary.*) and no score.weight, which the classifier head reads (transformers would "
+        "initialise it at random): serve it with --head value-head --engine hf")
+    assert mlp_score_problem(RewardHead("value-head"), mlp) == (
+        "has no v_head.summary.* tensors; the value-head head reads a value head of that name (GRM's)")

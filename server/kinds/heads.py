@@ -26,6 +26,10 @@ head                  checkpoint                                      engines   
 ``mlp-value``         ``INFORMForSequenceClassification`` (an MLP     hf           ``W₂·relu(W₀·h + b₀) + b₂`` at the
                       score head ``score.0``/``score.2``, no code                  last token
                       shipped: INF-ORM's card gives the class)
+``value-head``        ``GRewardModel`` (a decoder and a value head    hf           the value head's output at the
+                      ``v_head.summary``: linear layers, ReLU                      last token
+                      between; GRM's class is the official
+                      harness's code)
 ====================  ==============================================  ===========  ==================================
 
 :func:`resolve_head` turns a config and the server's :class:`HeadSettings` into the served
@@ -57,6 +61,7 @@ from rmserve.schema import (
     TOKEN_VALUE_HEAD,
     REWARD_TOKEN_HEAD,
     MLP_VALUE_HEAD,
+    VALUE_HEAD,
     HeadName,
     RewardHead,
 )
@@ -100,6 +105,17 @@ checkpoint and initialise one at random, a silently wrong reward."""
 
 MLP_SCORE_WEIGHTS: tuple[str, ...] = ("score.0.weight", "score.0.bias", "score.2.weight", "score.2.bias")
 """The tensors of an ``mlp-value`` head's MLP, as the checkpoint names them."""
+
+VALUE_HEAD_ARCHITECTURES: tuple[str, ...] = ("GRewardModel",)
+"""Architectures of a decoder with a value head ``v_head.summary`` read at the last token (the GRM
+reward models, Ray2333/GRM-*: allenai/reward-bench ``rewardbench/models/grm.py`` defines the
+class, a causal LM's decoder and ``ValueHead``; the checkpoints ship no code): the
+``value-head`` head."""
+
+VALUE_HEAD_PREFIX = "v_head.summary."
+"""The name prefix of a ``value-head`` head's tensors: ``v_head.summary.weight``/``.bias`` (one
+linear layer) or ``v_head.summary.{0,2,4,…}.weight``/``.bias`` (linear layers, a ReLU between
+each two)."""
 
 PER_TOKEN_HEADS: tuple[HeadName, ...] = (TOKEN_VALUE_HEAD, REWARD_TOKEN_HEAD)
 """Heads read from a per-token output (vLLM's ``token_classify`` task, its last row) of an
@@ -194,6 +210,14 @@ HEADS: dict[HeadName, HeadRule] = {
         "the MLP's value at the last token: W2 relu(W0 h + b0) + b2, the decoder and both layers from the "
         "checkpoint's tensors",
         ("INF-ORM-Llama3.1-70B",),
+    ),
+    VALUE_HEAD: HeadRule(
+        VALUE_HEAD,
+        f"a decoder with a value head ({', '.join(VALUE_HEAD_ARCHITECTURES)}: {VALUE_HEAD_PREFIX}* tensors, linear "
+        "layers with ReLU between), shipping no code for it",
+        ("hf",),
+        "the value head's output at the last token, the decoder and the head from the checkpoint's tensors",
+        ("GRM-llama3-8B-sftreg", "GRM-Gemma2-2B-sftreg", "GRM-llama3.2-3B-sftreg"),
     ),
 }
 """Head name → its rule, in :data:`~rmserve.schema.HEAD_NAMES` order."""
@@ -300,6 +324,8 @@ def detect_head(config: Mapping[str, Any]) -> HeadName | None:
         return REWARD_TOKEN_HEAD
     if any(a in MLP_VALUE_ARCHITECTURES for a in architectures):
         return MLP_VALUE_HEAD
+    if any(a in VALUE_HEAD_ARCHITECTURES for a in architectures):
+        return VALUE_HEAD
     if not any(is_classifier_architecture(a) for a in architectures):
         return None
     return CLASSIFIER_HEAD if num_labels(config) == 1 else MULTI_LABEL_HEAD
@@ -351,6 +377,9 @@ def resolve_head(config: Mapping[str, Any], settings: HeadSettings = HeadSetting
         return _reward_token_head(architectures, config, settings)
     if name == MLP_VALUE_HEAD:
         return _mlp_value_head(architectures, settings)
+    if name == VALUE_HEAD:
+        _refuse_settings(settings, "has a value head whose one value is the reward", VALUE_HEAD)
+        return RewardHead(VALUE_HEAD)
     if not any(is_classifier_architecture(a) for a in architectures):
         hint = (
             f"; for a causal LM whose reward is one LM-head logit use --head {LM_LOGIT_HEAD}"
@@ -496,12 +525,18 @@ def _mlp_value_head(architectures: list[str], settings: HeadSettings) -> RewardH
     return RewardHead(MLP_VALUE_HEAD)
 
 
+def value_head_weights(weight_names: frozenset[str]) -> list[str]:
+    """The names of a checkpoint's ``value-head`` tensors (:data:`VALUE_HEAD_PREFIX`), sorted."""
+    return sorted(name for name in weight_names if name.startswith(VALUE_HEAD_PREFIX))
+
+
 def mlp_score_problem(head: RewardHead, weight_names: frozenset[str] | None) -> str | None:
     """Why a checkpoint whose tensors are named ``weight_names`` cannot be served with ``head``
     (None when it can, or when the names are unknown): a ``classifier`` or ``multi-label`` head
     over a checkpoint holding an MLP score head (:data:`MLP_SCORE_WEIGHTS`) and no
     ``score.weight`` (transformers would initialise that one at random), or an ``mlp-value``
-    head over a checkpoint without the MLP's tensors. The message starts with ``has``."""
+    head over a checkpoint without the MLP's tensors; the same for a value head
+    (:data:`VALUE_HEAD_PREFIX`) and the ``value-head`` head. The message starts with ``has``."""
     if weight_names is None:
         return None
     mlp = all(name in weight_names for name in MLP_SCORE_WEIGHTS)
@@ -514,6 +549,14 @@ def mlp_score_problem(head: RewardHead, weight_names: frozenset[str] | None) -> 
     if head.name == MLP_VALUE_HEAD and not mlp:
         missing = [name for name in MLP_SCORE_WEIGHTS if name not in weight_names]
         return f"has no {', '.join(missing)}; the {MLP_VALUE_HEAD} head reads a two-layer MLP score head ({', '.join(MLP_SCORE_WEIGHTS)})"
+    value = value_head_weights(weight_names)
+    if head.name in (CLASSIFIER_HEAD, MULTI_LABEL_HEAD) and value and "score.weight" not in weight_names:
+        return (
+            f"has a value head ({VALUE_HEAD_PREFIX}*) and no score.weight, which the {head.name} head reads "
+            f"(transformers would initialise it at random): serve it with --head {VALUE_HEAD} --engine hf"
+        )
+    if head.name == VALUE_HEAD and not value:
+        return f"has no {VALUE_HEAD_PREFIX}* tensors; the {VALUE_HEAD} head reads a value head of that name (GRM's)"
     return None
 
 
@@ -529,6 +572,8 @@ def engine_problem(head: RewardHead, engine: str) -> str | None:
         REWARD_TOKEN_HEAD: "transformers has no class for the architecture; vLLM implements it",
         MLP_VALUE_HEAD: "vLLM has no MLP score head over a decoder; transformers runs the decoder and the MLP from the "
                         "checkpoint's tensors",
+        VALUE_HEAD: "vLLM has no value head over a decoder; transformers runs the decoder and the head from the "
+                    "checkpoint's tensors",
     }.get(head.name, "the other engines do not read it")
     return f"the {head.name} head is served by the {' or '.join(engines)} engine only ({why}): add --engine {engines[0]}"
 
