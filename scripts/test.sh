@@ -34,5 +34,5 @@ ensure_venv "$engine_venv" cpu,hf,trl,test
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export HF_HUB_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false
-run "$engine_venv/bin/python" -P -m pytest -q -m "slow or model"
+run "$engine_venv/bin/python" -P -m pytest -q -m "slow or model" --durations=30
 say "all tests passed in $(( $(date +%s) - start )) s"

@@ -1,6 +1,10 @@
-"""The ``mlp-value`` head (INF-ORM-Llama3.1-70B's shape: a two-layer MLP score head over a Llama
-decoder, ``INFORMForSequenceClassification``, a class no library ships) on the transformers
-engine, and the checks that keep such a checkpoint from being read through a head it lacks.
+"""The heads of an MLP over a decoder, on the transformers engine, and the checks that keep such a
+checkpoint from being read through a head it lacks: ``mlp-value`` (INF-ORM-Llama3.1-70B's shape:
+a two-layer MLP score head over a Llama decoder, ``INFORMForSequenceClassification``, a class no
+library ships) and ``value-head`` (the GRM reward models' shape: a decoder and a value head
+``v_head.summary``, ``GRewardModel``, a class only allenai/reward-bench's
+``rewardbench/models/grm.py`` defines; replica ``rmserve demo-model --head grm --family llama3``,
+the family's causal LM without its LM head and with random ``v_head.summary.0`` / ``.2``).
 
 The replica is ``rmserve demo-model --head inf-orm --family llama3``: the llama3 family's
 classifier whose ``score`` layer is replaced by random ``score.0`` / ``score.2`` tensors. The
@@ -108,4 +112,92 @@ def test_run_on_the_transformers_engine_equals_the_head_from_its_description(rep
     print(f"mlp-value run: {len(by_key)} chat groups, {len(got)} rewards checked, max |diff| = {diff:.2e}")
     assert diff <= ATOL
     early = token_value_forward(replica, [ids[:-1] for ids in sequences[:6]], decoder="LlamaModel")
+    assert min(abs(a - b) for a, b in zip(early, expected[:6], strict=True)) > 100 * ATOL
+
+
+@pytest.fixture(scope="module")
+def grm_replica(family_replica):
+    return family_replica("llama3", "grm")
+
+
+@pytest.mark.model
+def test_the_value_head_is_found_and_other_heads_over_its_tensors_are_refused(grm_replica, tmp_path, demo_model_dir):
+    from rmserve.errors import ServerFault
+    from rmserve.server.config import check_reward_head
+    from rmserve.server.kinds.heads import HeadSettings
+
+    assert check_reward_head(str(grm_replica), None, "hf") == RewardHead("value-head")
+    with pytest.raises(ServerFault, match="served by the hf engine only.*add --engine hf"):
+        check_reward_head(str(grm_replica), None, "vllm")
+    # GRM's tensors under a classifier's name: transformers would find no score.weight
+    plain = _relabelled(grm_replica, tmp_path, "LlamaForSequenceClassification")
+    with pytest.raises(ServerFault, match=r"value head \(v_head\.summary\.\*\) and no score\.weight.*--head value-head"):
+        check_reward_head(str(plain), None, "hf")
+    assert check_reward_head(str(plain), HeadSettings(choice="value-head"), "hf") == RewardHead("value-head")
+    with pytest.raises(ServerFault, match=r"has no v_head\.summary\.\* tensors"):
+        check_reward_head(str(demo_model_dir), HeadSettings(choice="value-head"), "hf")
+    with pytest.raises(ServerFault, match="--label-index does not apply to the value-head head"):
+        check_reward_head(str(grm_replica), HeadSettings(label_index=0), "hf")
+
+
+@pytest.mark.model
+def test_value_head_layouts_and_their_refusals(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from rmserve.errors import ServerFault
+    from rmserve.server.engines.hf_engine import value_head_module
+
+    def folder(name, tensors):
+        out = tmp_path / name
+        out.mkdir()
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+        return str(out)
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(3, 8, generator=g)
+    w, b = torch.randn(1, 8, generator=g), torch.randn(1, generator=g)
+    linear = folder("linear", {"v_head.summary.weight": w, "v_head.summary.bias": b})
+    got = value_head_module(linear, 8, torch.device("cpu"), torch.float32)(h)
+    assert torch.allclose(got, h @ w.T + b, atol=1e-6)
+    layers = {f"v_head.summary.{i}.{p}": t for i, (wt, bt) in
+              {0: (torch.randn(5, 8, generator=g), torch.randn(5, generator=g)),
+               2: (torch.randn(4, 5, generator=g), torch.randn(4, generator=g)),
+               4: (torch.randn(1, 4, generator=g), torch.randn(1, generator=g))}.items()
+              for p, t in (("weight", wt), ("bias", bt))}
+    deep = folder("deep", {**layers, "model.norm.weight": torch.ones(8)})
+    x = torch.relu(h @ layers["v_head.summary.0.weight"].T + layers["v_head.summary.0.bias"])
+    x = torch.relu(x @ layers["v_head.summary.2.weight"].T + layers["v_head.summary.2.bias"])
+    expected = x @ layers["v_head.summary.4.weight"].T + layers["v_head.summary.4.bias"]
+    assert torch.allclose(value_head_module(deep, 8, torch.device("cpu"), torch.float32)(h), expected, atol=1e-5)
+    with pytest.raises(ServerFault, match=r"chain hidden \(6\) → … → 1"):
+        value_head_module(deep, 6, torch.device("cpu"), torch.float32)
+    gap = folder("gap", {k.replace(".2.", ".3."): v for k, v in layers.items()})
+    with pytest.raises(ServerFault, match=r"0, 2, 4, … \(linear layers"):
+        value_head_module(gap, 8, torch.device("cpu"), torch.float32)
+    no_bias = folder("no-bias", {k: v for k, v in layers.items() if k != "v_head.summary.4.bias"})
+    with pytest.raises(ServerFault, match="each with a bias"):
+        value_head_module(no_bias, 8, torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_value_head_run_equals_the_head_from_its_description(grm_replica, tmp_path):
+    from rmserve.server.render.chat import Renderer
+
+    out = tmp_path / "run"
+    done = subprocess.run([*RMSERVE, RUN[0], str(grm_replica), *RUN[1:], "--out", str(out), "--engine", "hf"],
+                          capture_output=True, text=True, timeout=800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| Chat |" in done.stdout and "Scores: classifier, head value-head;" in done.stdout
+    by_key, sample, sequences = chat_run_sample(out, RMBENCH, Renderer.from_pretrained(grm_replica, max_model_len=4096))
+    expected = token_value_forward(grm_replica, sequences, decoder="LlamaModel", head="v_head.summary.")
+    got = [r for g in sample for r in by_key[g.key].rewards]
+    assert all(by_key[g.key].scorer.head == RewardHead("value-head") and by_key[g.key].scorer.engine == "hf"
+               for g in sample)
+    diff = max(abs(a - b) for a, b in zip(got, expected, strict=True))
+    print(f"value-head run: {len(by_key)} chat groups, {len(got)} rewards checked, max |diff| = {diff:.2e}")
+    assert diff <= ATOL
+    early = token_value_forward(grm_replica, [ids[:-1] for ids in sequences[:6]], decoder="LlamaModel",
+                                head="v_head.summary.")
     assert min(abs(a - b) for a, b in zip(early, expected[:6], strict=True)) > 100 * ATOL
