@@ -327,7 +327,7 @@ def demo_model_command(
     seed: Annotated[int, typer.Option("--seed", help="Weight seed (≥ 0); same seed and corpus give identical files.")] = 0,
     max_len: Annotated[int, typer.Option("--max-len", help="Max positions / tokenizer model_max_length (≥ 16).")] = 4096,
     head: Annotated[
-        Literal["reward", "causal", "gated", "qwen2-rm", "internlm2-rm", "inf-orm", "grm"],
+        Literal["reward", "causal", "gated", "qwen2-rm", "internlm2-rm", "inf-orm", "grm", "ldl"],
         typer.Option(
             "--head",
             help="reward: a one-label reward head (LlamaForSequenceClassification, for serve --kind classifier or "
@@ -339,7 +339,9 @@ def demo_model_command(
             "sequence, as internlm2-7b-reward (the reward-token head, on vLLM with --trust-remote-code for its "
             "config class); inf-orm: INFORMForSequenceClassification, a two-layer MLP score head as "
             "INF-ORM-Llama3.1-70B (family demo or llama3; the mlp-value head, on --engine hf); grm: GRewardModel, a "
-            "decoder and a value head v_head.summary as the GRM reward models (the value-head head, on --engine hf).",
+            "decoder and a value head v_head.summary as the GRM reward models (the value-head head, on --engine hf); "
+            "ldl: a decoder with regression_layer.pt and gating_layer.pt beside it as LDL-Reward-Gemma-2-27B (serve "
+            "with --head label-distribution --engine hf).",
         ),
     ] = "reward",
     objectives: Annotated[

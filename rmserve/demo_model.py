@@ -48,7 +48,7 @@ REWARD_TOKEN = "[UNUSED_TOKEN_130]"
 """The special token an ``internlm2-rm`` demo model's reward is read at (``reward_token_id``;
 InternLM2's reward models use the token of that name)."""
 
-DEMO_KINDS: tuple[str, ...] = ("reward", "causal", "gated", "qwen2-rm", "internlm2-rm", "inf-orm", "grm")
+DEMO_KINDS: tuple[str, ...] = ("reward", "causal", "gated", "qwen2-rm", "internlm2-rm", "inf-orm", "grm", "ldl")
 """The models ``demo-model --head`` builds (:attr:`DemoModelConfig.kind`)."""
 
 QWEN2_RM_CODE_FILE = "modeling_qwen2_rm.py"
@@ -103,7 +103,12 @@ class DemoModelConfig:
             (the GRM reward models' shape, ``GRewardModel``: the ``causal`` model of the same seed
             without its LM head and with a value head ``v_head.summary.0`` (hidden → 2·hidden),
             ReLU, ``v_head.summary.2`` (→ 1), random; any family; served by the ``value-head``
-            head on the transformers engine).
+            head on the transformers engine) or ``ldl`` (LDL-Reward-Gemma-2-27B's shape: the
+            ``causal`` model's decoder, and beside it ``regression_layer.pt`` and
+            ``gating_layer.pt``, random regression and gating layers for
+            :data:`LDL_OBJECTIVES` objectives, the gate's softmax at temperature
+            :data:`LDL_TEMPERATURE`; any family; served with ``--head label-distribution`` on the
+            transformers engine).
         num_labels: ``reward`` only: labels of the classifier (1: a one-label reward head; more:
             a multi-label head, served with ``--label-index`` or ``--label-weights``).
         objectives: ``gated`` only: the number of objectives (1 to 64).
@@ -365,6 +370,8 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
                              "served on vLLM with --trust-remote-code)",
              "inf-orm": "reward model with an MLP score head, INFORMForSequenceClassification (served with --engine hf)",
              "grm": "reward model with a value head, GRewardModel as GRM's (served with --engine hf)",
+             "ldl": "reward model with a label-distribution head as LDL-Reward's (served with --head label-distribution "
+                    "--engine hf)",
              }[config.kind]
     (out / "README.md").write_text(
         f"# rmserve demo {title}\n\n{RANDOM_WEIGHTS_WARNING}\n\n{family_line}"
@@ -379,6 +386,8 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
         _as_mlp_value_model(out, config)
     if config.kind == "grm":
         _as_value_head_model(out, config)
+    if config.kind == "ldl":
+        _as_label_distribution_model(out, config)
     weights = out / "model.safetensors"
     return DemoModelReport(
         path=out,
@@ -484,6 +493,46 @@ def _as_value_head_model(out: Path, config: DemoModelConfig) -> None:
     path = out / "config.json"
     data = json.loads(path.read_text(encoding="utf-8"))
     data.update(architectures=["GRewardModel"], vhead_layer_type="mlp", vhead_num_layers=1, vhead_num_neurons=neurons)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+LDL_OBJECTIVES = 4
+"""Objectives of an ``ldl`` demo model (each a score distribution of 10 bins)."""
+
+LDL_TEMPERATURE = 0.7
+"""The gate's softmax temperature of an ``ldl`` demo model."""
+
+
+def _as_label_distribution_model(out: Path, config: DemoModelConfig) -> None:
+    """Rewrite the causal LM in ``out`` as LDL-Reward's shape (allenai/reward-bench
+    ``rewardbench/models/ldlreward.py``): the decoder alone (no LM head; ``config.json``'s
+    architecture the decoder's class) and beside it ``regression_layer.pt`` (``network.0``, ``.2``:
+    hidden → 2·hidden → 2·hidden, LeakyReLU after each, ``network.4`` → :data:`LDL_OBJECTIVES` × 10)
+    and ``gating_layer.pt`` (``network.0``, ``.3``, ``.6``: hidden → 2·hidden → 2·hidden →
+    :data:`LDL_OBJECTIVES`), random (seed ``config.seed + 1``), with ``num_objectives``,
+    ``softmax`` true and ``temperature`` :data:`LDL_TEMPERATURE` in the config."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(out / "model.safetensors"))
+    weights.pop("lm_head.weight", None)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    hidden, wide = config.hidden, 2 * config.hidden
+
+    def layers(indices: tuple[int, ...], widths: tuple[int, ...]) -> dict[str, torch.Tensor]:
+        state = {}
+        for index, (n_in, n_out) in zip(indices, zip(widths, widths[1:]), strict=True):
+            state[f"network.{index}.weight"] = torch.randn(n_out, n_in, generator=generator) * (2.0 / n_in**0.5)
+            state[f"network.{index}.bias"] = torch.randn(n_out, generator=generator) * 0.1
+        return state
+
+    torch.save(layers((0, 2, 4), (hidden, wide, wide, 10 * LDL_OBJECTIVES)), out / "regression_layer.pt")
+    torch.save(layers((0, 3, 6), (hidden, wide, wide, LDL_OBJECTIVES)), out / "gating_layer.pt")
+    path = out / "config.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    decoder = data["architectures"][0].replace("ForCausalLM", "Model")
+    data.update(architectures=[decoder], num_objectives=10 * LDL_OBJECTIVES, softmax=True, temperature=LDL_TEMPERATURE)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 

@@ -49,6 +49,7 @@ MODEL_KINDS: tuple[ModelKind, ...] = (CLASSIFIER_KIND, DPO_KIND, JUDGE_KIND, LEN
 
 HeadName = Literal[
     "classifier", "multi-label", "lm-logit", "remote-code", "token-value", "reward-token", "mlp-value", "value-head",
+    "label-distribution",
 ]
 """How a sequence classifier's reward is read from the model (``rmserve.server.kinds.heads``):
 ``classifier`` — the one logit of a one-label ``*ForSequenceClassification`` at the last token;
@@ -64,7 +65,9 @@ a reward token appended to every sequence (``InternLM2ForRewardModel``, its ``re
 the last token, for a checkpoint that ships no code for it (INF-ORM-Llama3.1-70B, whose card
 gives the class); ``value-head`` — a value head ``v_head.summary`` (linear layers with ReLU between)
 over a decoder, read at the last token (the GRM reward models, whose class only the official
-harness defines)."""
+harness defines); ``label-distribution`` — per-objective score distributions and a gate over them
+at the last token, the reward the expected score of their gated mixture (LDL-Reward-Gemma-2-27B,
+whose class only its card and the official harness define)."""
 
 CLASSIFIER_HEAD: HeadName = "classifier"
 MULTI_LABEL_HEAD: HeadName = "multi-label"
@@ -74,9 +77,10 @@ TOKEN_VALUE_HEAD: HeadName = "token-value"
 REWARD_TOKEN_HEAD: HeadName = "reward-token"
 MLP_VALUE_HEAD: HeadName = "mlp-value"
 VALUE_HEAD: HeadName = "value-head"
+LABEL_DISTRIBUTION_HEAD: HeadName = "label-distribution"
 HEAD_NAMES: tuple[HeadName, ...] = (
     CLASSIFIER_HEAD, MULTI_LABEL_HEAD, LM_LOGIT_HEAD, REMOTE_CODE_HEAD, TOKEN_VALUE_HEAD, REWARD_TOKEN_HEAD,
-    MLP_VALUE_HEAD, VALUE_HEAD,
+    MLP_VALUE_HEAD, VALUE_HEAD, LABEL_DISTRIBUTION_HEAD,
 )
 """Every :data:`HeadName`, in the order the CLI and the docs list them."""
 

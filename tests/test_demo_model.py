@@ -139,7 +139,7 @@ def test_causal_demo_model_is_a_causal_lm_with_the_demo_tokenizer(demo_policy_di
 def test_demo_model_kind_is_checked():
     from rmserve.demo_model import DemoModelConfig
 
-    with pytest.raises(ValueError, match="kind: 'policy' must be reward, causal, gated, qwen2-rm, internlm2-rm, inf-orm or grm"):
+    with pytest.raises(ValueError, match="kind: 'policy' must be reward, causal, gated, qwen2-rm, internlm2-rm, inf-orm, grm or ldl"):
         DemoModelConfig(kind="policy")
 
 

@@ -59,7 +59,8 @@ KNOWN_HEADS = (
     "value model read at a reward token (InternLM2ForRewardModel, reward_token_id)); mlp-value (a classifier whose "
     "score head is a two-layer MLP (INFORMForSequenceClassification: score.0, ReLU, score.2), shipping no code for it); "
     "value-head (a decoder with a value head (GRewardModel: v_head.summary.* tensors, linear layers with ReLU between), "
-    "shipping no code for it)"
+    "shipping no code for it); label-distribution (a decoder beside regression_layer.pt and gating_layer.pt "
+    "(LDL-Reward), named with --head label-distribution)"
 )
 INTERNLM2 = {"architectures": ["InternLM2ForRewardModel"], "vocab_size": 92544, "reward_token_id": 92527,
              "auto_map": {"AutoConfig": "configuration_internlm2.InternLM2Config"}}
@@ -81,12 +82,14 @@ OWN_CODE = (
 
 def test_the_registry_holds_every_head_with_its_engines():
     assert tuple(HEADS) == HEAD_NAMES == (
-        "classifier", "multi-label", "lm-logit", "remote-code", "token-value", "reward-token", "mlp-value", "value-head")
+        "classifier", "multi-label", "lm-logit", "remote-code", "token-value", "reward-token", "mlp-value", "value-head",
+        "label-distribution")
     # vLLM runs no model code and has no MLP or value head over a decoder; transformers has no
     # Qwen2ForRewardModel or InternLM2ForRewardModel
     assert [rule.engines for rule in HEADS.values()] == [("vllm", "hf")] * 3 + [("hf",), ("vllm",), ("vllm",), ("hf",),
-                                                                                 ("hf",)]
-    assert [rule.detected for rule in HEADS.values()] == [True, True, False, True, True, True, True, True]  # causal: --head
+                                                                                 ("hf",), ("hf",)]
+    # a causal LM and a decoder with label-distribution files: only with --head
+    assert [rule.detected for rule in HEADS.values()] == [True, True, False, True, True, True, True, True, False]
     assert engine_problem(RewardHead("mlp-value"), "vllm") == (
         "the mlp-value head is served by the hf engine only (vLLM has no MLP score head over a decoder; transformers "
         "runs the decoder and the MLP from the checkpoint's tensors): add --engine hf")
@@ -278,7 +281,7 @@ def test_a_value_count_the_head_does_not_read_is_an_error(head, values, message)
          "label_index / head_token_id: only for kind classifier (a reward head); drop --label-index, --head-token-id "
          "or use --kind classifier"),
         ({"head": "value"}, "head: 'value' is not one of classifier, multi-label, lm-logit, remote-code, token-value, reward-token, "
-                           "mlp-value, value-head"),
+                           "mlp-value, value-head, label-distribution"),
         ({"kind": "dpo", "ref_free": "avg", "trust_remote_code": True},
          "trust_remote_code: only for kind classifier (a reward head); drop --trust-remote-code or use --kind "
          "classifier"),

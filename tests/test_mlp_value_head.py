@@ -4,7 +4,10 @@ a two-layer MLP score head over a Llama decoder, ``INFORMForSequenceClassificati
 library ships) and ``value-head`` (the GRM reward models' shape: a decoder and a value head
 ``v_head.summary``, ``GRewardModel``, a class only allenai/reward-bench's
 ``rewardbench/models/grm.py`` defines; replica ``rmserve demo-model --head grm --family llama3``,
-the family's causal LM without its LM head and with random ``v_head.summary.0`` / ``.2``).
+the family's causal LM without its LM head and with random ``v_head.summary.0`` / ``.2``), and
+``label-distribution`` (LDL-Reward-Gemma-2-27B's shape: a Gemma 2 decoder and, beside it, the
+state dicts of regression and gating layers; replica ``rmserve demo-model --head ldl --family
+gemma2``; checked against ``tests/testkit/label_distribution.py``).
 
 The replica is ``rmserve demo-model --head inf-orm --family llama3``: the llama3 family's
 classifier whose ``score`` layer is replaced by random ``score.0`` / ``score.2`` tensors. The
@@ -23,6 +26,7 @@ import sys
 import pytest
 from testkit.chat_runs import chat_run_sample
 from testkit.shared_data import shared_data_dir
+from testkit.label_distribution import label_distribution_forward
 from testkit.token_value import token_value_forward
 
 from rmserve.schema import RewardHead
@@ -146,7 +150,7 @@ def test_value_head_layouts_and_their_refusals(tmp_path):
     from safetensors.torch import save_file
 
     from rmserve.errors import ServerFault
-    from rmserve.server.engines.hf_engine import value_head_module
+    from rmserve.server.engines.hf_heads import value_head_module
 
     def folder(name, tensors):
         out = tmp_path / name
@@ -201,3 +205,70 @@ def test_value_head_run_equals_the_head_from_its_description(grm_replica, tmp_pa
     early = token_value_forward(grm_replica, [ids[:-1] for ids in sequences[:6]], decoder="LlamaModel",
                                 head="v_head.summary.")
     assert min(abs(a - b) for a, b in zip(early, expected[:6], strict=True)) > 100 * ATOL
+
+
+@pytest.fixture(scope="module")
+def ldl_replica(family_replica):
+    return family_replica("gemma2", "ldl")
+
+
+@pytest.mark.model
+def test_the_label_distribution_head_is_named_and_its_files_are_checked(ldl_replica, tmp_path):
+    import torch
+
+    from rmserve.errors import ServerFault
+    from rmserve.server.config import check_reward_head
+    from rmserve.server.engines.hf_heads import label_distribution_head
+    from rmserve.server.kinds.heads import HeadSettings
+
+    named = HeadSettings(choice="label-distribution")
+    assert check_reward_head(str(ldl_replica), named, "hf") == RewardHead("label-distribution")
+    with pytest.raises(ServerFault, match=r"Gemma2Model.*label-distribution \(a decoder beside regression_layer\.pt"):
+        check_reward_head(str(ldl_replica), None, "hf")  # never taken without --head
+    with pytest.raises(ServerFault, match="served by the hf engine only.*add --engine hf"):
+        check_reward_head(str(ldl_replica), named, "vllm")
+
+    # softmax off: the gate's raw outputs weigh the distributions (the official default)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(2, 8, generator=g)
+    reg = {"network.0.weight": torch.randn(6, 8, generator=g), "network.0.bias": torch.randn(6, generator=g),
+           "network.2.weight": torch.randn(20, 6, generator=g), "network.2.bias": torch.randn(20, generator=g)}
+    gate = {"network.0.weight": torch.randn(2, 8, generator=g), "network.0.bias": torch.randn(2, generator=g)}
+    folder = tmp_path / "hand"
+    folder.mkdir()
+    torch.save(reg, folder / "regression_layer.pt")
+    torch.save(gate, folder / "gating_layer.pt")
+    head = label_distribution_head(str(folder), 8, {}, torch.device("cpu"))
+    x = torch.nn.functional.leaky_relu(h @ reg["network.0.weight"].T + reg["network.0.bias"], 0.01)
+    p = torch.softmax((x @ reg["network.2.weight"].T + reg["network.2.bias"]).view(2, 2, 10), dim=-1)
+    w = h @ gate["network.0.weight"].T + gate["network.0.bias"]
+    expected = ((w.unsqueeze(2) * p).sum(1) * torch.linspace(0, 1, 10)).sum(-1, keepdim=True)
+    assert torch.allclose(head(h), expected, atol=1e-5)
+    torch.save({**gate, "network.0.weight": torch.randn(3, 8)}, folder / "gating_layer.pt")
+    with pytest.raises(ServerFault, match=r"gating layers of shapes .* chain hidden \(8\) → … → 2"):
+        label_distribution_head(str(folder), 8, {}, torch.device("cpu"))
+    (folder / "gating_layer.pt").unlink()
+    with pytest.raises(ServerFault, match="has no gating_layer.pt"):
+        label_distribution_head(str(folder), 8, {}, torch.device("cpu"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_label_distribution_run_equals_the_head_from_its_description(ldl_replica, tmp_path):
+    from rmserve.server.render.chat import Renderer
+
+    out = tmp_path / "run"
+    done = subprocess.run([*RMSERVE, RUN[0], str(ldl_replica), *RUN[1:], "--out", str(out), "--engine", "hf",
+                           "--head", "label-distribution"], capture_output=True, text=True, timeout=800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| Chat |" in done.stdout and "Scores: classifier, head label-distribution;" in done.stdout
+    by_key, sample, sequences = chat_run_sample(out, RMBENCH, Renderer.from_pretrained(ldl_replica, max_model_len=4096))
+    expected = label_distribution_forward(ldl_replica, sequences)
+    got = [r for g in sample for r in by_key[g.key].rewards]
+    assert all(by_key[g.key].scorer.head == RewardHead("label-distribution") and by_key[g.key].scorer.attention == "eager"
+               for g in sample)
+    diff = max(abs(a - b) for a, b in zip(got, expected, strict=True))
+    print(f"label-distribution run: {len(by_key)} chat groups, {len(got)} rewards checked, max |diff| = {diff:.2e}")
+    assert diff <= ATOL
+    early = label_distribution_forward(ldl_replica, [ids[:-1] for ids in sequences[:6]])
+    assert max(abs(a - b) for a, b in zip(early, expected[:6], strict=True)) > 100 * ATOL

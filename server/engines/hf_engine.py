@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 import msgspec
 import torch
 from rmserve.server.engines.batching import CrossGroupBatcher, length_sorted_batches
+from rmserve.server.engines.hf_heads import label_distribution_head, mlp_score_head, value_head_module
 from rmserve.server.config import EngineConfig, check_lm_head, check_reward_head
 from rmserve.server.kinds.judge_protocols import JudgeOutput
 from rmserve.server.render.judge import (
@@ -78,6 +79,7 @@ from rmserve.schema import (
     REMOTE_CODE_HEAD,
     MLP_VALUE_HEAD,
     VALUE_HEAD,
+    LABEL_DISTRIBUTION_HEAD,
     JudgeEngineInfo,
     JudgeSampling,
     Message,
@@ -186,105 +188,6 @@ def from_pretrained_checked(loader: Any, path: str, **kwargs: Any) -> Any:
     return model
 
 
-def _checkpoint_tensors(path: str, wanted: Callable[[str], bool]) -> dict[str, torch.Tensor]:
-    """The tensors of checkpoint ``path`` (a folder, or a hub id downloaded into the cache) whose
-    names ``wanted`` accepts, read from its ``*.safetensors`` files."""
-    from safetensors import safe_open
-
-    folder = Path(path)
-    if not folder.is_dir():
-        from huggingface_hub import snapshot_download
-
-        folder = Path(snapshot_download(path, allow_patterns=["*.safetensors", "*.json"]))
-    tensors: dict[str, torch.Tensor] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as shard:
-            for name in shard.keys():
-                if wanted(name):
-                    tensors[name] = shard.get_tensor(name)
-    return tensors
-
-
-def value_head_module(path: str, hidden_size: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """The ``value-head`` head of checkpoint ``path`` from its ``v_head.summary`` tensors
-    (:data:`~rmserve.server.kinds.heads.VALUE_HEAD_PREFIX`), shape (batch, hidden) → (batch, 1):
-    one linear layer (``v_head.summary.weight``/``.bias``), or linear layers
-    ``v_head.summary.0``, ``.2``, … with a ReLU between each two (GRM's ``ValueHead``, per
-    allenai/reward-bench ``rewardbench/models/grm.py``: ``vhead_num_layers`` hidden layers of
-    ``vhead_num_neurons``, then one output; its dropout is off in evaluation).
-
-    Raises:
-        ServerFault: no such tensors, layer indices other than 0, 2, 4, …, a weight without its
-            bias, or shapes that do not chain hidden → … → 1 (naming them).
-    """
-    from rmserve.server.kinds.heads import VALUE_HEAD_PREFIX
-
-    tensors = _checkpoint_tensors(path, lambda name: name.startswith(VALUE_HEAD_PREFIX))
-    names = {name[len(VALUE_HEAD_PREFIX):] for name in tensors}
-    if names == {"weight", "bias"}:
-        indices: list[str] = [""]
-    else:
-        found = sorted({part.split(".")[0] for part in names})
-        numbers = sorted(int(i) for i in found if i.isdigit())
-        if not numbers or len(numbers) != len(found) or numbers != list(range(0, 2 * len(numbers), 2)):
-            raise ServerFault(
-                f"{path!r} has value-head tensors {sorted(tensors) or 'none'}; the value-head head reads "
-                f"{VALUE_HEAD_PREFIX}weight/bias (one linear layer) or {VALUE_HEAD_PREFIX}0, 2, 4, … (linear layers, "
-                "a ReLU between each two)"
-            )
-        indices = [f"{i}." for i in numbers]
-    layers: list[torch.nn.Module] = []
-    width = hidden_size
-    for k, index in enumerate(indices):
-        weight, bias = tensors.get(f"{VALUE_HEAD_PREFIX}{index}weight"), tensors.get(f"{VALUE_HEAD_PREFIX}{index}bias")
-        out = 1 if k == len(indices) - 1 else None
-        if (weight is None or bias is None or weight.dim() != 2 or weight.shape[1] != width
-                or (out is not None and weight.shape[0] != out) or tuple(bias.shape) != (weight.shape[0],)):
-            shapes = {name: tuple(t.shape) for name, t in sorted(tensors.items())}
-            raise ServerFault(
-                f"{path!r} has a value head of shapes {shapes}; the value-head head reads linear layers that chain "
-                f"hidden ({hidden_size}) → … → 1, each with a bias"
-            )
-        linear = torch.nn.Linear(int(weight.shape[1]), int(weight.shape[0]))
-        with torch.no_grad():
-            linear.weight.copy_(weight)
-            linear.bias.copy_(bias)
-        layers += [linear] if out is not None else [linear, torch.nn.ReLU()]
-        width = int(weight.shape[0])
-    return torch.nn.Sequential(*layers).to(device=device, dtype=dtype).eval()
-
-
-def _mlp_score_head(path: str, hidden_size: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Sequential:
-    """The ``mlp-value`` head of checkpoint ``path``: ``score.2(relu(score.0(h)))`` from its
-    tensors (:data:`~rmserve.server.kinds.heads.MLP_SCORE_WEIGHTS`), shape (batch, hidden) →
-    (batch, 1).
-
-    Raises:
-        ServerFault: a tensor is missing, or the layers' shapes are not hidden → hidden → 1.
-    """
-    from rmserve.server.kinds.heads import MLP_SCORE_WEIGHTS
-
-    tensors = _checkpoint_tensors(path, lambda name: name in MLP_SCORE_WEIGHTS)
-    missing = [name for name in MLP_SCORE_WEIGHTS if name not in tensors]
-    if missing:
-        raise ServerFault(f"{path!r} has no {', '.join(missing)} in its *.safetensors files; the mlp-value head reads them")
-    shapes = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
-    want = {"score.0.weight": (hidden_size, hidden_size), "score.0.bias": (hidden_size,),
-            "score.2.weight": (1, hidden_size), "score.2.bias": (1,)}
-    if shapes != want:
-        raise ServerFault(
-            f"{path!r} has an MLP score head of shapes {shapes}; the mlp-value head reads hidden → hidden → 1 "
-            f"(hidden {hidden_size}): {want}"
-        )
-    first, last = torch.nn.Linear(hidden_size, hidden_size), torch.nn.Linear(hidden_size, 1)
-    with torch.no_grad():
-        first.weight.copy_(tensors["score.0.weight"])
-        first.bias.copy_(tensors["score.0.bias"])
-        last.weight.copy_(tensors["score.2.weight"])
-        last.bias.copy_(tensors["score.2.bias"])
-    return torch.nn.Sequential(first, torch.nn.ReLU(), last).to(device=device, dtype=dtype).eval()
-
-
 def load_reward_model(path: str, head: RewardHead, dtype: str, device: torch.device) -> tuple[Any, Any, Any]:
     """Load the model of a reward head: ``(model, base, score head)``.
 
@@ -297,9 +200,11 @@ def load_reward_model(path: str, head: RewardHead, dtype: str, device: torch.dev
     code), returned as ``(model, None, None)``: it is run whole (:func:`model_output_rewards`).
 
     ``mlp-value``: the decoder alone (``AutoModel``, the checkpoint's ``model.*`` tensors) and
-    the MLP of its ``score.0`` / ``score.2`` tensors (:func:`_mlp_score_head`); ``model`` is the
+    the MLP of its ``score.0`` / ``score.2`` tensors (:func:`~rmserve.server.engines.hf_heads.mlp_score_head`); ``model`` is the
     decoder. ``value-head``: the same, the head from its ``v_head.summary`` tensors
-    (:func:`value_head_module`).
+    (:func:`~rmserve.server.engines.hf_heads.value_head_module`). ``label-distribution``: the same,
+    the head from the files beside the decoder
+    (:func:`~rmserve.server.engines.hf_heads.label_distribution_head`).
 
     Raises:
         ServerFault: transformers could not load ``path``, the checkpoint lacks some of the
@@ -310,8 +215,15 @@ def load_reward_model(path: str, head: RewardHead, dtype: str, device: torch.dev
 
     if head.name in (MLP_VALUE_HEAD, VALUE_HEAD):
         base = from_pretrained_checked(AutoModel, path, **_dtype_kwargs(dtype)).to(device).eval()
-        build = _mlp_score_head if head.name == MLP_VALUE_HEAD else value_head_module
+        build = mlp_score_head if head.name == MLP_VALUE_HEAD else value_head_module
         score = build(path, int(base.config.hidden_size), device, next(base.parameters()).dtype)
+        return base, base, score
+    if head.name == LABEL_DISTRIBUTION_HEAD:
+        base = from_pretrained_checked(AutoModel, path, **_dtype_kwargs(dtype)).to(device).eval()
+        from transformers import PretrainedConfig
+
+        raw, _ = PretrainedConfig.get_config_dict(path)  # config.json as written: transformers moves temperature away
+        score = label_distribution_head(path, int(base.config.hidden_size), raw, device)
         return base, base, score
     loader = AutoModelForCausalLM if head.name == LM_LOGIT_HEAD else AutoModelForSequenceClassification
     remote = head.name == REMOTE_CODE_HEAD

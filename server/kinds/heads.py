@@ -30,6 +30,10 @@ head                  checkpoint                                      engines   
                       ``v_head.summary``: linear layers, ReLU                      last token
                       between; GRM's class is the official
                       harness's code)
+``label-distribution``  a decoder beside ``regression_layer.pt`` and  hf           Σₖ bₖ·(Σⱼ gⱼ·pⱼₖ): the expected
+                      ``gating_layer.pt`` (LDL-Reward; only with                   score (bins bₖ from 0 to 1) of
+                      ``--head``)                                                  the gated mixture of the
+                                                                                   objectives' score distributions
 ====================  ==============================================  ===========  ==================================
 
 :func:`resolve_head` turns a config and the server's :class:`HeadSettings` into the served
@@ -62,6 +66,7 @@ from rmserve.schema import (
     REWARD_TOKEN_HEAD,
     MLP_VALUE_HEAD,
     VALUE_HEAD,
+    LABEL_DISTRIBUTION_HEAD,
     HeadName,
     RewardHead,
 )
@@ -111,6 +116,17 @@ VALUE_HEAD_ARCHITECTURES: tuple[str, ...] = ("GRewardModel",)
 reward models, Ray2333/GRM-*: allenai/reward-bench ``rewardbench/models/grm.py`` defines the
 class, a causal LM's decoder and ``ValueHead``; the checkpoints ship no code): the
 ``value-head`` head."""
+
+LABEL_DISTRIBUTION_FILES: tuple[str, ...] = ("regression_layer.pt", "gating_layer.pt")
+"""The files of a ``label-distribution`` head beside its decoder (LDL-Reward-Gemma-2-27B-v0.1, per
+allenai/reward-bench ``rewardbench/models/ldlreward.py``): the state dicts of its regression layers
+(``network.N``: linear layers, LeakyReLU between; one score distribution of
+:data:`LABEL_DISTRIBUTION_BINS` bins per objective) and of its gating layers (one weight per
+objective)."""
+
+LABEL_DISTRIBUTION_BINS = 10
+"""Bins of each objective's score distribution in a ``label-distribution`` head; bin k stands
+for the score k / (bins − 1)."""
 
 VALUE_HEAD_PREFIX = "v_head.summary."
 """The name prefix of a ``value-head`` head's tensors: ``v_head.summary.weight``/``.bias`` (one
@@ -218,6 +234,16 @@ HEADS: dict[HeadName, HeadRule] = {
         ("hf",),
         "the value head's output at the last token, the decoder and the head from the checkpoint's tensors",
         ("GRM-llama3-8B-sftreg", "GRM-Gemma2-2B-sftreg", "GRM-llama3.2-3B-sftreg"),
+    ),
+    LABEL_DISTRIBUTION_HEAD: HeadRule(
+        LABEL_DISTRIBUTION_HEAD,
+        f"a decoder beside {' and '.join(LABEL_DISTRIBUTION_FILES)} (LDL-Reward), named with --head "
+        f"{LABEL_DISTRIBUTION_HEAD}",
+        ("hf",),
+        "the expected score (bins from 0 to 1) of the objectives' score distributions mixed by the gate, at the last "
+        "token",
+        ("LDL-Reward-Gemma-2-27B-v0.1",),
+        detected=False,
     ),
 }
 """Head name → its rule, in :data:`~rmserve.schema.HEAD_NAMES` order."""
@@ -377,9 +403,10 @@ def resolve_head(config: Mapping[str, Any], settings: HeadSettings = HeadSetting
         return _reward_token_head(architectures, config, settings)
     if name == MLP_VALUE_HEAD:
         return _mlp_value_head(architectures, settings)
-    if name == VALUE_HEAD:
-        _refuse_settings(settings, "has a value head whose one value is the reward", VALUE_HEAD)
-        return RewardHead(VALUE_HEAD)
+    if name in (VALUE_HEAD, LABEL_DISTRIBUTION_HEAD):
+        _refuse_settings(settings, f"has a {'value' if name == VALUE_HEAD else 'label-distribution'} head whose one "
+                         "value is the reward", name)
+        return RewardHead(name)
     if not any(is_classifier_architecture(a) for a in architectures):
         hint = (
             f"; for a causal LM whose reward is one LM-head logit use --head {LM_LOGIT_HEAD}"
@@ -574,6 +601,8 @@ def engine_problem(head: RewardHead, engine: str) -> str | None:
                         "checkpoint's tensors",
         VALUE_HEAD: "vLLM has no value head over a decoder; transformers runs the decoder and the head from the "
                     "checkpoint's tensors",
+        LABEL_DISTRIBUTION_HEAD: "vLLM has no such head over a decoder; transformers runs the decoder and the head "
+                                 "from the checkpoint's files",
     }.get(head.name, "the other engines do not read it")
     return f"the {head.name} head is served by the {' or '.join(engines)} engine only ({why}): add --engine {engines[0]}"
 
