@@ -94,31 +94,6 @@ def test_a_checkpoint_missing_a_weight_is_refused_not_initialised_at_random(demo
         from_pretrained_checked(AutoModelForCausalLM, str(copy))
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_run_on_the_transformers_engine_equals_the_head_from_its_description(replica, tmp_path):
-    from rmserve.server.render.chat import Renderer
-
-    refused = subprocess.run([*RMSERVE, RUN[0], str(replica), *RUN[1:], "--out", str(tmp_path / "refused")],
-                             capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 2 and "--engine hf" in refused.stderr, refused.stderr[-2000:]
-    out = tmp_path / "run"
-    done = subprocess.run([*RMSERVE, RUN[0], str(replica), *RUN[1:], "--out", str(out), "--engine", "hf"],
-                          capture_output=True, text=True, timeout=800)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "| Chat |" in done.stdout and "Scores: classifier, head mlp-value;" in done.stdout
-    by_key, sample, sequences = chat_run_sample(out, RMBENCH, Renderer.from_pretrained(replica, max_model_len=4096))
-    expected = token_value_forward(replica, sequences, decoder="LlamaModel")
-    got = [r for g in sample for r in by_key[g.key].rewards]
-    assert all(by_key[g.key].scorer.head == RewardHead("mlp-value") for g in sample)
-    assert all(by_key[g.key].scorer.engine == "hf" for g in sample)
-    diff = max(abs(a - b) for a, b in zip(got, expected, strict=True))
-    print(f"mlp-value run: {len(by_key)} chat groups, {len(got)} rewards checked, max |diff| = {diff:.2e}")
-    assert diff <= ATOL
-    early = token_value_forward(replica, [ids[:-1] for ids in sequences[:6]], decoder="LlamaModel")
-    assert min(abs(a - b) for a, b in zip(early, expected[:6], strict=True)) > 100 * ATOL
-
-
 @pytest.fixture(scope="module")
 def grm_replica(family_replica):
     return family_replica("llama3", "grm")
@@ -184,29 +159,6 @@ def test_value_head_layouts_and_their_refusals(tmp_path):
         value_head_module(no_bias, 8, torch.device("cpu"), torch.float32)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_value_head_run_equals_the_head_from_its_description(grm_replica, tmp_path):
-    from rmserve.server.render.chat import Renderer
-
-    out = tmp_path / "run"
-    done = subprocess.run([*RMSERVE, RUN[0], str(grm_replica), *RUN[1:], "--out", str(out), "--engine", "hf"],
-                          capture_output=True, text=True, timeout=800)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "| Chat |" in done.stdout and "Scores: classifier, head value-head;" in done.stdout
-    by_key, sample, sequences = chat_run_sample(out, RMBENCH, Renderer.from_pretrained(grm_replica, max_model_len=4096))
-    expected = token_value_forward(grm_replica, sequences, decoder="LlamaModel", head="v_head.summary.")
-    got = [r for g in sample for r in by_key[g.key].rewards]
-    assert all(by_key[g.key].scorer.head == RewardHead("value-head") and by_key[g.key].scorer.engine == "hf"
-               for g in sample)
-    diff = max(abs(a - b) for a, b in zip(got, expected, strict=True))
-    print(f"value-head run: {len(by_key)} chat groups, {len(got)} rewards checked, max |diff| = {diff:.2e}")
-    assert diff <= ATOL
-    early = token_value_forward(grm_replica, [ids[:-1] for ids in sequences[:6]], decoder="LlamaModel",
-                                head="v_head.summary.")
-    assert min(abs(a - b) for a, b in zip(early, expected[:6], strict=True)) > 100 * ATOL
-
-
 @pytest.fixture(scope="module")
 def ldl_replica(family_replica):
     return family_replica("gemma2", "ldl")
@@ -252,23 +204,38 @@ def test_the_label_distribution_head_is_named_and_its_files_are_checked(ldl_repl
         label_distribution_head(str(folder), 8, {}, torch.device("cpu"))
 
 
+HEAD_RUNS = {
+    "mlp-value": ("replica", (), lambda folder, ids: token_value_forward(folder, ids, decoder="LlamaModel")),
+    "value-head": ("grm_replica", (),
+                   lambda folder, ids: token_value_forward(folder, ids, decoder="LlamaModel", head="v_head.summary.")),
+    "label-distribution": ("ldl_replica", ("--head", "label-distribution"), label_distribution_forward),
+}
+"""Head → (its replica's fixture, the flags that name it, the head computed from its description)."""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_label_distribution_run_equals_the_head_from_its_description(ldl_replica, tmp_path):
+@pytest.mark.parametrize("head", list(HEAD_RUNS))
+def test_run_on_the_transformers_engine_equals_the_head_from_its_description(head, request, tmp_path):
     from rmserve.server.render.chat import Renderer
 
+    fixture, flags, forward = HEAD_RUNS[head]
+    folder = request.getfixturevalue(fixture)
+    argv = [*RMSERVE, RUN[0], str(folder), *RUN[1:], *flags]
+    refused = subprocess.run([*argv, "--out", str(tmp_path / "refused")], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "--engine hf" in refused.stderr, refused.stderr[-2000:]
     out = tmp_path / "run"
-    done = subprocess.run([*RMSERVE, RUN[0], str(ldl_replica), *RUN[1:], "--out", str(out), "--engine", "hf",
-                           "--head", "label-distribution"], capture_output=True, text=True, timeout=800)
+    done = subprocess.run([*argv, "--out", str(out), "--engine", "hf"], capture_output=True, text=True, timeout=800)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "| Chat |" in done.stdout and "Scores: classifier, head label-distribution;" in done.stdout
-    by_key, sample, sequences = chat_run_sample(out, RMBENCH, Renderer.from_pretrained(ldl_replica, max_model_len=4096))
-    expected = label_distribution_forward(ldl_replica, sequences)
+    assert "| Chat |" in done.stdout and f"Scores: classifier, head {head};" in done.stdout
+    by_key, sample, sequences = chat_run_sample(out, RMBENCH, Renderer.from_pretrained(folder, max_model_len=4096))
+    expected = forward(folder, sequences)
     got = [r for g in sample for r in by_key[g.key].rewards]
-    assert all(by_key[g.key].scorer.head == RewardHead("label-distribution") and by_key[g.key].scorer.attention == "eager"
-               for g in sample)
+    assert all(by_key[g.key].scorer.head == RewardHead(head) and by_key[g.key].scorer.engine == "hf" for g in sample)
+    if head == "label-distribution":  # a Gemma 2 decoder: the attention that applies its soft-capping
+        assert all(by_key[g.key].scorer.attention == "eager" for g in sample)
     diff = max(abs(a - b) for a, b in zip(got, expected, strict=True))
-    print(f"label-distribution run: {len(by_key)} chat groups, {len(got)} rewards checked, max |diff| = {diff:.2e}")
+    print(f"{head} run: {len(by_key)} chat groups, {len(got)} rewards checked, max |diff| = {diff:.2e}")
     assert diff <= ATOL
-    early = label_distribution_forward(ldl_replica, [ids[:-1] for ids in sequences[:6]])
+    early = forward(folder, [ids[:-1] for ids in sequences[:6]])  # one position early: far off
     assert max(abs(a - b) for a, b in zip(early, expected[:6], strict=True)) > 100 * ATOL
