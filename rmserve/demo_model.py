@@ -362,7 +362,9 @@ def build_demo_model(out: Path, corpus: Path, config: DemoModelConfig = DemoMode
                                                     "AutoModelForSequenceClassification": model_class.__name__})
     if config.kind == "qwen2-rm":
         _name_code_in_config(out, QWEN2_RM_CODE_FILE, {"AutoModel": model_class.__name__})
-    family_line = "" if family.name == "demo" else f"Family {family.name} ({model_class.__name__}, its tokenizer rules and chat template).\n\n"
+    written = {"grm": "GRewardModel", "ldl": model_class.__name__.replace("ForCausalLM", "Model")}.get(
+        config.kind, model_class.__name__)  # the class config.json names once the checkpoint is rewritten
+    family_line = "" if family.name == "demo" else f"Family {family.name} ({written}, its tokenizer rules and chat template).\n\n"
     title = {"reward": "reward model", "causal": "causal LM (a DPO policy or reference)",
              "gated": f"gated reward model with its own code ({GATED_CODE_FILE}; serve with --trust-remote-code)",
              "qwen2-rm": f"per-token reward model, Qwen2ForRewardModel ({QWEN2_RM_CODE_FILE}; served on vLLM)",

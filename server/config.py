@@ -538,13 +538,15 @@ def check_reward_head(model: str, head: HeadSettings | None = None, engine: str 
             modeling code without ``--trust-remote-code`` (naming the flag), or a head ``engine``
             does not serve (naming ``--engine``); the message starts with the quoted ``model``.
     """
-    from rmserve.server.kinds.heads import HeadProblem, engine_problem, mlp_score_problem, resolve_head
+    from rmserve.server.kinds.heads import HeadProblem, engine_problem, head_hint, mlp_score_problem, resolve_head
 
     config = _read_model_config(model, "")
+    settings = head or HeadSettings()
     try:
-        resolved = resolve_head(config, head or HeadSettings())
+        resolved = resolve_head(config, settings)
     except HeadProblem as problem:
-        raise ServerFault(f"{model!r} {problem}") from None
+        hint = head_hint(str(problem), config, settings, Path(model) if Path(model).is_dir() else None)
+        raise ServerFault(f"{model!r} {problem}{hint}") from None
     problem = mlp_score_problem(resolved, checkpoint_weight_names(model))
     if problem is not None:
         raise ServerFault(f"{model!r} {problem}")

@@ -548,3 +548,21 @@ def test_an_mlp_score_head_is_read_only_by_the_head_that_reads_it():
         "initialise it at random): serve it with --head value-head --engine hf")
     assert mlp_score_problem(RewardHead("value-head"), mlp) == (
         "has no v_head.summary.* tensors; the value-head head reads a value head of that name (GRM's)")
+
+
+def test_a_refused_head_names_the_head_its_config_or_files_give(tmp_path):
+    from rmserve.server.kinds.heads import head_hint
+
+    grm = {"architectures": ["GRewardModel"]}
+    assert head_hint("has architectures ['GRewardModel']; the mlp-value head reads …", grm,
+                     HeadSettings(choice="mlp-value"), None) == "; its config gives the value-head head: leave out --head"
+    # the message already names the head to use: nothing added
+    assert head_hint("has 3 labels …: serve it with --head multi-label and …", THREE, HeadSettings(choice="classifier"),
+                     None) == ""
+    decoder = {"architectures": ["Gemma2Model"]}
+    assert head_hint("has architectures ['Gemma2Model'] …", decoder, HeadSettings(), tmp_path) == ""
+    for name in ("regression_layer.pt", "gating_layer.pt"):
+        (tmp_path / name).write_bytes(b"")
+    assert head_hint("has architectures ['Gemma2Model'] …", decoder, HeadSettings(), tmp_path) == (
+        "; regression_layer.pt and gating_layer.pt lie beside it: add --head label-distribution")
+    assert head_hint("has architectures ['Gemma2Model'] …", decoder, HeadSettings(), None) == ""  # a hub id: unknown

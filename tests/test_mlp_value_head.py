@@ -117,6 +117,9 @@ def test_the_value_head_is_found_and_other_heads_over_its_tensors_are_refused(gr
         check_reward_head(str(demo_model_dir), HeadSettings(choice="value-head"), "hf")
     with pytest.raises(ServerFault, match="--label-index does not apply to the value-head head"):
         check_reward_head(str(grm_replica), HeadSettings(label_index=0), "hf")
+    with pytest.raises(ServerFault, match=r"the mlp-value head reads a classifier .*; its config gives the value-head "
+                                          r"head: leave out --head$"):
+        check_reward_head(str(grm_replica), HeadSettings(choice="mlp-value"), "hf")
 
 
 @pytest.mark.model
@@ -175,8 +178,9 @@ def test_the_label_distribution_head_is_named_and_its_files_are_checked(ldl_repl
 
     named = HeadSettings(choice="label-distribution")
     assert check_reward_head(str(ldl_replica), named, "hf") == RewardHead("label-distribution")
-    with pytest.raises(ServerFault, match=r"Gemma2Model.*label-distribution \(a decoder beside regression_layer\.pt"):
-        check_reward_head(str(ldl_replica), None, "hf")  # never taken without --head
+    with pytest.raises(ServerFault, match=r"Gemma2Model.*label-distribution \(a decoder beside regression_layer\.pt.*"
+                                          r"gating_layer\.pt lie beside it: add --head label-distribution$"):
+        check_reward_head(str(ldl_replica), None, "hf")  # never taken without --head, but the files name it
     with pytest.raises(ServerFault, match="served by the hf engine only.*add --engine hf"):
         check_reward_head(str(ldl_replica), named, "vllm")
 

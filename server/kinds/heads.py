@@ -53,6 +53,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rmserve.schema import (
@@ -704,6 +705,19 @@ def swap_head_problem(config: Mapping[str, Any], settings: HeadSettings, served:
     except HeadProblem as problem:
         return str(problem)
     return head_change(served, new)
+
+
+def head_hint(problem: str, config: Mapping[str, Any], settings: HeadSettings, folder: Path | None) -> str:
+    """What a refused head's message (``problem``, from :func:`resolve_head`) adds, or ``""``:
+    ``--head`` named another head than the one the config gives (``; its config gives the X head:
+    leave out --head``), or no head is found but :data:`LABEL_DISTRIBUTION_FILES` lie in the
+    checkpoint ``folder`` (``; … lie beside it: add --head label-distribution``)."""
+    found = detect_head(config)
+    if settings.choice is not None and found not in (None, settings.choice) and f"--head {found}" not in problem:
+        return f"; its config gives the {found} head: leave out --head"
+    if settings.choice is None and folder is not None and all((folder / n).is_file() for n in LABEL_DISTRIBUTION_FILES):
+        return f"; {' and '.join(LABEL_DISTRIBUTION_FILES)} lie beside it: add --head {LABEL_DISTRIBUTION_HEAD}"
+    return ""
 
 
 def read_reward(head: RewardHead, values: Sequence[float]) -> float:

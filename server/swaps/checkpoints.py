@@ -39,6 +39,7 @@ from rmserve.server.kinds.heads import (  # noqa: F401 - the architecture names 
     TRANSFORMERS_DEFAULT_NUM_LABELS,
     HeadProblem,
     HeadSettings,
+    head_hint,
     swap_head_problem,
     is_causal_lm_architecture,
     is_classifier_architecture,
@@ -72,7 +73,7 @@ CAUSAL_LM_KINDS: tuple[ModelKind, ...] = (DPO_KIND, JUDGE_KIND)
 
 
 def architecture_problem(
-    kind: ModelKind, config: Mapping[str, Any], head: HeadSettings | None = None
+    kind: ModelKind, config: Mapping[str, Any], head: HeadSettings | None = None, folder: Path | None = None,
 ) -> str | None:
     """Why a model with this config cannot be served as ``kind``; None when it can.
 
@@ -89,6 +90,8 @@ def architecture_problem(
         config: the model config as a mapping (``config.json`` content or ``AutoConfig.to_dict()``).
         head: kind ``classifier``: the server's head settings (None: none given, the head is
             found from the config).
+        folder: the checkpoint folder, when local: a refused head's message may name what lies
+            in it (:func:`~rmserve.server.kinds.heads.head_hint`).
 
     Returns:
         The rule broken, starting with ``has``: the architectures or label count found, the rule
@@ -101,7 +104,7 @@ def architecture_problem(
         try:
             resolve_head(config, head or HeadSettings())
         except HeadProblem as problem:
-            return str(problem)
+            return f"{problem}{head_hint(str(problem), config, head or HeadSettings(), folder)}"
         return None
     if kind not in CAUSAL_LM_KINDS or any(is_causal_lm_architecture(a) for a in architectures):
         return None
@@ -143,7 +146,7 @@ def check_config(
     if kind == CLASSIFIER_KIND and served_head is not None:
         problem = swap_head_problem(config, head or HeadSettings(), served_head)
     else:
-        problem = architecture_problem(kind, config, head)
+        problem = architecture_problem(kind, config, head, folder)
     if problem is not None:
         raise _refuse(folder, problem, "config.json")
     return config
