@@ -19,6 +19,7 @@ torch, transformers and tokenizers are imported inside the functions.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Iterator
@@ -445,28 +446,44 @@ def _as_internlm2_reward_model(out: Path, reward_token_id: int, config: DemoMode
     (out / "generation_config.json").unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def _config_json(out: Path) -> Iterator[dict]:
+    """``out/config.json`` as a dict to edit in the ``with`` block; written back (sorted keys) after it."""
+    path = out / "config.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    yield data
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _safetensors_weights(out: Path) -> Iterator[dict]:
+    """``out/model.safetensors`` as a name → tensor dict to edit in the ``with`` block; written back after it."""
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    weights = load_file(str(path))
+    yield weights
+    save_file({k: t.contiguous() for k, t in weights.items()}, str(path), metadata={"format": "pt"})
+
+
 def _as_mlp_value_model(out: Path, config: DemoModelConfig) -> None:
     """Rewrite the one-label classifier in ``out`` as INF-ORM's shape: its ``score.weight``
     replaced by ``score.0`` (hidden → hidden, with bias) and ``score.2`` (hidden → 1, with
     bias), random (seed ``config.seed + 1``, of a size that gives rewards of order 1), and
     ``config.json``'s architecture ``INFORMForSequenceClassification``."""
     import torch
-    from safetensors.torch import load_file, save_file
 
-    weights = load_file(str(out / "model.safetensors"))
-    del weights["score.weight"]
-    hidden = config.hidden
-    generator = torch.Generator().manual_seed(config.seed + 1)
-    scale = 2.0 / hidden**0.5
-    weights["score.0.weight"] = torch.randn(hidden, hidden, generator=generator) * scale
-    weights["score.0.bias"] = torch.randn(hidden, generator=generator) * 0.1
-    weights["score.2.weight"] = torch.randn(1, hidden, generator=generator) * scale
-    weights["score.2.bias"] = torch.randn(1, generator=generator) * 0.1
-    save_file({k: t.contiguous() for k, t in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    path = out / "config.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
-    data["architectures"] = ["INFORMForSequenceClassification"]
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    with _safetensors_weights(out) as weights:
+        del weights["score.weight"]
+        hidden = config.hidden
+        generator = torch.Generator().manual_seed(config.seed + 1)
+        scale = 2.0 / hidden**0.5
+        weights["score.0.weight"] = torch.randn(hidden, hidden, generator=generator) * scale
+        weights["score.0.bias"] = torch.randn(hidden, generator=generator) * 0.1
+        weights["score.2.weight"] = torch.randn(1, hidden, generator=generator) * scale
+        weights["score.2.bias"] = torch.randn(1, generator=generator) * 0.1
+    with _config_json(out) as data:
+        data["architectures"] = ["INFORMForSequenceClassification"]
 
 
 GRM_NEURONS_PER_HIDDEN = 2
@@ -481,21 +498,17 @@ def _as_value_head_model(out: Path, config: DemoModelConfig) -> None:
     and ``config.json``'s architecture ``GRewardModel`` with the value head's settings
     (``vhead_layer_type`` ``mlp``, ``vhead_num_layers`` 1, ``vhead_num_neurons``)."""
     import torch
-    from safetensors.torch import load_file, save_file
 
-    weights = load_file(str(out / "model.safetensors"))
-    weights.pop("lm_head.weight", None)
     hidden, neurons = config.hidden, GRM_NEURONS_PER_HIDDEN * config.hidden
-    generator = torch.Generator().manual_seed(config.seed + 1)
-    weights["v_head.summary.0.weight"] = torch.randn(neurons, hidden, generator=generator) * (2.0 / hidden**0.5)
-    weights["v_head.summary.0.bias"] = torch.randn(neurons, generator=generator) * 0.1
-    weights["v_head.summary.2.weight"] = torch.randn(1, neurons, generator=generator) * (2.0 / neurons**0.5)
-    weights["v_head.summary.2.bias"] = torch.randn(1, generator=generator) * 0.1
-    save_file({k: t.contiguous() for k, t in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    path = out / "config.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
-    data.update(architectures=["GRewardModel"], vhead_layer_type="mlp", vhead_num_layers=1, vhead_num_neurons=neurons)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    with _safetensors_weights(out) as weights:
+        weights.pop("lm_head.weight", None)
+        generator = torch.Generator().manual_seed(config.seed + 1)
+        weights["v_head.summary.0.weight"] = torch.randn(neurons, hidden, generator=generator) * (2.0 / hidden**0.5)
+        weights["v_head.summary.0.bias"] = torch.randn(neurons, generator=generator) * 0.1
+        weights["v_head.summary.2.weight"] = torch.randn(1, neurons, generator=generator) * (2.0 / neurons**0.5)
+        weights["v_head.summary.2.bias"] = torch.randn(1, generator=generator) * 0.1
+    with _config_json(out) as data:
+        data.update(architectures=["GRewardModel"], vhead_layer_type="mlp", vhead_num_layers=1, vhead_num_neurons=neurons)
 
 
 LDL_OBJECTIVES = 4
@@ -514,11 +527,9 @@ def _as_label_distribution_model(out: Path, config: DemoModelConfig) -> None:
     :data:`LDL_OBJECTIVES`), random (seed ``config.seed + 1``), with ``num_objectives``,
     ``softmax`` true and ``temperature`` :data:`LDL_TEMPERATURE` in the config."""
     import torch
-    from safetensors.torch import load_file, save_file
 
-    weights = load_file(str(out / "model.safetensors"))
-    weights.pop("lm_head.weight", None)
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    with _safetensors_weights(out) as weights:
+        weights.pop("lm_head.weight", None)
     generator = torch.Generator().manual_seed(config.seed + 1)
     hidden, wide = config.hidden, 2 * config.hidden
 
@@ -531,11 +542,9 @@ def _as_label_distribution_model(out: Path, config: DemoModelConfig) -> None:
 
     torch.save(layers((0, 2, 4), (hidden, wide, wide, 10 * LDL_OBJECTIVES)), out / "regression_layer.pt")
     torch.save(layers((0, 3, 6), (hidden, wide, wide, LDL_OBJECTIVES)), out / "gating_layer.pt")
-    path = out / "config.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
-    decoder = data["architectures"][0].replace("ForCausalLM", "Model")
-    data.update(architectures=[decoder], num_objectives=10 * LDL_OBJECTIVES, softmax=True, temperature=LDL_TEMPERATURE)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    with _config_json(out) as data:
+        decoder = data["architectures"][0].replace("ForCausalLM", "Model")
+        data.update(architectures=[decoder], num_objectives=10 * LDL_OBJECTIVES, softmax=True, temperature=LDL_TEMPERATURE)
 
 
 def _drop_tied_lm_head(out: Path) -> None:
@@ -568,11 +577,9 @@ def _shipped_module(out: Path, name: str):
 def _name_code_in_config(out: Path, code_file: str, classes: dict[str, str]) -> None:
     """Name the shipped classes in ``config.json``'s ``auto_map`` (auto class → class name in
     ``code_file``), as a checkpoint with its own code does."""
-    path = out / "config.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
     module = code_file.removesuffix(".py")
-    data["auto_map"] = {auto: f"{module}.{cls}" for auto, cls in classes.items()}
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    with _config_json(out) as data:
+        data["auto_map"] = {auto: f"{module}.{cls}" for auto, cls in classes.items()}
 
 
 def _inline_chat_template(out: Path, template: str) -> None:

@@ -15,16 +15,23 @@ import torch
 from rmserve.errors import ServerFault
 
 
+def _checkpoint_folder(path: str, patterns: list[str]) -> Path:
+    """The folder of checkpoint ``path``: itself when local, else the hub id's files matching
+    ``patterns`` downloaded into the cache."""
+    folder = Path(path)
+    if folder.is_dir():
+        return folder
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(path, allow_patterns=patterns))
+
+
 def _checkpoint_tensors(path: str, wanted: Callable[[str], bool]) -> dict[str, torch.Tensor]:
     """The tensors of checkpoint ``path`` (a folder, or a hub id downloaded into the cache) whose
     names ``wanted`` accepts, read from its ``*.safetensors`` files."""
     from safetensors import safe_open
 
-    folder = Path(path)
-    if not folder.is_dir():
-        from huggingface_hub import snapshot_download
-
-        folder = Path(snapshot_download(path, allow_patterns=["*.safetensors", "*.json"]))
+    folder = _checkpoint_folder(path, ["*.safetensors", "*.json"])
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(folder.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as shard:
@@ -194,11 +201,7 @@ def label_distribution_head(path: str, hidden_size: int, config: dict, device: t
     """
     from rmserve.server.kinds.heads import LABEL_DISTRIBUTION_BINS, LABEL_DISTRIBUTION_FILES
 
-    folder = Path(path)
-    if not folder.is_dir():
-        from huggingface_hub import snapshot_download
-
-        folder = Path(snapshot_download(path, allow_patterns=list(LABEL_DISTRIBUTION_FILES)))
+    folder = _checkpoint_folder(path, list(LABEL_DISTRIBUTION_FILES))
     states = []
     for name in LABEL_DISTRIBUTION_FILES:
         try:
