@@ -1,8 +1,11 @@
 """The remote-code head (a checkpoint's own reward model class) on RM-Bench groups, two ways, in one run.
 
-* **a** — the official per-model way (allenai/reward-bench's ArmoRM pipeline: the model's own
-  class through ``trust_remote_code``, one conversation per forward pass, the reward read from
-  ``output.score``): every response of every group in data order, batch size 1, no padding.
+* **a** — one conversation per forward pass, the way ArmoRM-Llama3-8B-v0.1's card scores and
+  allenai/reward-bench's ``LegacyArmoRMPipeline`` (``rewardbench/models/armorm.py``) did: the
+  model's own class through ``trust_remote_code``, the reward read from ``output.score``; every
+  response of every group in data order, batch size 1, no padding. (The current
+  ``ArmoRMPipeline`` there tokenizes a batch of rendered texts with right padding and cuts each to
+  2,048 tokens; that path is not measured here.)
 * **b** — rmserve's transformers engine (:class:`rmserve.server.engines.hf_engine.HFEngine`,
   ``--trust-remote-code``), in-process: ``--groups-in-flight`` groups at a time through
   ``score_group`` (as the client keeps them in flight), their sequences in right-padded batches
@@ -47,7 +50,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "rm-bench"
 
 
-def official_way(model_path: str, sequences: list[list[int]]) -> tuple[list[float], float]:
+def one_at_a_time(model_path: str, sequences: list[list[int]]) -> tuple[list[float], float]:
     """Path a: the rewards and the scoring seconds (model load excluded, one warm-up forward)."""
     import torch
     from transformers import AutoModelForSequenceClassification
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     sequences = [ids for group in groups for ids in group]
     tokens = sum(len(ids) for ids in sequences)
     print(f"{len(groups)} groups, {len(sequences)} sequences, {tokens:,} tokens", file=sys.stderr)
-    a_rewards, a_s = in_child(official_way, args.model, sequences)
+    a_rewards, a_s = in_child(one_at_a_time, args.model, sequences)
     print(f"a: {len(sequences) / a_s:.1f} sequences/s", file=sys.stderr)
     b_rewards, b_s, passes = in_child(run_rmserve_way, args.model, groups, args.hf_batch_size, args.groups_in_flight)
     print(f"b: {len(sequences) / b_s:.1f} sequences/s", file=sys.stderr)
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.date.today().isoformat(), "model": args.model, "domains": sorted(domains), "groups": len(groups),
         "sequences": len(sequences), "tokens": tokens, "hf_batch_size": args.hf_batch_size,
         "groups_in_flight": args.groups_in_flight, "b_forward_passes": passes,
-        "a": {"what": "official per-model way: the model's own class, one conversation per forward", "seconds": a_s,
+        "a": {"what": "one conversation per forward, the model's own class (ArmoRM's card; reward-bench LegacyArmoRMPipeline)", "seconds": a_s,
               "sequences_per_s": len(sequences) / a_s, "tokens_per_s": tokens / a_s},
         "b": {"what": f"rmserve transformers engine, --trust-remote-code, {args.groups_in_flight} groups in flight, "
                       f"cross-group batches of up to {args.hf_batch_size} ({passes} forward passes)", "seconds": b_s,
