@@ -26,8 +26,8 @@ import math
 import re
 import time
 from collections import deque
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,9 @@ from rmserve.schema import BENCHMARKS, CLASSIFIER_KIND, JUDGE_KIND, Group, Model
 logger = logging.getLogger("rmserve.sweep")
 
 _STEP = re.compile(r"(\d+)")
+
+SPREADS = ("groups", "checkpoints")
+"""The values of :attr:`SweepConfig.spread`."""
 
 
 @dataclass(frozen=True, order=True)
@@ -172,9 +175,18 @@ class SweepConfig:
     """Priority hint sent with every request (header ``X-RMServe-Priority``): ``batch`` (a
     sweep) or ``interactive``; the server's fair queue and engine use it."""
 
+    spread: str = "groups"
+    """How the work is spread over several servers: ``groups`` (every server loads each
+    checkpoint in turn and its groups go to the least busy) or ``checkpoints`` (each server
+    takes the next checkpoint not started and scores it alone; a checkpoint whose server is lost
+    goes to the next free one, which scores only its groups not stored yet). Default ``groups``;
+    the Ray driver uses ``checkpoints`` (one swap per checkpoint, not one per server)."""
+
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, got {self.priority!r}")
+        if self.spread not in SPREADS:
+            raise ValueError(f"spread must be one of {', '.join(SPREADS)}, got {self.spread!r}")
         object.__setattr__(self, "servers", tuple(self.servers))
         object.__setattr__(self, "checkpoints", tuple(Path(p) for p in self.checkpoints))
         object.__setattr__(self, "data", tuple((b, str(d)) for b, d in self.data))
@@ -408,6 +420,10 @@ class _Sweep:
         """What kind of score the servers give (from the first server's ``/v1/models``): a DPO
         server swaps the policy and keeps its reference, mode and compat."""
         self._ref_signature: str | None = None
+        self.pinned: dict[Path, str] = {}
+        """Checkpoint folder → the fingerprint it was first loaded under in this sweep (shared
+        by the workers of a sweep spread by checkpoints: a checkpoint moved to another server
+        must be scored under the same fingerprint)."""
         self.recoveries: dict[asyncio.Task[None], _Server] = {}
         """Recovery tasks whose outcome is not handled yet → the server each was started for.
         A server's ``recovery`` may already be a newer task than one listed here."""
@@ -506,6 +522,9 @@ class _Sweep:
                 self.tally.groups_kept += len(self.groups)
                 return CheckpointRun(checkpoint, known, model, len(self.groups), 0, len(self.groups), loaded=False)
         fingerprint, model = await self._load_everywhere(checkpoint, known)
+        first = self.pinned.setdefault(checkpoint.path, fingerprint)
+        if first != fingerprint:  # spread over servers: the one that started it reported another
+            raise _refusal(self.servers[0], checkpoint, fingerprint, first, "the server that started it")
         if signature is not None:
             self.db.remember_checkpoint(signature, path=str(checkpoint.path), fingerprint=fingerprint, model=model)
         missing = self._missing(fingerprint)
@@ -827,8 +846,173 @@ async def _first_ready(servers: Sequence[_Server], timeout_s: float) -> None:
         await asyncio.gather(*waits, return_exceptions=True)
 
 
-async def sweep_async(config: SweepConfig, *, tally: SweepTally | None = None) -> SweepResult:
-    """:func:`sweep` on the running event loop."""
+LostWatch = Callable[[str], Awaitable["str | None"]]
+"""Given a server URL, an awaitable that returns once that server is lost for good or restarted
+elsewhere: the restarted server's URL, or None (dropped). The Ray driver's
+:meth:`~rmserve.cluster.ray_cluster.ReplicaSet.watch`."""
+
+
+def _lost(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by one server's worker, ends only that worker (the server is
+    gone or refused; its checkpoint goes to another) rather than the sweep."""
+    return isinstance(exc, errors.FingerprintMismatch) or (isinstance(exc, errors.RMServeError) and exc.retryable)
+
+
+class _Spread:
+    """A sweep spread by checkpoints (:attr:`SweepConfig.spread` ``checkpoints``): one worker
+    per server, each a one-server :class:`_Sweep` taking the next checkpoint not started.
+
+    A worker whose server is lost (``watch`` says so, or its :class:`_Sweep` gives up on it
+    after ``server_wait_s``) or refused puts its checkpoint back at the front of the queue;
+    the next free worker loads it and scores only the groups not yet stored, under the
+    fingerprint the checkpoint was first loaded with. A restarted server (``watch`` returns
+    its new URL) gets a new worker. Workers wait while others still hold a checkpoint, so a
+    checkpoint put back is never left without one.
+    """
+
+    def __init__(self, config: SweepConfig, datasets: dict[str, Any], tally: SweepTally | None,
+                 watch: LostWatch | None) -> None:
+        self.config = config
+        self.datasets = datasets
+        self.tally = tally if tally is not None else SweepTally()
+        self.watch = watch
+        self.states: list[_Sweep] = []
+        self.pinned: dict[Path, str] = {}
+        self.queue: deque[Checkpoint] = deque()
+        self.busy = 0
+        self.changed = asyncio.Event()
+        self.finished: dict[Path, CheckpointRun] = {}
+        self.partial: dict[Path, dict[str, int]] = {}
+        self.lost: list[str] = []
+        self.refused: list[str] = []
+        self.notes: list[str] = []
+        self.db: ScoreStore | None = None
+        self.workers: set[asyncio.Task[None]] = set()
+
+    async def _state(self, url: str) -> _Sweep:
+        state = _Sweep(replace(self.config, servers=(url,)), self.db, self.datasets, self.tally)
+        state.pinned = self.pinned
+        self.states.append(state)
+        await state.__aenter__()
+        return state
+
+    async def run(self, checkpoints: Sequence[Checkpoint], stack: contextlib.ExitStack) -> ScoreStore:
+        try:
+            states = [await self._state(url) for url in self.config.servers]
+            await asyncio.gather(*(state.prepare() for state in states))
+            dtypes = {state.dtype for state in states}
+            if len(dtypes) > 1:
+                raise _Refused(
+                    "the servers compute in different dtypes (" + ", ".join(f"{s.servers[0].url} {s.dtype}" for s in states)
+                    + "): start every server with the same --dtype", field="dtype",
+                )
+            self.db = stack.enter_context(ScoreStore(self.config.store))
+            for state in states:
+                state.db = self.db
+            self.queue.extend(checkpoints)
+            for state in states:
+                self._spawn(state)
+            while self.workers:
+                done, _ = await asyncio.wait(self.workers, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    self.workers.discard(task)
+                    if not task.cancelled() and task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
+            if self.queue:
+                raise errors.ConnectionFailed(
+                    f"no server is left to score {', '.join(c.name for c in self.queue)} (lost: "
+                    f"{'; '.join(self.lost + self.refused) or 'none'}); everything scored is in {self.config.store}"
+                )
+        finally:
+            for task in self.workers:
+                task.cancel()
+            await asyncio.gather(*self.workers, return_exceptions=True)
+            for state in self.states:
+                self.notes.extend(state.notes)
+                self.refused.extend(m for m in state.refused if m not in self.refused)
+                await state.__aexit__(None, None, None)
+        return self.db
+
+    def _spawn(self, state: _Sweep) -> None:
+        self.workers.add(asyncio.create_task(self._worker(state)))
+
+    async def _worker(self, state: _Sweep) -> None:
+        server = state.servers[0]
+        while True:
+            while not self.queue:
+                if self.busy == 0:
+                    self.changed.set()
+                    return
+                self.changed.clear()
+                await self.changed.wait()
+            checkpoint = self.queue.popleft()
+            self.busy += 1
+            before = server.scored
+            job = asyncio.create_task(state.run_checkpoint(checkpoint))
+            watch = asyncio.create_task(self.watch(server.url)) if self.watch is not None else None
+            try:
+                done, _ = await asyncio.wait({job} | ({watch} if watch else set()), return_when=asyncio.FIRST_COMPLETED)
+                if job in done and job.exception() is None:
+                    self.finished[checkpoint.path] = job.result()
+                    continue
+                if job in done and not _lost(job.exception()):  # type: ignore[arg-type]
+                    raise job.exception()  # type: ignore[misc]
+                reason = f"{type(job.exception()).__name__}: {job.exception()}" if job in done else "its replica was reported lost"
+                if job not in done:
+                    job.cancel()
+                    await asyncio.gather(job, return_exceptions=True)
+                new_url = watch.result() if watch is not None and watch in done else None
+                moved = server.scored - before
+                counts = self.partial.setdefault(checkpoint.path, {})
+                counts[server.url] = counts.get(server.url, 0) + moved
+                self.queue.appendleft(checkpoint)
+                sentence = (f"{server.url} was lost during {checkpoint.name} after scoring {moved} of its groups "
+                            f"({reason}); the checkpoint went back to the queue for the other servers")
+                self.lost.append(sentence)
+                logger.warning("%s", sentence)
+                if new_url is not None:
+                    await self._rejoin(server.url, new_url)
+                return
+            finally:
+                self.busy -= 1
+                self.changed.set()
+                if watch is not None and not watch.done():
+                    watch.cancel()
+                    await asyncio.gather(watch, return_exceptions=True)
+
+    async def _rejoin(self, old_url: str, new_url: str) -> None:
+        """Give the restarted server at ``new_url`` a worker, once it answers with the same dtype."""
+        state = await self._state(new_url)
+        try:
+            await state.prepare()
+        except errors.RMServeError as exc:
+            self.notes.append(f"{old_url} came back as {new_url} but did not answer ({exc}); left out")
+            return
+        if state.dtype != self.states[0].dtype:
+            self.notes.append(f"{old_url} came back as {new_url} computing in {state.dtype}; left out")
+            return
+        self.notes.append(f"{old_url} came back as {new_url} (restarted) and rejoined the sweep")
+        self._spawn(state)
+
+    def runs(self, checkpoints: Sequence[Checkpoint]) -> list[CheckpointRun]:
+        """One run per checkpoint (step order): the run that finished it, plus what lost
+        servers scored of it before they were lost (counted as scored in this sweep, per server)."""
+        runs = []
+        for checkpoint in checkpoints:
+            run = self.finished[checkpoint.path]
+            for url, n in self.partial.get(checkpoint.path, {}).items():
+                run.per_server[url] = run.per_server.get(url, 0) + n
+                run.n_scored += n
+                run.n_stored -= n
+            runs.append(run)
+        return runs
+
+
+async def sweep_async(
+    config: SweepConfig, *, tally: SweepTally | None = None, watch: LostWatch | None = None
+) -> SweepResult:
+    """:func:`sweep` on the running event loop; ``watch`` (spread by checkpoints only) says
+    when a server is lost (:data:`LostWatch`)."""
     from rmserve.metrics.sweep import SweepPoint, write_sweep
 
     from rmserve.datasets import load_benchmark, select_parts
@@ -844,17 +1028,30 @@ async def sweep_async(config: SweepConfig, *, tally: SweepTally | None = None) -
             notes.append(f"{bench}: not in the data ({dataset.source}): {', '.join(dataset.missing)}")
     runs: list[CheckpointRun] = []
     started = time.monotonic()
+    lost: list[str] = []
     with contextlib.ExitStack() as stack:
-        async with _Sweep(config, None, datasets, tally) as state:
-            await state.prepare()
-            # The store is opened once the servers have answered: a sweep that cannot reach
-            # them creates nothing.
-            db = state.db = stack.enter_context(ScoreStore(config.store))
-            for checkpoint in checkpoints:
-                runs.append(await state.run_checkpoint(checkpoint))
-            notes.extend(state.notes)
-            refused = tuple(state.refused)
-            kind = state.kind
+        if config.spread == "checkpoints" and len(config.servers) > 1:
+            spread = _Spread(config, datasets, tally, watch)
+            try:
+                db = await spread.run(checkpoints, stack)
+            finally:
+                lost = spread.lost
+            runs = spread.runs(checkpoints)
+            notes.extend(spread.notes)
+            notes.extend(lost)
+            refused = tuple(spread.refused)
+            kind = spread.states[0].kind
+        else:
+            async with _Sweep(config, None, datasets, tally) as state:
+                await state.prepare()
+                # The store is opened once the servers have answered: a sweep that cannot reach
+                # them creates nothing.
+                db = state.db = stack.enter_context(ScoreStore(config.store))
+                for checkpoint in checkpoints:
+                    runs.append(await state.run_checkpoint(checkpoint))
+                notes.extend(state.notes)
+                refused = tuple(state.refused)
+                kind = state.kind
         logger.info("%s (%.1f s in all)", summary_line(runs), time.monotonic() - started)
         points = []
         for run in runs:
@@ -892,8 +1089,11 @@ async def sweep_async(config: SweepConfig, *, tally: SweepTally | None = None) -
     extra = {
         "score_kind": {"kind": kind.kind, "mode": kind.mode, "ref_model": kind.ref_model, "compat": kind.compat},
         "servers": list(config.servers),
+        "spread": config.spread,
+        "servers_lost": lost,
         "groups_scored_per_server": {
-            url: sum(run.per_server.get(url, 0) for run in runs) for url in config.servers
+            url: sum(run.per_server.get(url, 0) for run in runs)
+            for url in dict.fromkeys([*config.servers, *(u for run in runs for u in run.per_server)])
         },
         "groups_scored": sum(run.n_scored for run in runs),
         "groups_from_store": sum(run.n_stored for run in runs),
@@ -908,7 +1108,7 @@ async def sweep_async(config: SweepConfig, *, tally: SweepTally | None = None) -
     )
 
 
-def sweep(config: SweepConfig, *, tally: SweepTally | None = None) -> SweepResult:
+def sweep(config: SweepConfig, *, tally: SweepTally | None = None, watch: LostWatch | None = None) -> SweepResult:
     """Score every checkpoint in ``config.checkpoints`` on the servers and report the sweep.
 
     Returns:
@@ -924,7 +1124,10 @@ def sweep(config: SweepConfig, *, tally: SweepTally | None = None) -> SweepResul
         rmserve.errors.ConnectionFailed: nothing answers at a server's address at the start
             (unless ``wait_for_server``), or no server left (all groups scored so far are stored).
 
+    With ``config.spread == "checkpoints"`` and several servers, ``watch`` (when given) says
+    when a server is lost, so its checkpoint moves at once (see :class:`_Spread`).
+
     ``tally``, when given, is filled in while the sweep runs (see :class:`SweepTally`), so a
     caller can tell after a failure whether anything was kept.
     """
-    return asyncio.run(sweep_async(config, tally=tally))
+    return asyncio.run(sweep_async(config, tally=tally, watch=watch))

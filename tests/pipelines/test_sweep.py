@@ -622,3 +622,65 @@ async def test_a_sweep_answered_from_the_servers_result_cache_says_so_and_leaves
         r"step-3: 5/5 groups, none by the engine, done in \d+ s, 5 from the result cache, 0 tok/s "
         r"\(engine work only\)", line) for line in progress[-1:]), progress
     assert again.document["groups_from_result_cache"] == 5 and first.document["groups_from_result_cache"] == 0
+
+
+async def test_spread_by_checkpoints_loads_each_checkpoint_on_one_server(checkpoints, tmp_path):
+    root, start, folders = checkpoints
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=12, n_code=8)
+    engines = [engine_on(start), engine_on(start)]
+    with start_server(root, engines[0]) as one, start_server(root, engines[1]) as two:
+        result = await sweep_async(config([one.url, two.url], folders, tmp_path, data, max_in_flight=4,
+                                          spread="checkpoints"))
+        assert [r.checkpoint.step for r in result.runs] == [3, 20, 100]
+        # One load per checkpoint over both servers (three swaps, not six), each run on one server.
+        assert sum(len(e.reloads) for e in engines) == 3 and all(e.reloads for e in engines)
+        assert all(len([n for n in r.per_server.values() if n]) == 1 and r.n_scored == 20 for r in result.runs)
+        assert sum(e.n_score_calls for e in engines) == 60
+        check_store(tmp_path, data, result.runs)
+        document = json.loads((tmp_path / "out" / "sweep.json").read_text())
+        assert document["spread"] == "checkpoints" and document["servers_lost"] == []
+        assert sum(document["groups_scored_per_server"].values()) == 60
+
+
+async def test_spread_a_lost_server_s_checkpoint_moves_and_nothing_is_scored_twice(checkpoints, tmp_path):
+    """Server two is stopped once its engine has scored 5 groups of the checkpoint it holds; the
+    watch reports it lost (no restart). Its checkpoint is finished by server one, which scores only
+    the groups not stored: the per-server counts add up to the groups, once each."""
+    root, start, folders = checkpoints
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=12, n_code=8)
+    engines = [engine_on(start), engine_on(start)]
+    one = start_server(root, engines[0]).__enter__()
+    two = start_server(root, engines[1]).__enter__()
+    slow = engines[1].score_group
+
+    async def slowly(*args, **kwargs):  # server two scores slowly, so it is lost mid-checkpoint
+        await asyncio.sleep(0.05)
+        return await slow(*args, **kwargs)
+
+    engines[1].score_group = slowly
+    lost_url = two.url
+
+    async def watch(url):
+        if url != lost_url:
+            await asyncio.Event().wait()  # never lost
+        while engines[1].n_score_calls < 5:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(two.__exit__, None, None, None)
+        return None
+
+    try:
+        result = await sweep_async(
+            config([one.url, two.url], folders, tmp_path, data, max_in_flight=2, spread="checkpoints"), watch=watch
+        )
+    finally:
+        one.__exit__(None, None, None)
+    assert all(r.n_scored == 20 for r in result.runs)
+    scored_by_two = sum(r.per_server.get(lost_url, 0) for r in result.runs)
+    assert 0 < scored_by_two < 20
+    # Server one scored every other group exactly once (its engine's calls are its records).
+    assert engines[0].n_score_calls == 60 - scored_by_two
+    assert sum(sum(r.per_server.values()) for r in result.runs) == 60
+    check_store(tmp_path, data, result.runs)
+    document = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    (sentence,) = document["servers_lost"]
+    assert lost_url in sentence and f"after scoring {scored_by_two} of its groups" in sentence
