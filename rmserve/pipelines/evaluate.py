@@ -36,6 +36,7 @@ import logging
 import math
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -51,7 +52,7 @@ from rmserve.client.score_store import ScoreStore
 from rmserve import errors
 from rmserve.pipelines.progress import EngineBar, ProgressLine, StatusLine, duration_text
 from rmserve.pipelines.outcome import TruncationSummary, Unscored, strict_stop, truncation_summary, unscored
-from rmserve.schema import BENCHMARKS, Group, HealthReply, ModelInfo, ScoreKind, ScoreRecord, Truncation
+from rmserve.schema import BENCHMARKS, Group, GroupKey, HealthReply, ModelInfo, ScoreKind, ScoreRecord, Truncation
 
 if TYPE_CHECKING:  # the metrics stage (numpy) is imported when a run reports, not before
     from rmserve.metrics.evaluation import Evaluation
@@ -148,6 +149,12 @@ class EvalConfig:
     """Priority hint sent with every request (header ``X-RMServe-Priority``): ``interactive``
     (someone waits for this eval) or ``batch``; the server's fair queue and engine use it."""
 
+    more_servers: tuple[str, ...] = ()
+    """Further servers serving the same model (replicas): the groups are spread over
+    ``server_url`` and these, each server taking the next group as it has room
+    (``max_in_flight`` is then split evenly between the servers). A server reporting another fingerprint is left out (a note says
+    so); a server lost during the run leaves its unanswered groups to the others. Default: none."""
+
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, got {self.priority!r}")
@@ -175,6 +182,13 @@ class EvalConfig:
         if self.server_url is not None:
             # The same check RewardClient makes, here so the CLI reports it as bad input.
             RewardClient(self.server_url)
+        object.__setattr__(self, "more_servers", tuple(self.more_servers))
+        for url in self.more_servers:
+            RewardClient(url)
+        if self.more_servers and self.server_url is None:
+            raise ValueError("more_servers needs server_url")
+        if len({self.server_url, *self.more_servers}) != 1 + len(self.more_servers):
+            raise ValueError("server: a URL is given twice")
 
     def client_settings(self) -> tuple[Timeouts, Concurrency, Retry]:
         """The client's timeouts, concurrency and retry policy for this run."""
@@ -458,28 +472,162 @@ async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession |
                 client, config.ready_timeout_s, quiet=config.quiet, wait_for_server=config.wait_for_server
             )
             info = pick_model(await client.models(), config.model)
-            with contextlib.ExitStack() as stack:
-                store = stack.enter_context(ScoreStore(config.store)) if config.store is not None else None
-                with ScoreLog(scores_path, store=store, fsync=config.fsync) as log:
-                    resumed = log.resume(info, dataset.groups, overwrite=config.overwrite, truncation=config.truncation)
-                    notes += log.notes
-                    pending = log.missing()
-                    if resumed.n_resumed:
-                        notes.append(f"resumed: {resumed.n_resumed} groups already in {scores_path}, {len(pending)} to score")
-                    if resumed.n_extra:
-                        notes.append(f"{resumed.n_extra} stored groups are not in this data and are left out of the figures")
-                    notes_shown = 0
-                    if pending:
-                        notes_shown = show_notes(notes)
-                        await _score_pending(
-                            client, log, pending, info, config, len(dataset.groups), server_version=health.version
-                        )
-                    records = log.records()
-                    log.finish()
+            replicas = await _replicas(config, session, info, notes)
+            try:
+                with contextlib.ExitStack() as stack:
+                    store = stack.enter_context(ScoreStore(config.store)) if config.store is not None else None
+                    with ScoreLog(scores_path, store=store, fsync=config.fsync) as log:
+                        resumed = log.resume(info, dataset.groups, overwrite=config.overwrite, truncation=config.truncation)
+                        notes += log.notes
+                        pending = log.missing()
+                        if resumed.n_resumed:
+                            notes.append(f"resumed: {resumed.n_resumed} groups already in {scores_path}, {len(pending)} to score")
+                        if resumed.n_extra:
+                            notes.append(f"{resumed.n_extra} stored groups are not in this data and are left out of the figures")
+                        notes_shown = 0
+                        if pending:
+                            notes_shown = show_notes(notes)
+                            if replicas:
+                                notes += await _score_spread(
+                                    [client, *replicas], log, pending, info, config, len(dataset.groups),
+                                    server_version=health.version,
+                                )
+                            else:
+                                await _score_pending(
+                                    client, log, pending, info, config, len(dataset.groups), server_version=health.version
+                                )
+                        records = log.records()
+                        log.finish()
+            finally:
+                for replica in replicas:
+                    await replica.__aexit__(None, None, None)
     result = await _report(
         config, dataset, records, resumed=resumed, scores_path=scores_path, notes=notes, n_scored=len(pending)
     )
     return replace(result, notes_shown=notes_shown)
+
+
+async def _replicas(
+    config: EvalConfig, session: aiohttp.ClientSession | None, info: ModelInfo, notes: list[str]
+) -> list[RewardClient]:
+    """Open clients of ``config.more_servers`` that serve ``info``'s fingerprint; a server that
+    does not answer within ``ready_timeout_s`` or serves another model is left out, with a note."""
+    timeouts, concurrency, retry = config.client_settings()
+    opened: list[RewardClient] = []
+    for url in config.more_servers:
+        client = RewardClient(url, session=session, timeouts=timeouts, concurrency=concurrency, retry=retry,
+                              token=config.token, priority=config.priority)
+        await client.__aenter__()
+        try:
+            await wait_for_server(client, config.ready_timeout_s, quiet=True, wait_for_server=config.wait_for_server)
+            other = pick_model(await client.models(), config.model)
+        except errors.RMServeError as exc:
+            notes.append(f"{url} left out: {exc.message}")
+            await client.__aexit__(None, None, None)
+            continue
+        if other.fingerprint != info.fingerprint:
+            notes.append(f"{url} left out: it serves fingerprint {other.fingerprint} ({other.name}), "
+                         f"{config.server_url} serves {info.fingerprint}")
+            await client.__aexit__(None, None, None)
+            continue
+        opened.append(client)
+    return opened
+
+
+def _url(client: RewardClient) -> str:
+    """A client's server as the user wrote it (``http://host:port``, no trailing slash)."""
+    return str(client.base_url).rstrip("/")
+
+
+async def _score_spread(
+    clients: Sequence[RewardClient],
+    log: ScoreLog,
+    pending: Sequence[Group],
+    info: ModelInfo,
+    config: EvalConfig,
+    n_total: int,
+    *,
+    server_version: str = "",
+) -> list[str]:
+    """Stream ``pending`` through several servers serving the same fingerprint, appending each
+    record to ``log`` as it arrives; returns notes (groups per server, servers lost).
+
+    Every server's stream (:meth:`~rmserve.client.client.RewardClient.score_stream`, up to
+    ``max_in_flight`` / number of servers groups, rounded up) takes its next group from one
+    shared queue, so a faster server takes more. A server whose stream fails with a retryable error (it stopped answering,
+    after the client's retries) is dropped; the groups it took and did not answer go back to
+    the queue and the other servers score them in a next round. Any other error ends the run
+    as in :func:`_score_pending` (records kept).
+
+    Raises:
+        rmserve.errors.ConnectionFailed: every server was lost (what was answered is kept).
+        The errors of :func:`_score_pending`.
+    """
+    # max_in_flight is the run's whole window: each server gets its share, so a small
+    # benchmark is not taken whole by the first server's stream.
+    window = max(config.groups_per_request, -(-config.max_in_flight // len(clients)))
+    for client in clients:
+        client.concurrency = replace(client.concurrency, max_groups_in_flight=window)
+    bar = progress_bar(n_total, n_total - len(pending), config.quiet)
+    started = time.monotonic()
+    queue: deque[Group] = deque(pending)
+    alive = list(clients)
+    per_server = {_url(c): 0 for c in clients}
+    lost: list[str] = []
+    tokens = 0
+
+    async def drain(client: RewardClient) -> None:
+        nonlocal tokens
+        taken: dict[GroupKey, Group] = {}
+
+        def take():
+            while queue:
+                group = queue.popleft()
+                taken[group.key] = group
+                yield group
+
+        stream = client.score_stream(take(), truncation=config.truncation, model=config.model,
+                                     expect_fingerprint=info.fingerprint, kind=ScoreKind.of(info), served=info)
+        try:
+            async with contextlib.aclosing(stream):
+                async for record in stream:
+                    taken.pop(record.key, None)
+                    log.append(record, server_version=server_version)
+                    per_server[_url(client)] += 1
+                    if config.strict and not record.scored:
+                        raise strict_stop(record, kept=f"recorded in {log.path}")
+                    tokens += sum(record.num_tokens)
+                    show_rate(bar, started, tokens, 0)
+                    bar.update(1)
+        except errors.RMServeError as exc:
+            if not exc.retryable:
+                raise
+            queue.extendleft(reversed(list(taken.values())))
+            alive.remove(client)
+            sentence = (f"{_url(client)} was lost ({type(exc).__name__}: {exc.message}); its {len(taken)} "
+                        "unanswered groups went to the other servers")
+            lost.append(sentence)
+            logger.warning("%s", sentence)
+
+    try:
+        while queue:
+            if not alive:
+                raise errors.ConnectionFailed(
+                    f"every server was lost ({'; '.join(lost)}); {n_total - len(queue)} of {n_total} groups are kept in "
+                    f"{log.path}: run the same command again to score the other {len(queue)}"
+                )
+            tasks = [asyncio.create_task(drain(c)) for c in list(alive)]
+            done, rest = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+            for task in done:
+                if task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+    finally:
+        bar.close()
+    where = ", ".join(f"{url} {n}" for url, n in per_server.items())
+    return [f"groups scored per server: {where}", *lost]
 
 
 def show_notes(notes: Sequence[str]) -> int:
