@@ -233,6 +233,10 @@ def serve_command(
             "above).",
         ),
     ] = "info",
+    replica: Annotated[
+        Optional[str],
+        typer.Option("--replica", metavar="LABEL", help=_server_help("replica"), show_default=False),
+    ] = None,
     parent_pid: Annotated[
         Optional[int],
         typer.Option(
@@ -291,6 +295,7 @@ def serve_command(
                 training_log=str(training_log) if training_log is not None else None,
                 training_log_rate=training_log_rate,
                 training_log_text=training_log_text or None,
+                replica=replica,
             )
         )
         if parent_pid is not None:

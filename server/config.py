@@ -754,6 +754,9 @@ class ServerConfig:
     training_log_text: bool = False
     """With --training-log: record each input itself too (the text or token ids), not only its SHA-256. Default: off."""
 
+    replica: str | None = None
+    """Set by rmserve cluster: which replica of a Ray replica set this server is (``NAME/INDEX on node IP, GPUs IDS``), shown on the status page and in GET /v1/status. Default: none."""
+
     def __post_init__(self) -> None:
         if not self.host:
             raise ValueError("ServerConfig.host must be a non-empty host name or address")

@@ -35,7 +35,7 @@ from rmserve.server.http.status_history import StatusHistory
 from rmserve.server.sharing.fair_queue import queue_of
 from rmserve.server.sharing.leases import LeaseState, SwapEntry, leases_of
 from rmserve.server.sharing.users import ANONYMOUS, USER_KEY
-from rmserve.server.swaps.state import METRICS_KEY, STATE_KEY
+from rmserve.server.swaps.state import CONFIG_KEY, METRICS_KEY, STATE_KEY
 
 REFRESH_S = 3
 """Seconds between two refreshes of the page (the script reads it from the page's
@@ -107,6 +107,8 @@ class StatusReply(msgspec.Struct, frozen=True):
             (:class:`~rmserve.server.http.status_history.StatusHistory`: sample times in Unix
             seconds, queue depths in groups, per-user prompt tokens/s and groups/s); None
             only in one model's reply before the route adds it (:func:`with_history`).
+        replica: which replica of a Ray replica set this server is
+            (:attr:`~rmserve.server.config.ServerConfig.replica`); None outside one.
     """
 
     status: str
@@ -118,6 +120,7 @@ class StatusReply(msgspec.Struct, frozen=True):
     leases: tuple[LeaseState, ...] = ()
     swaps: tuple[SwapEntry, ...] = ()
     history: StatusHistory | None = None
+    replica: str | None = None
 
 
 def _cache(queries: float | None, hits: float | None) -> PrefixCache | None:
@@ -145,6 +148,7 @@ def status_reply(app: web.Application, started_s: float) -> StatusReply:
         served_prefix_cache=served,
         leases=(leases_of(app).state(state.info),) if state.status == "ready" and state.info is not None else (),
         swaps=tuple(SwapEntry.of(record) for record in reversed(leases_of(app).swaps)),
+        replica=app[CONFIG_KEY].replica,
     )
 
 
@@ -180,6 +184,7 @@ def merge_status(replies: list[StatusReply]) -> StatusReply:
         served_prefix_cache=served,
         leases=tuple(lease for r in replies for lease in r.leases),
         swaps=tuple(sorted((swap for r in replies for swap in r.swaps), key=lambda swap: -swap.time)),
+        replica=replies[0].replica,
     )
 
 

@@ -169,6 +169,8 @@ function showStatus(body) {
   showSwaps(body.swaps || []);
   document.getElementById("engine-status").textContent = body.status;
   document.getElementById("uptime").textContent = fmtSeconds(body.uptime_s);
+  document.getElementById("replica").hidden = !body.replica;
+  document.getElementById("replica-name").textContent = body.replica || "";
   const engine = body.engine_prefix_cache;
   const served = body.served_prefix_cache;
   const text = engine

@@ -139,6 +139,14 @@ async def test_status_reports_prefix_cache_counters_from_the_metrics(make_client
     assert body["uptime_s"] >= 0
 
 
+async def test_status_names_the_replica_only_when_the_server_is_one(make_client):
+    label = "team/1 on node 10.0.0.2, GPUs 0"
+    for config, expected in (({}, None), ({"replica": label}, label)):
+        client = await make_client(FakeEngine(), **config)
+        async with client.get("/v1/status") as resp:
+            assert orjson.loads(await resp.read())["replica"] == expected
+
+
 async def test_status_before_any_scoring_has_no_hit_rate(make_client):
     client = await make_client(FakeEngine())
     async with client.get("/v1/status") as resp:
@@ -372,6 +380,31 @@ def test_status_page_in_chromium_shows_recent_swaps_newest_first(tmp_path):
             assert csp_violations(driver) == []
             shot = _artifacts(tmp_path) / "status_page_swaps.png"
             assert driver.save_screenshot(str(shot))
+
+
+@pytest.mark.browser
+def test_status_page_in_chromium_names_the_replica(tmp_path):
+    """A replica's page says which replica of which set it is; a plain server's says nothing."""
+    _require_browser()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    label = "team/1 on node 10.0.0.2, GPUs 0"
+    for replica in (label, None):
+        def make_app(replica=replica) -> web.Application:
+            return create_app(ServerConfig(port=0, replica=replica), FakeEngine(), FakeRenderer())
+
+        with ThreadedServer(make_app) as server, _chromium(tmp_path, "status_page_replica") as driver:
+            driver.get(server.url + "/")
+            WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "engine-status").text == "ready")
+            shown = driver.find_element(By.ID, "replica")
+            if replica is None:
+                assert not shown.is_displayed()
+                continue
+            assert shown.is_displayed()
+            assert shown.text == f"Replica {label} of a Ray replica set (rmserve cluster status lists the others)."
+            assert csp_violations(driver) == []
+            assert driver.save_screenshot(str(_artifacts(tmp_path) / "status_page_replica.png"))
 
 
 PROBE_PAGE = b"""<!doctype html><html><head><style>body { color: red; }</style></head>
