@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from rmserve.cli_cluster import cluster_app
 from rmserve.cli_eval import register as _register_eval
 from rmserve.cli_metrics import metrics_app
 from rmserve.cli_models import models_app
@@ -32,6 +33,7 @@ app = typer.Typer(
 app.add_typer(metrics_app, name="metrics")
 app.add_typer(users_app, name="users")
 app.add_typer(models_app, name="models")
+app.add_typer(cluster_app, name="cluster")
 _register_server(app)
 _register_eval(app)
 _register_sweep(app)

@@ -20,6 +20,18 @@ from typing import Annotated, Any, Optional
 import typer
 
 from rmserve.cli_users import TokenFileOpt, read_client_token
+from rmserve.cli_cluster import (
+    RAY_HELP,
+    ClusterNameOpt,
+    CpusOpt,
+    GpusOpt,
+    HostOpt,
+    LogDirOpt,
+    ReplicasOpt,
+    ServeArgsOpt,
+    job_replicas,
+    replica_spec,
+)
 from rmserve.cli_common import (
     MODEL_HELP_JUDGE_URL,
     Command,
@@ -83,6 +95,7 @@ def _eval_config(
     token: str | None = None,
     priority: PriorityHint = PriorityHint.interactive,
     max_retry_after_s: float = 60,
+    more_servers: tuple[str, ...] = (),
 ):
     from rmserve.pipelines.evaluate import EvalConfig
 
@@ -111,6 +124,7 @@ def _eval_config(
             token=token,
             priority=priority.value,
             max_retry_after_s=max_retry_after_s,
+            more_servers=more_servers,
         )
     )
 
@@ -252,7 +266,6 @@ def _scoring_settings(scoring: dict[str, Any]) -> dict[str, Any]:
 
 @with_option_group("scoring", SCORING_OPTIONS)
 def eval_command(
-    server: ServerOpt,
     bench: BenchOpt,
     data: DataOpt,
     out: OutOpt,
@@ -276,21 +289,72 @@ def eval_command(
     scoring: dict[str, Any],
     token_file: TokenFileOpt = None,
     priority: Annotated[PriorityHint, typer.Option("--priority", help=PRIORITY_HELP)] = PriorityHint.interactive,
+    server: Annotated[
+        Optional[list[str]],
+        typer.Option("--server", metavar="URL",
+                     help="Scoring server base URL, e.g. http://127.0.0.1:8000. Repeat it for replicas serving the "
+                     "same model: the groups are spread over them. Give --server or --ray.", show_default=False),
+    ] = None,
+    ray: Annotated[
+        Optional[str],
+        typer.Option("--ray", metavar="ADDRESS", show_default=False,
+                     help=f"Score on a Ray cluster instead of --server: {RAY_HELP} Uses --cluster NAME, or starts "
+                     "--replicas replicas of --serve-model for the job and stops them at the end; the groups are "
+                     "spread over the replicas."),
+    ] = None,
+    cluster: ClusterNameOpt = None,
+    serve_model: Annotated[
+        Optional[str],
+        typer.Option("--serve-model", metavar="MODEL", show_default=False,
+                     help="With --ray and no --cluster: the reward model the job's replicas serve (a path on every "
+                     "node, or a hub id)."),
+    ] = None,
+    replicas: ReplicasOpt = 2,
+    gpus_per_replica: GpusOpt = 1.0,
+    cpus_per_replica: CpusOpt = 1.0,
+    host: HostOpt = None,
+    serve_args: ServeArgsOpt = None,
+    log_dir: LogDirOpt = "/tmp/rmserve-cluster",
 ) -> None:
-    """Score a benchmark on a running server, then print its table.
+    """Score a benchmark on a running server (or replicas), then print its table.
 
     Resumable: groups already in OUT/scores.jsonl are not sent again; with a score store
     (--store or $RMSERVE_STORE), neither are groups stored for the server's model.
     """
+    from dataclasses import replace
+
     from rmserve.pipelines.evaluate import evaluate
 
+    if (server is None) == (ray is None):
+        raise typer.BadParameter("give --server URL (running servers) or --ray ADDRESS (a Ray cluster), not both",
+                                 param_hint="'--server'")
+    if ray is not None and (cluster is None) == (serve_model is None):
+        raise typer.BadParameter("with --ray, give --cluster NAME (a running replica set) or --serve-model MODEL "
+                                 "(replicas started for this job), not both", param_hint="'--ray'")
+    if ray is None and (cluster is not None or serve_model is not None):
+        raise typer.BadParameter("--cluster and --serve-model need --ray ADDRESS", param_hint="'--ray'")
+    urls = list(server) if server is not None else ["http://ray-replicas.invalid:1"]  # filled in below
     config = _eval_config(
-        server_url=server, bench=bench, data=data, out=out, max_in_flight=max_inflight_groups,
+        server_url=urls[0], more_servers=tuple(urls[1:]), bench=bench, data=data, out=out,
+        max_in_flight=max_inflight_groups,
         groups_per_request=groups_per_request, timeout_s=wait_request_s, ready_timeout_s=wait_ready_s,
         only=only, model=model, **_scoring_settings(scoring),
         wait_for_server=wait_for_server, token=read_client_token(token_file), priority=priority,
     )
-    result = _call(evaluate, config, scores_path=config.out_dir / "scores.jsonl", store_path=config.store)
+    spec = None
+    if serve_model is not None:
+        spec = bad_parameter(lambda: replica_spec(
+            serve_model, serve_args=serve_args, gpus=gpus_per_replica, cpus=cpus_per_replica, host=host,
+            log_dir=log_dir))
+
+    def run(config):
+        if ray is None:
+            return evaluate(config)
+        with job_replicas(ray, cluster, replicas, spec) as replica_set:
+            found = replica_set.urls()
+            return evaluate(replace(config, server_url=found[0], more_servers=tuple(found[1:])))
+
+    result = _call(run, config, scores_path=config.out_dir / "scores.jsonl", store_path=config.store)
     _render(result, as_json=scoring["as_json"], quiet=scoring["quiet"])
 
 

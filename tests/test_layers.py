@@ -7,9 +7,9 @@ Three floors:
   Imports only the ground.
 * **stages**: ``rmserve.server``, ``rmserve.client``, ``rmserve.metrics``. Each imports the
   ground and itself, never another stage, and never the top floor.
-* **top**: ``rmserve.pipelines``, the CLI (``rmserve.cli*``), ``rmserve.demo_model`` and its
-  ``rmserve.demo_families``. May
-  import anything.
+* **top**: ``rmserve.pipelines``, ``rmserve.cluster`` (replicas on Ray), the CLI
+  (``rmserve.cli*``), ``rmserve.demo_model`` and its ``rmserve.demo_families``. May import
+  anything.
 
 Every ``import``/``from … import`` statement counts, wherever it stands (module level, inside a
 function, under ``if TYPE_CHECKING:``); relative imports are resolved against the importing
@@ -49,7 +49,7 @@ GROUND = frozenset(
 STAGES = ("rmserve.server", "rmserve.client", "rmserve.metrics")
 """Stage packages: each may import only the ground and itself."""
 
-TOP = ("rmserve.pipelines", "rmserve.demo_model", "rmserve.demo_families", "rmserve.cli")
+TOP = ("rmserve.pipelines", "rmserve.cluster", "rmserve.demo_model", "rmserve.demo_families", "rmserve.cli")
 """Prefixes of the top floor (``rmserve.cli`` also covers ``rmserve.cli_eval`` and the like)."""
 
 VLLM_IMPORTERS = frozenset({"rmserve.server.engines.vllm_compat"})

@@ -1,0 +1,321 @@
+"""The driver side of rmserve on Ray: start, find, watch and stop sets of replicas.
+
+A *replica set* is ``N`` actors named ``NAME/0`` … ``NAME/N-1`` in the Ray namespace
+:data:`NAMESPACE`, each in its own placement group (one bundle: the replica's GPUs and CPUs, so
+a tensor-parallel replica is packed on one node) and each owning one ``rmserve serve``
+(:class:`~rmserve.cluster.replica.ReplicaServer`). A set started by ``rmserve cluster up`` is
+*detached* (it outlives the command, for a team, until ``rmserve cluster down``); one started
+by ``rmserve sweep|eval --ray`` belongs to the job and is stopped when it ends.
+
+Ray does the placement, the restarts (``max_restarts``) and the failure detection; nothing here
+schedules or probes nodes itself. Needs the ``[ray]`` extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rmserve import errors
+from rmserve.cluster.replica import ReplicaServer, ReplicaSpec
+
+logger = logging.getLogger("rmserve.cluster")
+
+NAMESPACE = "rmserve"
+"""The Ray namespace of every rmserve replica set."""
+
+RAY_VERSION = "2.60.0"
+"""The Ray release the ``[ray]`` extra pins and the tests run."""
+
+PLACEMENT_TIMEOUT_S = 120.0
+"""Longest wait for Ray to place a replica (its GPUs free on one node) before it is reported."""
+
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+class ClusterError(errors.ServerFault, type="cluster_error"):
+    """A replica set could not be started, found or reached (the message says which and why)."""
+
+
+def check_name(name: str) -> str:
+    """``name`` when it can name a replica set (letters, digits, ``-_.``; 1–64 characters).
+
+    Raises:
+        ValueError: otherwise (names the rule).
+    """
+    if not 1 <= len(name) <= 64 or not set(name) <= _NAME_CHARS:
+        raise ValueError(f"name {name!r}: use 1 to 64 letters, digits, '-', '_' or '.'")
+    return name
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ClusterError(
+            "Ray is not installed here: install rmserve's [ray] extra (pip install 'rmserve[ray]') on this machine "
+            "and on every node of the cluster", field="ray",
+        ) from None
+    return ray
+
+
+def connect(address: str) -> None:
+    """Join the Ray cluster at ``address`` as a driver (``auto``, ``HOST:PORT`` of a head node,
+    or ``ray://HOST:10001``), in namespace :data:`NAMESPACE`. Joining twice is harmless.
+
+    Raises:
+        ClusterError: Ray is not installed, or nothing answers at ``address`` (names it).
+    """
+    ray = _ray()
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING,
+                 configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ClusterError(f"cannot join the Ray cluster at {address!r}: {exc}", field="ray", value=address) from None
+
+
+def disconnect() -> None:
+    """Leave the Ray cluster (the detached replica sets go on)."""
+    ray = _ray()
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@dataclass
+class Replica:
+    """The driver's view of one replica: its actor, placement group and last known info."""
+
+    index: int
+    actor: Any
+    placement_group: Any
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str | None:
+        """The server's base URL (None before it reported one)."""
+        return self.info.get("url")
+
+
+def _actor_class():
+    ray = _ray()
+    # A threaded actor: status calls are answered while wait_ready blocks.
+    return ray.remote(max_concurrency=4)(ReplicaServer)
+
+
+class ReplicaSet:
+    """A named set of replicas on the Ray cluster (see the module docstring).
+
+    Use :meth:`start` (new replicas) or :meth:`attach` (a running set, by name); then
+    :meth:`wait_ready`, :meth:`urls`, :meth:`status`, :meth:`watch`, :meth:`stop`.
+    """
+
+    def __init__(self, name: str, replicas: Sequence[Replica], *, owned: bool) -> None:
+        self.name = name
+        self.replicas = list(replicas)
+        self.owned = owned
+        """True for a set this process started (a job's): :meth:`stop` is called at its end."""
+
+    @classmethod
+    def start(cls, name: str, spec: ReplicaSpec, replicas: int, *, detached: bool, max_restarts: int = 1) -> ReplicaSet:
+        """Create ``replicas`` actors named ``NAME/i``, each in its own placement group.
+
+        Returns at once; :meth:`wait_ready` waits for placement and model loading.
+
+        Raises:
+            ValueError: ``replicas`` < 1, a bad name.
+            ClusterError: a set with this name is running already (names it).
+        """
+        ray = _ray()
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        check_name(name)
+        if replicas < 1:
+            raise ValueError(f"replicas must be ≥ 1, got {replicas}")
+        if names_in_use(name):
+            raise ClusterError(
+                f"a replica set named {name!r} is already running on this cluster (rmserve cluster status {name}; "
+                f"rmserve cluster down {name} to stop it)", field="name", value=name,
+            )
+        lifetime = "detached" if detached else None
+        actor_class = _actor_class()
+        made = []
+        for index in range(replicas):
+            bundle = {"CPU": spec.cpus}
+            if spec.gpus:
+                bundle["GPU"] = spec.gpus
+            group = placement_group([bundle], strategy="STRICT_PACK", name=f"{name}/{index}", lifetime=lifetime)
+            actor = actor_class.options(
+                name=f"{name}/{index}", namespace=NAMESPACE, lifetime=lifetime, num_gpus=spec.gpus,
+                num_cpus=spec.cpus, max_restarts=max_restarts,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group),
+            ).remote(spec, name, index)
+            made.append(Replica(index, actor, group))
+        return cls(name, made, owned=not detached)
+
+    @classmethod
+    def attach(cls, name: str) -> ReplicaSet:
+        """The running set named ``name`` (started by ``rmserve cluster up``).
+
+        Raises:
+            ClusterError: no replica of that name on this cluster (names the sets there are).
+        """
+        ray = _ray()
+        check_name(name)
+        indices = names_in_use(name)
+        if not indices:
+            sets = sorted(set_names())
+            there = f"; running sets: {', '.join(sets)}" if sets else "; no rmserve replica set is running there"
+            raise ClusterError(f"no replica set named {name!r} on this Ray cluster{there}", field="name", value=name)
+        replicas = []
+        for index in indices:
+            actor = ray.get_actor(f"{name}/{index}", namespace=NAMESPACE)
+            try:
+                group = ray.util.get_placement_group(f"{name}/{index}")
+            except ValueError:
+                group = None
+            replicas.append(Replica(index, actor, group))
+        return cls(name, replicas, owned=False)
+
+    def wait_ready(self, *, placement_timeout_s: float = PLACEMENT_TIMEOUT_S) -> list[str]:
+        """Wait until every replica is placed and its server ready; return the problems.
+
+        A replica Ray cannot place within ``placement_timeout_s`` (no node with its GPUs
+        free) and one whose server does not start are each named in one line (the latter
+        with the last lines of its log); they are stopped. The others keep running.
+
+        Returns:
+            One sentence per replica that did not come up (empty when all did).
+        """
+        ray = _ray()
+        problems: list[str] = []
+        if self.replicas and self.replicas[0].placement_group is not None:
+            pending = {r.placement_group.ready(): r for r in self.replicas if r.placement_group is not None}
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=placement_timeout_s)
+            for ref in set(pending) - set(ready):
+                replica = pending[ref]
+                bundle = replica.placement_group.bundle_specs[0]
+                problems.append(
+                    f"replica {self.name}/{replica.index}: Ray could not place it within {placement_timeout_s:g} s "
+                    f"(no node has {_bundle_text(bundle)} free; ray status shows the cluster's resources)"
+                )
+                self._remove(replica)
+        waits = {r.actor.wait_ready.remote(): r for r in self.replicas}
+        for ref, replica in waits.items():
+            try:
+                replica.info = ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                problems.append(str(exc.cause) if exc.cause is not None else str(exc))
+                self._remove(replica)
+            except ray.exceptions.RayActorError as exc:
+                problems.append(f"replica {self.name}/{replica.index} died while starting: {_first_line(exc)}")
+                self._remove(replica)
+        return problems
+
+    def _remove(self, replica: Replica) -> None:
+        ray = _ray()
+        if replica in self.replicas:
+            self.replicas.remove(replica)
+        try:  # a clean stop of the server; an actor that is dead, restarting or unplaced answers nothing
+            ray.get(replica.actor.info.remote(), timeout=5)
+            ray.wait([replica.actor.stop.remote()], timeout=45)
+        except Exception:  # noqa: BLE001 - nothing to stop (the server watches the actor's pid anyway)
+            pass
+        ray.kill(replica.actor, no_restart=True)
+        if replica.placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(replica.placement_group)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+    def urls(self) -> list[str]:
+        """The base URLs of the replicas that reported one (index order)."""
+        return [r.url for r in self.replicas if r.url is not None]
+
+    def status(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+        """Each replica's :meth:`~rmserve.cluster.replica.ReplicaServer.status` (index order);
+        a replica that does not answer in ``timeout_s`` gets ``{"index", "error"}``."""
+        ray = _ray()
+        found = []
+        for replica in self.replicas:
+            try:
+                found.append(ray.get(replica.actor.status.remote(), timeout=timeout_s))
+            except Exception as exc:  # noqa: BLE001 - reported, not raised
+                found.append({"name": self.name, "index": replica.index, "error": _first_line(exc)})
+        return found
+
+    async def watch(self, url: str, *, poll_s: float = 2.0) -> str | None:
+        """Return once the replica serving ``url`` is lost: the URL of its new server when Ray
+        has already restarted it elsewhere (the caller waits for it to be ready), else None
+        (dropped for this job; Ray may still restart it later).
+
+        Lost means Ray reports the actor dead or restarting, or its server process exited.
+        Runs until cancelled while the replica is fine.
+        """
+        ray = _ray()
+        replica = next((r for r in self.replicas if r.url == url), None)
+        if replica is None:
+            raise ValueError(f"{url} is not a replica of {self.name}")
+        while True:
+            await asyncio.sleep(poll_s)
+            try:
+                info = await asyncio.to_thread(ray.get, replica.actor.info.remote(), timeout=30)
+            except ray.exceptions.GetTimeoutError:
+                continue
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                logger.warning("replica %s/%d (%s) lost: Ray reports its actor dead or restarting",
+                               self.name, replica.index, url)
+                return None
+            if info.get("url") != url:
+                logger.warning("replica %s/%d (%s) was restarted by Ray: now %s", self.name, replica.index, url,
+                               info.get("url"))
+                replica.info = info
+                return info.get("url")
+            if not info.get("alive", True):
+                logger.warning("replica %s/%d (%s) lost: its server exited", self.name, replica.index, url)
+                return None
+
+    def stop(self) -> None:
+        """Stop every replica's server, kill the actors and remove their placement groups."""
+        for replica in list(self.replicas):
+            self._remove(replica)
+
+
+def names_in_use(name: str) -> list[int]:
+    """The indices of the running actors named ``NAME/i`` in :data:`NAMESPACE`, sorted."""
+    ray = _ray()
+    found = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry.get("namespace") != NAMESPACE:
+            continue
+        base, _, index = entry.get("name", "").rpartition("/")
+        if base == name and index.isdigit():
+            found.append(int(index))
+    return sorted(found)
+
+
+def set_names() -> set[str]:
+    """The names of the replica sets running on this cluster."""
+    ray = _ray()
+    names = set()
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        base, _, index = entry.get("name", "").rpartition("/")
+        if entry.get("namespace") == NAMESPACE and index.isdigit():
+            names.add(base)
+    return names
+
+
+def _bundle_text(bundle: dict[str, float]) -> str:
+    return " and ".join(f"{value:g} {key}" for key, value in bundle.items())
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,105 @@
+"""``rmserve cluster`` and the ``--ray`` options of ``eval`` and ``sweep``: what is refused
+before Ray is reached, and the replica spec the options make (no Ray, no engine)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rmserve.cli import app
+from rmserve.cli_cluster import checkpoint_root, replica_spec
+from rmserve.cluster.replica import ReplicaSpec
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+@pytest.fixture
+def folders(tmp_path):
+    made = [tmp_path / "run" / f"step-{s}" for s in (10, 20)]
+    for folder in made:
+        folder.mkdir(parents=True)
+    return made
+
+
+def test_sweep_takes_server_or_ray_not_both_nor_neither(folders, tmp_path):
+    common = ["sweep", "--checkpoints", str(folders[0]), "--bench", "rm-bench", "--data", str(tmp_path),
+              "--out", str(tmp_path / "out")]
+    both = invoke(*common, "--server", "http://127.0.0.1:1", "--ray", "auto")
+    neither = invoke(*common)
+    for result in (both, neither):
+        assert result.exit_code == 2 and "give --server URL (running servers) or --ray ADDRESS" in result.output
+    cluster_alone = invoke(*common, "--server", "http://127.0.0.1:1", "--cluster", "team")
+    assert cluster_alone.exit_code == 2 and "--cluster names a replica set on a Ray cluster" in cluster_alone.output
+
+
+def test_eval_with_ray_needs_a_cluster_or_a_model_and_not_both(tmp_path):
+    common = ["eval", "--bench", "rm-bench", "--data", str(tmp_path), "--out", str(tmp_path / "out")]
+    for extra in ([], ["--cluster", "team", "--serve-model", "m"]):
+        result = invoke(*common, "--ray", "auto", *extra)
+        assert result.exit_code == 2 and "give --cluster NAME" in result.output, result.output
+    result = invoke(*common, "--server", "http://127.0.0.1:1", "--cluster", "team")
+    assert result.exit_code == 2 and "--cluster and --serve-model need --ray ADDRESS" in result.output
+
+
+def test_eval_refuses_a_server_given_twice(tmp_path):
+    result = invoke("eval", "--bench", "rm-bench", "--data", str(tmp_path), "--out", str(tmp_path / "out"),
+                    "--server", "http://127.0.0.1:1", "--server", "http://127.0.0.1:1")
+    assert result.exit_code == 2 and "a URL is given twice" in result.output
+
+
+@pytest.mark.parametrize("arg", ["--port 9", "--host=0.0.0.0", "--parent-pid 3", "--model a=b"])
+def test_cluster_up_refuses_what_each_replica_sets_itself(arg):
+    result = invoke("cluster", "up", "team", "some-model", "--serve-args", arg)
+    option = arg.split("=")[0].split()[0]
+    assert result.exit_code == 2 and f"{option} is set by each replica itself" in result.output, result.output
+
+
+def test_cluster_up_refuses_a_bad_name_and_bad_quoting():
+    result = invoke("cluster", "up", "team one", "some-model")
+    assert result.exit_code == 2 and "use 1 to 64 letters, digits" in result.output
+    result = invoke("cluster", "up", "team", "some-model", "--serve-args", "--users-file 'unclosed")
+    assert result.exit_code == 2 and "Invalid value for '--serve-args': No closing quotation" in result.output
+
+
+def test_without_ray_the_command_says_which_extra_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails, as where the extra is not installed
+    result = invoke("cluster", "status", "--ray", "auto")
+    assert result.exit_code == 1
+    assert "Ray is not installed here: install rmserve's [ray] extra" in result.output
+
+
+def test_replica_spec_of_the_options(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setenv("UNRELATED", "x")
+    spec = replica_spec("m", engine_options={"dtype": "float32", "max_model_len": 4096},
+                        serve_args="--users-file '/a b/users.jsonl'", extra=("--checkpoint-root", "/ckpts"),
+                        gpus=2, cpus=4, host="127.0.0.1", admin_token="secret")
+    assert spec.serve_args == ("--dtype", "float32", "--max-model-len", "4096", "--checkpoint-root", "/ckpts",
+                               "--users-file", "/a b/users.jsonl")
+    assert (spec.gpus, spec.cpus, spec.host) == (2, 4, "127.0.0.1")
+    assert ("VLLM_CPU_KVCACHE_SPACE", "1") in spec.env and all(k != "UNRELATED" for k, _ in spec.env)
+    assert "secret" not in repr(spec)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"model": ""}, "model must be a path or hub id"),
+    ({"gpus": -1}, "gpus must be a number ≥ 0"),
+    ({"cpus": float("nan")}, "cpus must be a number ≥ 0"),
+    ({"startup_timeout_s": 0}, "startup_timeout_s must be > 0"),
+])
+def test_replica_spec_limits(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        ReplicaSpec(**{"model": "m", **kwargs})
+
+
+def test_checkpoint_root_is_the_deepest_common_parent(tmp_path):
+    a, b = tmp_path / "run" / "x" / "step-1", tmp_path / "run" / "y" / "step-2"
+    assert checkpoint_root([a, b]) == tmp_path / "run"
+    assert checkpoint_root([a]) == Path(a).parent
