@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from rmserve.cli_common import Command, bad_parameter, guarded, print_table, with_default, with_engine_options
+from rmserve.cli_users import TokenFileOpt, read_client_token
 
 if TYPE_CHECKING:
     from rmserve.cluster.ray_cluster import ReplicaSet
@@ -136,9 +137,12 @@ def job_replicas(
     try:
         if cluster is not None:
             replica_set = ReplicaSet.attach(cluster)
-            replica_set.wait_ready(placement_timeout_s=30)
+            problems = replica_set.refresh()
+            for problem in problems:
+                typer.echo(f"note: {problem}", err=True)
             if not replica_set.urls():
-                raise ClusterError(f"no replica of {cluster!r} is ready (rmserve cluster status {cluster})")
+                raise ClusterError(f"no replica of {cluster!r} is running ({'; '.join(problems)}); see rmserve "
+                                   f"cluster status {cluster}")
             yield replica_set
             return
         assert spec is not None
@@ -188,7 +192,7 @@ def up_command(
     def call() -> list[str]:
         connect(ray)
         replica_set, problems = _start(name, spec, replicas, detached=True)
-        _print_status(replica_set.status())
+        _print_status(replica_set.status(token=read_client_token(None)))
         return problems
 
     problems = guarded(call)
@@ -202,14 +206,17 @@ def status_command(
                                                   show_default=False)] = None,
     ray: RayAddressOpt = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    token_file: TokenFileOpt = None,
 ) -> None:
     """List each replica: node, GPUs, URL, fingerprint, state, groups scored and groups/s since it started."""
     from rmserve.cluster.ray_cluster import ReplicaSet, connect, set_names
 
+    token = read_client_token(token_file)
+
     def call() -> list[dict[str, Any]]:
         connect(ray)
         names = [name] if name is not None else sorted(set_names())
-        return [row for n in names for row in ReplicaSet.attach(n).status()]
+        return [row for n in names for row in ReplicaSet.attach(n).status(token=token)]
 
     rows = guarded(call)
     if as_json:

@@ -217,6 +217,33 @@ class ReplicaSet:
                 self._remove(replica)
         return problems
 
+    def refresh(self, timeout_s: float = 10.0) -> list[str]:
+        """Ask every replica of a running set where it is; keep those whose server runs.
+
+        A replica that does not answer within ``timeout_s`` (Ray is restarting it, or cannot
+        place it) or whose server has exited is left out of :meth:`urls` for now, and never
+        stopped: the set is the team's, not this job's.
+
+        Returns:
+            One sentence per replica left out (empty when all answered).
+        """
+        ray = _ray()
+        problems = []
+        for replica in self.replicas:
+            replica.info = {}
+            try:
+                info = ray.get(replica.actor.info.remote(), timeout=timeout_s)
+            except Exception as exc:  # noqa: BLE001 - reported, the others go on
+                problems.append(f"replica {self.name}/{replica.index} left out: it did not answer "
+                                f"({type(exc).__name__}: {_first_line(exc)})")
+                continue
+            if not info.get("alive", True):
+                problems.append(f"replica {self.name}/{replica.index} left out: its server exited (log on node "
+                                f"{info.get('node_ip')}: {info.get('log_path')})")
+                continue
+            replica.info = info
+        return problems
+
     def _remove(self, replica: Replica) -> None:
         ray = _ray()
         if replica in self.replicas:
@@ -239,14 +266,15 @@ class ReplicaSet:
         """The base URLs of the replicas that reported one (index order)."""
         return [r.url for r in self.replicas if r.url is not None]
 
-    def status(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-        """Each replica's :meth:`~rmserve.cluster.replica.ReplicaServer.status` (index order);
-        a replica that does not answer in ``timeout_s`` gets ``{"index", "error"}``."""
+    def status(self, timeout_s: float = 10.0, token: str | None = None) -> list[dict[str, Any]]:
+        """Each replica's :meth:`~rmserve.cluster.replica.ReplicaServer.status` (index order),
+        asked with ``token`` (servers with a users file need one); a replica that does not
+        answer in ``timeout_s`` gets ``{"name", "index", "error"}``."""
         ray = _ray()
         found = []
         for replica in self.replicas:
             try:
-                found.append(ray.get(replica.actor.status.remote(), timeout=timeout_s))
+                found.append(ray.get(replica.actor.status.remote(token), timeout=timeout_s))
             except Exception as exc:  # noqa: BLE001 - reported, not raised
                 found.append({"name": self.name, "index": replica.index, "error": _first_line(exc)})
         return found

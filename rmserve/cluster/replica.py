@@ -204,15 +204,13 @@ class ReplicaServer:
             "ready_after_s": self.ready_after_s,
         }
 
-    def status(self) -> dict[str, Any]:
+    def status(self, token: str | None = None) -> dict[str, Any]:
         """:meth:`info` plus what the server says of itself: ``fingerprint`` and ``model``
         (``/v1/models``, first model), ``state``, ``groups_scored`` and ``uptime_s``
-        (``/v1/status``); ``error`` instead when the server does not answer."""
+        (``/v1/status``), asked with ``token`` when given (a server with a users file needs
+        one); ``error`` instead when the server does not answer or refuses."""
         found = self.info()
-        headers = {}
-        token = os.environ.get("RMSERVE_TOKEN")
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
             models = _get_json(f"{self.url}/v1/models", headers)
             status = _get_json(f"{self.url}/v1/status", headers)
