@@ -36,7 +36,6 @@ from rmserve.cli_common import (
     MODEL_HELP_JUDGE_URL,
     Command,
     EXIT_UNSCORED,
-    ServerOpt,
     STORE_WHY,
     WAIT_READY_HELP,
     WAIT_READY_WHY,

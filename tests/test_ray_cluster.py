@@ -18,7 +18,6 @@ import shlex
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from test_sweep_end_to_end import (  # noqa: F401 - sweep_env is a fixture
@@ -73,7 +72,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_replicas_on_two_nodes_eval_and_a_sweep_that_loses_a_node(sweep_env, two_nodes, tmp_path):
+def test_replicas_on_two_nodes_eval_and_a_sweep_that_loses_a_node(sweep_env, two_nodes, tmp_path):  # noqa: F811
     cluster, worker = two_nodes
     address = cluster.address
     root, folders, data, token_file, reference = sweep_env

@@ -130,7 +130,7 @@ class ReplicaSet:
             ValueError: ``replicas`` < 1, a bad name.
             ClusterError: a set with this name is running already (names it).
         """
-        ray = _ray()
+        _ray()  # installed, or a ClusterError naming the extra
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
