@@ -105,14 +105,16 @@ def replica_spec(
     )
 
 
-def _start(name: str, spec: ReplicaSpec, replicas: int, *, detached: bool) -> tuple[ReplicaSet, list[str]]:
-    from rmserve.cluster.ray_cluster import ReplicaSet
+def _start(
+    name: str, spec: ReplicaSpec, replicas: int, *, detached: bool, placement_timeout_s: float | None = None
+) -> tuple[ReplicaSet, list[str]]:
+    from rmserve.cluster.ray_cluster import PLACEMENT_TIMEOUT_S, ReplicaSet
 
     typer.echo(f"starting {replicas} replica{'s' if replicas != 1 else ''} of {name} on Ray "
                f"({spec.model}; logs in {spec.log_dir} on each node)…", err=True)
     started = time.monotonic()
     replica_set = ReplicaSet.start(name, spec, replicas, detached=detached, max_restarts=-1 if detached else 1)
-    problems = replica_set.wait_ready()
+    problems = replica_set.wait_ready(placement_timeout_s=placement_timeout_s or PLACEMENT_TIMEOUT_S)
     for problem in problems:
         typer.echo(f"error: {problem}", err=True)
     typer.echo(f"{len(replica_set.replicas)} of {replicas} replicas ready after {time.monotonic() - started:.0f} s",
@@ -177,6 +179,11 @@ def up_command(
         bool, typer.Option("--pin-cpus", help="CPU nodes: run replica i (server and engine) on core i mod the node's "
                            "cores, one core per replica.")
     ] = False,
+    placement_timeout_s: Annotated[
+        float, typer.Option("--placement-timeout-s", metavar="SECONDS", min=1,
+                            help="Longest wait for Ray to place a replica (its GPUs free on one node) before it is "
+                            "reported and left out.")
+    ] = 120.0,
 ) -> None:
     """Start NAME: N replicas of rmserve serve MODEL on the Ray cluster, each on its own GPUs.
 
@@ -191,7 +198,7 @@ def up_command(
 
     def call() -> list[str]:
         connect(ray)
-        replica_set, problems = _start(name, spec, replicas, detached=True)
+        replica_set, problems = _start(name, spec, replicas, detached=True, placement_timeout_s=placement_timeout_s)
         _print_status(replica_set.status(token=read_client_token(None)))
         return problems
 

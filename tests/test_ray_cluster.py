@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -87,6 +88,22 @@ def test_replicas_on_two_nodes_eval_and_a_sweep_that_loses_a_node(sweep_env, two
     assert all(r["state"] == "ready" and r["gpu_ids"] == ["0"] and r["fingerprint"] for r in rows)
     assert rows[0]["fingerprint"] == rows[1]["fingerprint"]
     lost, kept = sorted(rows, key=lambda r: r["node_id"] != worker.node_id)  # lost: the one on the worker node
+
+    # A replica Ray cannot place (both GPUs taken) and one whose server refuses its model are
+    # reported, each in one line (the refusal with its reason), and left out; the command fails.
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    res = subprocess.run([*RMSERVE, "cluster", "up", "extra", str(folders[0]), "--ray", address,
+                          "--placement-timeout-s", "5", "--host", "127.0.0.1"], capture_output=True, text=True)
+    assert res.returncode == 1
+    assert "replica extra/0: Ray could not place it within 5 s (no node has 1 CPU and 1 GPU free" in res.stderr
+    res = subprocess.run([*RMSERVE, "cluster", "up", "refused", str(broken), "--ray", address, "--gpus-per-replica",
+                          "0", "--cpus-per-replica", "0", "--host", "127.0.0.1", "--log-dir", str(tmp_path / "logs")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 1
+    assert re.search(r"replica refused-0 on \S+ did not start: the server refused to start", res.stderr), res.stderr
+    assert "config.json" in res.stderr  # the reason, from the server's log
+    assert [r["name"] for r in json.loads(_cli("cluster", "status", "--ray", address, "--json").stdout)] == [NAME] * 2
 
     # eval --ray --cluster: the groups spread over both replicas; rewards of the first checkpoint.
     res = _cli("eval", "--ray", address, "--cluster", NAME, "--bench", "rm-bench", "--data", str(data),

@@ -145,15 +145,15 @@ class ReplicaSet:
         lifetime = "detached" if detached else None
         actor_class = _actor_class()
         made = []
+        bundle = {key: value for key, value in (("CPU", spec.cpus), ("GPU", spec.gpus)) if value}
         for index in range(replicas):
-            bundle = {"CPU": spec.cpus}
-            if spec.gpus:
-                bundle["GPU"] = spec.gpus
-            group = placement_group([bundle], strategy="STRICT_PACK", name=f"{name}/{index}", lifetime=lifetime)
+            # A replica that asks for nothing (0 CPUs, 0 GPUs) needs no placement group.
+            group = (placement_group([bundle], strategy="STRICT_PACK", name=f"{name}/{index}", lifetime=lifetime)
+                     if bundle else None)
+            placed = {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=group)} if group else {}
             actor = actor_class.options(
                 name=f"{name}/{index}", namespace=NAMESPACE, lifetime=lifetime, num_gpus=spec.gpus,
-                num_cpus=spec.cpus, max_restarts=max_restarts,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group),
+                num_cpus=spec.cpus, max_restarts=max_restarts, **placed,
             ).remote(spec, name, index)
             made.append(Replica(index, actor, group))
         return cls(name, made, owned=not detached)
@@ -194,8 +194,8 @@ class ReplicaSet:
         """
         ray = _ray()
         problems: list[str] = []
-        if self.replicas and self.replicas[0].placement_group is not None:
-            pending = {r.placement_group.ready(): r for r in self.replicas if r.placement_group is not None}
+        pending = {r.placement_group.ready(): r for r in self.replicas if r.placement_group is not None}
+        if pending:
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=placement_timeout_s)
             for ref in set(pending) - set(ready):
                 replica = pending[ref]
