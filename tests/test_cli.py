@@ -488,6 +488,13 @@ def test_serve_fair_share_options_reach_the_server_config(captured):
     assert (server_config.fair_share, server_config.engine_concurrency_groups) == (True, 64)  # the defaults
 
 
+def test_serve_replica_label_reaches_the_server_config(captured):
+    result = runner.invoke(app, ["serve", "m", "--replica", "team/1 on node 10.0.0.2, GPUs 0"])
+    assert result.exit_code == 0, result.output
+    (_, server_config), = captured[0]
+    assert server_config.replica == "team/1 on node 10.0.0.2, GPUs 0"
+
+
 def test_serve_training_log_options_reach_the_server_config(captured, tmp_path):
     from rmserve.server.http.app import ServerConfig
 
