@@ -46,7 +46,8 @@ ReplicasOpt = Annotated[
 GpusOpt = Annotated[
     float,
     typer.Option("--gpus-per-replica", metavar="N", min=0,
-                 help="GPUs per replica (Ray num_gpus; set --tensor-parallel-size to match). 0 on CPU nodes."),
+                 help="GPUs per replica (Ray num_gpus; set --tensor-parallel-size to match). 0 where the nodes "
+                 "declare no GPU (CPU nodes)."),
 ]
 CpusOpt = Annotated[float, typer.Option("--cpus-per-replica", metavar="N", min=0, help="CPUs Ray reserves per replica.")]
 HostOpt = Annotated[
@@ -71,6 +72,35 @@ ClusterNameOpt = Annotated[
                  help="With --ray: score on the running replica set NAME (rmserve cluster up) instead of starting "
                  "replicas for this job."),
 ]
+
+
+def check_targets(server: object | None, ray: str | None, cluster: str | None, serve_model: str | None = None, *,
+                  needs_model: bool = False) -> None:
+    """Refuse what ``--server``, ``--ray``, ``--cluster`` and ``--serve-model`` cannot mean
+    together, naming the option and what to give instead.
+
+    Raises:
+        typer.BadParameter: the first mistake found.
+    """
+    if cluster is not None and ray is None:
+        raise typer.BadParameter("--cluster names a replica set on a Ray cluster: give --ray ADDRESS too",
+                                 param_hint="'--cluster'")
+    if serve_model is not None and ray is None:
+        raise typer.BadParameter("--serve-model starts replicas on a Ray cluster: give --ray ADDRESS too",
+                                 param_hint="'--serve-model'")
+    if server is not None and ray is not None:
+        raise typer.BadParameter("--server and --ray exclude each other: score on running servers or on a Ray "
+                                 "cluster", param_hint="'--ray'")
+    if server is None and ray is None:
+        raise typer.BadParameter("give --server URL (running servers) or --ray ADDRESS (a Ray cluster)",
+                                 param_hint="'--server'")
+    if needs_model and ray is not None:
+        if cluster is not None and serve_model is not None:
+            raise typer.BadParameter("--cluster and --serve-model exclude each other: score on a running set, or "
+                                     "start replicas of a model for this job", param_hint="'--serve-model'")
+        if cluster is None and serve_model is None:
+            raise typer.BadParameter("with --ray, give --cluster NAME (a running replica set) or --serve-model MODEL "
+                                     "(replicas started for this job)", param_hint="'--ray'")
 
 
 def replica_spec(
@@ -179,8 +209,8 @@ def up_command(
         bool, typer.Option("--pin-cpus", help="CPU nodes: run replica i (server and engine) on core i mod the node's "
                            "cores, one core per replica.")
     ] = False,
-    placement_timeout_s: Annotated[
-        float, typer.Option("--placement-timeout-s", metavar="SECONDS", min=1,
+    wait_placement_s: Annotated[
+        float, typer.Option("--wait-placement-s", metavar="SECONDS", min=1,
                             help="Longest wait for Ray to place a replica (its GPUs free on one node) before it is "
                             "reported and left out.")
     ] = 120.0,
@@ -198,7 +228,7 @@ def up_command(
 
     def call() -> list[str]:
         connect(ray)
-        replica_set, problems = _start(name, spec, replicas, detached=True, placement_timeout_s=placement_timeout_s)
+        replica_set, problems = _start(name, spec, replicas, detached=True, placement_timeout_s=wait_placement_s)
         _print_status(replica_set.status(token=read_client_token(None)))
         return problems
 
@@ -259,7 +289,7 @@ def _print_status(rows: list[dict[str, Any]]) -> None:
         return f"{scored / uptime:.2f}" if scored is not None and uptime else "-"
 
     print_table(
-        ("replica", "node", "GPUs", "URL", "fingerprint", "state", "groups scored", "groups/s"),
+        ("replica", "node", "GPU ids", "URL", "fingerprint", "state", "groups scored", "groups/s"),
         (
             (
                 f"{row.get('name')}/{row.get('index')}",

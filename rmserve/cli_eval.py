@@ -29,6 +29,7 @@ from rmserve.cli_cluster import (
     LogDirOpt,
     ReplicasOpt,
     ServeArgsOpt,
+    check_targets,
     job_replicas,
     replica_spec,
 )
@@ -324,14 +325,7 @@ def eval_command(
 
     from rmserve.pipelines.evaluate import evaluate
 
-    if (server is None) == (ray is None):
-        raise typer.BadParameter("give --server URL (running servers) or --ray ADDRESS (a Ray cluster), not both",
-                                 param_hint="'--server'")
-    if ray is not None and (cluster is None) == (serve_model is None):
-        raise typer.BadParameter("with --ray, give --cluster NAME (a running replica set) or --serve-model MODEL "
-                                 "(replicas started for this job), not both", param_hint="'--ray'")
-    if ray is None and (cluster is not None or serve_model is not None):
-        raise typer.BadParameter("--cluster and --serve-model need --ray ADDRESS", param_hint="'--ray'")
+    check_targets(server, ray, cluster, serve_model, needs_model=True)
     urls = list(server) if server is not None else ["http://ray-replicas.invalid:1"]  # filled in below
     config = _eval_config(
         server_url=urls[0], more_servers=tuple(urls[1:]), bench=bench, data=data, out=out,

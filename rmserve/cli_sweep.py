@@ -26,6 +26,7 @@ from rmserve.cli_cluster import (
     LogDirOpt,
     ReplicasOpt,
     ServeArgsOpt,
+    check_targets,
     checkpoint_root,
     job_admin_token,
     job_replicas,
@@ -230,12 +231,7 @@ def sweep_command(
 
     token = read_client_token(token_file)
 
-    if (server is None) == (ray is None):
-        raise typer.BadParameter("give --server URL (running servers) or --ray ADDRESS (a Ray cluster), not both",
-                                 param_hint="'--server'")
-    if cluster is not None and ray is None:
-        raise typer.BadParameter("--cluster names a replica set on a Ray cluster: give --ray ADDRESS too",
-                                 param_hint="'--cluster'")
+    check_targets(server, ray, cluster)
     job_token = job_admin_token() if ray is not None and cluster is None else None
 
     def build() -> SweepConfig:

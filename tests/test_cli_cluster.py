@@ -28,24 +28,32 @@ def folders(tmp_path):
     return made
 
 
-def test_sweep_takes_server_or_ray_not_both_nor_neither(folders, tmp_path):
-    common = ["sweep", "--checkpoints", str(folders[0]), "--bench", "rm-bench", "--data", str(tmp_path),
-              "--out", str(tmp_path / "out")]
-    both = invoke(*common, "--server", "http://127.0.0.1:1", "--ray", "auto")
-    neither = invoke(*common)
-    for result in (both, neither):
-        assert result.exit_code == 2 and "give --server URL (running servers) or --ray ADDRESS" in result.output
-    cluster_alone = invoke(*common, "--server", "http://127.0.0.1:1", "--cluster", "team")
-    assert cluster_alone.exit_code == 2 and "--cluster names a replica set on a Ray cluster" in cluster_alone.output
+@pytest.mark.parametrize("command", ["sweep", "eval"])
+def test_server_or_ray_each_mistake_named(folders, tmp_path, command):
+    common = [command, "--bench", "rm-bench", "--data", str(tmp_path), "--out", str(tmp_path / "out")]
+    if command == "sweep":
+        common += ["--checkpoints", str(folders[0])]
+    cases = [
+        ([], "give --server URL (running servers) or --ray ADDRESS (a Ray cluster)"),
+        (["--server", "http://127.0.0.1:1", "--ray", "auto"], "--server and --ray exclude each other"),
+        (["--cluster", "team"], "--cluster names a replica set on a Ray cluster: give --ray ADDRESS too"),
+        (["--server", "http://127.0.0.1:1", "--cluster", "team"], "--cluster names a replica set on a Ray cluster"),
+    ]
+    for extra, words in cases:
+        result = invoke(*common, *extra)
+        assert result.exit_code == 2 and words in " ".join(result.output.split()), (extra, result.output)
 
 
 def test_eval_with_ray_needs_a_cluster_or_a_model_and_not_both(tmp_path):
     common = ["eval", "--bench", "rm-bench", "--data", str(tmp_path), "--out", str(tmp_path / "out")]
-    for extra in ([], ["--cluster", "team", "--serve-model", "m"]):
-        result = invoke(*common, "--ray", "auto", *extra)
-        assert result.exit_code == 2 and "give --cluster NAME" in result.output, result.output
-    result = invoke(*common, "--server", "http://127.0.0.1:1", "--cluster", "team")
-    assert result.exit_code == 2 and "--cluster and --serve-model need --ray ADDRESS" in result.output
+    result = invoke(*common, "--ray", "auto")
+    assert result.exit_code == 2 and "with --ray, give --cluster NAME (a running replica set) or --serve-model MODEL" \
+        in " ".join(result.output.split())
+    result = invoke(*common, "--ray", "auto", "--cluster", "team", "--serve-model", "m")
+    assert result.exit_code == 2 and "--cluster and --serve-model exclude each other" in result.output
+    result = invoke(*common, "--server", "http://127.0.0.1:1", "--serve-model", "m")
+    assert result.exit_code == 2 and "--serve-model starts replicas on a Ray cluster: give --ray ADDRESS too" in \
+        " ".join(result.output.split())
 
 
 def test_eval_refuses_a_server_given_twice(tmp_path):
@@ -54,11 +62,11 @@ def test_eval_refuses_a_server_given_twice(tmp_path):
     assert result.exit_code == 2 and "a URL is given twice" in result.output
 
 
-@pytest.mark.parametrize("arg", ["--port 9", "--host=0.0.0.0", "--parent-pid 3", "--model a=b"])
+@pytest.mark.parametrize("arg", ["--port 9", "--host=0.0.0.0", "--parent-pid 3", "--replica x"])
 def test_cluster_up_refuses_what_each_replica_sets_itself(arg):
     result = invoke("cluster", "up", "team", "some-model", "--serve-args", arg)
     option = arg.split("=")[0].split()[0]
-    assert result.exit_code == 2 and f"{option} is set by each replica itself" in result.output, result.output
+    assert result.exit_code == 2 and f"{option} cannot be given: each replica" in result.output, result.output
 
 
 def test_cluster_up_refuses_a_bad_name_and_bad_quoting():

@@ -94,14 +94,14 @@ def test_replicas_on_two_nodes_eval_and_a_sweep_that_loses_a_node(sweep_env, two
     broken = tmp_path / "broken-model"
     broken.mkdir()
     res = subprocess.run([*RMSERVE, "cluster", "up", "extra", str(folders[0]), "--ray", address,
-                          "--placement-timeout-s", "5", "--host", "127.0.0.1"], capture_output=True, text=True)
+                          "--wait-placement-s", "5", "--host", "127.0.0.1"], capture_output=True, text=True)
     assert res.returncode == 1
     assert "replica extra/0: Ray could not place it within 5 s (no node has 1 CPU and 1 GPU free" in res.stderr
     res = subprocess.run([*RMSERVE, "cluster", "up", "refused", str(broken), "--ray", address, "--gpus-per-replica",
                           "0", "--cpus-per-replica", "0", "--host", "127.0.0.1", "--log-dir", str(tmp_path / "logs")],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 1
-    assert re.search(r"replica refused-0 on \S+ did not start: the server refused to start", res.stderr), res.stderr
+    assert re.search(r"replica refused/0 on \S+ did not start: the server refused to start", res.stderr), res.stderr
     assert "config.json" in res.stderr  # the reason, from the server's log
     assert [r["name"] for r in json.loads(_cli("cluster", "status", "--ray", address, "--json").stdout)] == [NAME] * 2
 

@@ -14,7 +14,9 @@ schedules or probes nodes itself. Needs the ``[ray]`` extra.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +59,7 @@ def _ray():
     except ImportError:
         raise ClusterError(
             "Ray is not installed here: install rmserve's [ray] extra (pip install 'rmserve[ray]') on this machine "
-            "and on every node of the cluster", field="ray",
+            "and on every node of the cluster",
         ) from None
     return ray
 
@@ -66,17 +68,38 @@ def connect(address: str) -> None:
     """Join the Ray cluster at ``address`` as a driver (``auto``, ``HOST:PORT`` of a head node,
     or ``ray://HOST:10001``), in namespace :data:`NAMESPACE`. Joining twice is harmless.
 
+    A ``HOST:PORT`` address is probed first (a TCP connection, 5 s): Ray itself would retry a
+    port where nothing listens for minutes.
+
     Raises:
         ClusterError: Ray is not installed, or nothing answers at ``address`` (names it).
     """
     ray = _ray()
     if ray.is_initialized():
         return
+    host, sep, port = address.rpartition(":")
+    if sep and port.isdigit() and "://" not in address:
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as exc:
+            raise ClusterError(
+                f"cannot join the Ray cluster at {address!r}: nothing answers there ({exc.strerror or exc}); give the "
+                "head node's address and the --port of its ray start (ray status on a node of the cluster shows it)"
+            ) from None
     try:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING,
                  configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise ClusterError(f"cannot join the Ray cluster at {address!r}: {exc}", field="ray", value=address) from None
+        raise ClusterError(f"cannot join the Ray cluster at {address!r}: {exc}") from None
+
+
+def gcs_address() -> str:
+    """The address of the Ray cluster this process joined (its GCS), as Ray reports it."""
+    ray = _ray()
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:  # noqa: BLE001 - only for messages
+        return "(unknown address)"
 
 
 def disconnect() -> None:
@@ -140,10 +163,13 @@ class ReplicaSet:
         if names_in_use(name):
             raise ClusterError(
                 f"a replica set named {name!r} is already running on this cluster (rmserve cluster status {name}; "
-                f"rmserve cluster down {name} to stop it)", field="name", value=name,
+                f"rmserve cluster down {name} to stop it)"
             )
         lifetime = "detached" if detached else None
         actor_class = _actor_class()
+        # Ray warns at every restartable detached actor in a placement group that removing the
+        # group kills it for good: only cluster down removes it, which is meant to.
+        quiet = logging.getLogger("ray.actor")
         made = []
         bundle = {key: value for key, value in (("CPU", spec.cpus), ("GPU", spec.gpus)) if value}
         for index in range(replicas):
@@ -151,10 +177,11 @@ class ReplicaSet:
             group = (placement_group([bundle], strategy="STRICT_PACK", name=f"{name}/{index}", lifetime=lifetime)
                      if bundle else None)
             placed = {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=group)} if group else {}
-            actor = actor_class.options(
-                name=f"{name}/{index}", namespace=NAMESPACE, lifetime=lifetime, num_gpus=spec.gpus,
-                num_cpus=spec.cpus, max_restarts=max_restarts, **placed,
-            ).remote(spec, name, index)
+            with _level(quiet, logging.ERROR):
+                actor = actor_class.options(
+                    name=f"{name}/{index}", namespace=NAMESPACE, lifetime=lifetime, num_gpus=spec.gpus,
+                    num_cpus=spec.cpus, max_restarts=max_restarts, **placed,
+                ).remote(spec, name, index)
             made.append(Replica(index, actor, group))
         return cls(name, made, owned=not detached)
 
@@ -171,7 +198,7 @@ class ReplicaSet:
         if not indices:
             sets = sorted(set_names())
             there = f"; running sets: {', '.join(sets)}" if sets else "; no rmserve replica set is running there"
-            raise ClusterError(f"no replica set named {name!r} on this Ray cluster{there}", field="name", value=name)
+            raise ClusterError(f"no replica set named {name!r} on the Ray cluster at {gcs_address()}{there}")
         replicas = []
         for index in indices:
             actor = ray.get_actor(f"{name}/{index}", namespace=NAMESPACE)
@@ -338,6 +365,16 @@ def set_names() -> set[str]:
         if entry.get("namespace") == NAMESPACE and index.isdigit():
             names.add(base)
     return names
+
+
+@contextlib.contextmanager
+def _level(logger_: logging.Logger, level: int):
+    saved = logger_.level
+    logger_.setLevel(level)
+    try:
+        yield
+    finally:
+        logger_.setLevel(saved)
 
 
 def _bundle_text(bundle: dict[str, float]) -> str:

@@ -22,9 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-RESERVED_SERVE_ARGS = ("--host", "--port", "--parent-pid", "--model", "--replica")
-"""``rmserve serve`` options a replica sets itself (address, parent, its label) or does not take
-(one model per replica): refused in :attr:`ReplicaSpec.serve_args`."""
+RESERVED_SERVE_ARGS = {
+    "--host": "each replica binds its node's address (or the set's --host)",
+    "--port": "each replica picks a free port on its node",
+    "--parent-pid": "each replica's server watches its own actor",
+    "--replica": "each replica names itself",
+    "--model": "a replica serves the one model of its set",
+}
+"""``rmserve serve`` options a replica sets itself or does not take, and why: refused in
+:attr:`ReplicaSpec.serve_args`."""
 
 
 @dataclass(frozen=True)
@@ -87,10 +93,7 @@ class ReplicaSpec:
         for arg in self.serve_args:
             option = arg.split("=", 1)[0]
             if option in RESERVED_SERVE_ARGS:
-                raise ValueError(
-                    f"serve_args: {option} is set by each replica itself (its node's address, a free port, the "
-                    "actor's pid; one model per replica) and cannot be given"
-                )
+                raise ValueError(f"serve_args: {option} cannot be given: {RESERVED_SERVE_ARGS[option]}")
 
 
 def free_port(host: str) -> int:
@@ -179,7 +182,7 @@ class ReplicaServer:
         except errors.RMServeError as exc:
             quoted = "\n".join(f"    {line}" for line in exc.quoted)
             raise RuntimeError(
-                f"replica {self.name}-{self.index} on {self.context.get('node_ip', self.host)} did not start: "
+                f"replica {self.name}/{self.index} on {self.context.get('node_ip', self.host)} did not start: "
                 f"{exc.message}" + (f"\n{quoted}" if quoted else "")
             ) from None
         self.ready_after_s = time.monotonic() - started

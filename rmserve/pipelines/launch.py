@@ -274,7 +274,7 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log_path, "ab") as log:
-            log.write(f"\n=== rmserve run: {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(self.argv)}\n".encode())
+            log.write(f"\n=== rmserve: {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(self.argv)}\n".encode())
             log.flush()
             self._log_start = log.tell()
             self.process = subprocess.Popen(

@@ -168,7 +168,7 @@ def test_a_child_s_log_lines_are_printed_as_lines_not_folded_into_the_error_line
         "",
         "Error: Invalid value for 'MODEL': checkpoint 'x/config.json': is missing",
     )
-    assert exc.quoted[1].startswith("=== rmserve run: ")  # the launcher's header line, then the child's output
+    assert exc.quoted[1].startswith("=== rmserve: ")  # the launcher's header line, then the child's output
     assert str(exc) == "\n".join((exc.message, *exc.quoted))
 
     def fail():
