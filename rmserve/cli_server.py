@@ -304,6 +304,9 @@ def serve_command(
 
     engine_configs, server_config = bad_parameter(configs)
     configure_logging(log_level)
+    from rmserve.server.http.group_reaper import start_group_reaper
+
+    start_group_reaper()  # the engine's processes go with this one, however it ends
     if model_specs:
         code = serve_node(engine_configs, server_config, announce=lambda line: typer.echo(line))
     else:

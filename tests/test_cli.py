@@ -45,6 +45,7 @@ def captured(monkeypatch):
     watched = []
     monkeypatch.setattr(serve_module, "serve", lambda e, s, *, announce=print: calls.append((e, s)) or 0)
     monkeypatch.setattr(serve_module, "configure_logging", lambda level: None)
+    monkeypatch.setattr("rmserve.server.http.group_reaper.start_group_reaper", lambda: None)  # pytest's own group
     monkeypatch.setattr(cli_server, "watch_parent", lambda pid: watched.append(pid))
     return calls, watched
 
