@@ -74,6 +74,32 @@ ClusterNameOpt = Annotated[
 ]
 
 
+JOB_REPLICA_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "cluster": (ClusterNameOpt, None),
+    "replicas": (ReplicasOpt, 2),
+    "gpus_per_replica": (GpusOpt, 1.0),
+    "cpus_per_replica": (CpusOpt, 1.0),
+    "host": (HostOpt, None),
+    "serve_args": (ServeArgsOpt, None),
+    "log_dir": (LogDirOpt, "/tmp/rmserve-cluster"),
+}
+"""The replica options ``eval --ray`` and ``sweep --ray`` share (name → annotation, default),
+given to both by :func:`~rmserve.cli_common.with_option_group` as ``ray_job``."""
+
+
+def job_spec(model: str, ray_job: dict[str, Any], **more: Any) -> ReplicaSpec:
+    """The spec of the replicas a ``--ray`` job starts for ``model``, from its
+    :data:`JOB_REPLICA_OPTIONS` values (``more``: other :func:`replica_spec` keywords).
+
+    Raises:
+        typer.BadParameter: a bad option (named).
+    """
+    return bad_parameter(lambda: replica_spec(
+        model, serve_args=ray_job["serve_args"], gpus=ray_job["gpus_per_replica"], cpus=ray_job["cpus_per_replica"],
+        host=ray_job["host"], log_dir=ray_job["log_dir"], **more,
+    ))
+
+
 def check_targets(server: object | None, ray: str | None, cluster: str | None, serve_model: str | None = None, *,
                   needs_model: bool = False) -> None:
     """Refuse what ``--server``, ``--ray``, ``--cluster`` and ``--serve-model`` cannot mean

@@ -20,19 +20,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from rmserve.cli_users import TokenFileOpt, read_client_token
-from rmserve.cli_cluster import (
-    RAY_HELP,
-    ClusterNameOpt,
-    CpusOpt,
-    GpusOpt,
-    HostOpt,
-    LogDirOpt,
-    ReplicasOpt,
-    ServeArgsOpt,
-    check_targets,
-    job_replicas,
-    replica_spec,
-)
+from rmserve.cli_cluster import JOB_REPLICA_OPTIONS, RAY_HELP, check_targets, job_replicas, job_spec
 from rmserve.cli_common import (
     MODEL_HELP_JUDGE_URL,
     Command,
@@ -264,6 +252,7 @@ def _scoring_settings(scoring: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@with_option_group("ray_job", JOB_REPLICA_OPTIONS)
 @with_option_group("scoring", SCORING_OPTIONS)
 def eval_command(
     bench: BenchOpt,
@@ -302,19 +291,13 @@ def eval_command(
                      "--replicas replicas of --serve-model for the job and stops them at the end; the groups are "
                      "spread over the replicas."),
     ] = None,
-    cluster: ClusterNameOpt = None,
     serve_model: Annotated[
         Optional[str],
         typer.Option("--serve-model", metavar="MODEL", show_default=False,
                      help="With --ray and no --cluster: the reward model the job's replicas serve (a path on every "
                      "node, or a hub id)."),
     ] = None,
-    replicas: ReplicasOpt = 2,
-    gpus_per_replica: GpusOpt = 1.0,
-    cpus_per_replica: CpusOpt = 1.0,
-    host: HostOpt = None,
-    serve_args: ServeArgsOpt = None,
-    log_dir: LogDirOpt = "/tmp/rmserve-cluster",
+    ray_job: dict[str, Any],
 ) -> None:
     """Score a benchmark on a running server (or replicas), then print its table.
 
@@ -325,6 +308,7 @@ def eval_command(
 
     from rmserve.pipelines.evaluate import evaluate
 
+    cluster = ray_job["cluster"]
     check_targets(server, ray, cluster, serve_model, needs_model=True)
     urls = list(server) if server is not None else ["http://ray-replicas.invalid:1"]  # filled in below
     config = _eval_config(
@@ -336,14 +320,12 @@ def eval_command(
     )
     spec = None
     if serve_model is not None:
-        spec = bad_parameter(lambda: replica_spec(
-            serve_model, serve_args=serve_args, gpus=gpus_per_replica, cpus=cpus_per_replica, host=host,
-            log_dir=log_dir))
+        spec = job_spec(serve_model, ray_job)
 
     def run(config):
         if ray is None:
             return evaluate(config)
-        with job_replicas(ray, cluster, replicas, spec) as replica_set:
+        with job_replicas(ray, cluster, ray_job["replicas"], spec) as replica_set:
             found = replica_set.urls()
             return evaluate(replace(config, server_url=found[0], more_servers=tuple(found[1:])))
 

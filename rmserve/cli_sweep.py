@@ -12,25 +12,19 @@ from __future__ import annotations
 import glob
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from rmserve.cli_users import TokenFileOpt, read_client_token
 from rmserve.cli_cluster import (
+    JOB_REPLICA_OPTIONS,
     RAY_HELP,
-    ClusterNameOpt,
-    CpusOpt,
-    GpusOpt,
-    HostOpt,
-    LogDirOpt,
-    ReplicasOpt,
-    ServeArgsOpt,
     check_targets,
     checkpoint_root,
     job_admin_token,
     job_replicas,
-    replica_spec,
+    job_spec,
 )
 from rmserve.cli_common import (
     Command,
@@ -56,6 +50,7 @@ from rmserve.cli_common import (
     resamples_help,
     truncation_option,
     with_default,
+    with_option_group,
 )
 from rmserve.schema import BENCHMARKS
 
@@ -107,6 +102,7 @@ def parse_data(benches: list[str], data: list[str]) -> tuple[tuple[str, str], ..
     return tuple((b, named[b]) for b in benches)
 
 
+@with_option_group("ray_job", JOB_REPLICA_OPTIONS)
 def sweep_command(
     bench: Annotated[
         str,
@@ -212,13 +208,8 @@ def sweep_command(
                      "--cluster NAME; each replica takes the next checkpoint, and a lost replica's checkpoint goes "
                      "to another."),
     ] = None,
-    cluster: ClusterNameOpt = None,
-    replicas: ReplicasOpt = 2,
-    gpus_per_replica: GpusOpt = 1.0,
-    cpus_per_replica: CpusOpt = 1.0,
-    host: HostOpt = None,
-    serve_args: ServeArgsOpt = None,
-    log_dir: LogDirOpt = "/tmp/rmserve-cluster",
+    *,
+    ray_job: dict[str, Any],
 ) -> None:
     """Score every checkpoint (in step order) on one or more running servers; report the sweep.
 
@@ -231,6 +222,7 @@ def sweep_command(
 
     token = read_client_token(token_file)
 
+    cluster = ray_job["cluster"]
     check_targets(server, ray, cluster)
     job_token = job_admin_token() if ray is not None and cluster is None else None
 
@@ -271,17 +263,14 @@ def sweep_command(
     spec = None
     if ray is not None and cluster is None:
         first = order_checkpoints(config.checkpoints)[0].path
-        spec = bad_parameter(lambda: replica_spec(
-            str(first), serve_args=serve_args, gpus=gpus_per_replica, cpus=cpus_per_replica, host=host,
-            log_dir=log_dir, admin_token=job_token,
-            extra=("--checkpoint-root", str(checkpoint_root(config.checkpoints))),
-        ))
+        spec = job_spec(str(first), ray_job, admin_token=job_token,
+                        extra=("--checkpoint-root", str(checkpoint_root(config.checkpoints))))
     tally = SweepTally()
 
     def run() -> SweepResult:
         if ray is None:
             return sweep(config, tally=tally)
-        with job_replicas(ray, cluster, replicas, spec) as replica_set:
+        with job_replicas(ray, cluster, ray_job["replicas"], spec) as replica_set:
             return sweep(replace(config, servers=tuple(replica_set.urls())), tally=tally, watch=replica_set.watch)
 
     result = guarded(
