@@ -302,6 +302,8 @@ def down_command(
         connect(ray)
         replica_set = ReplicaSet.attach(name)
         count = len(replica_set.replicas)
+        typer.echo(f"stopping the {count} replica{'s' if count != 1 else ''} of {name} (each server stops cleanly; "
+                   "up to a minute)…", err=True)
         replica_set.stop()
         return count
 

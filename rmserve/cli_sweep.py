@@ -9,6 +9,7 @@ store), Ctrl-C 130.
 
 from __future__ import annotations
 
+import asyncio
 import glob
 from dataclasses import replace
 from pathlib import Path
@@ -211,14 +212,23 @@ def sweep_command(
     *,
     ray_job: dict[str, Any],
 ) -> None:
-    """Score every checkpoint (in step order) on one or more running servers; report the sweep.
+    """Score every checkpoint (in step order) on running servers or Ray replicas; report the sweep.
 
-    Each server loads each checkpoint in place (POST /v1/models/load; start the servers with --admin-token-file and a --checkpoint-root holding the checkpoints) and must report the same fingerprint. Scores go to the SQLite store as they arrive, so running the same command again resumes; checkpoints already stored are not loaded again.
+    With --server, each server loads each checkpoint in place (POST /v1/models/load; start the servers with --admin-token-file and a --checkpoint-root holding the checkpoints) and must report the same fingerprint. With --ray, each replica takes the next checkpoint; replicas started for the job get their token and root by themselves, a running set (--cluster) must have been started with them and is left serving its model again. Scores go to the SQLite store as they arrive, so running the same command again resumes; checkpoints already stored are not loaded again.
     """  # noqa: E501 - typer keeps docstring line breaks in --help
     from rmserve.client.score_store import default_store_path
     from rmserve.errors import FingerprintMismatch
     from rmserve.metrics.render_json import to_json
-    from rmserve.pipelines.sweep import SweepConfig, SweepResult, SweepTally, order_checkpoints, summary_line, sweep
+    from rmserve.pipelines.sweep import (
+        SweepConfig,
+        SweepResult,
+        SweepTally,
+        order_checkpoints,
+        restore_models,
+        served_models,
+        summary_line,
+        sweep,
+    )
 
     token = read_client_token(token_file)
 
@@ -271,7 +281,16 @@ def sweep_command(
         if ray is None:
             return sweep(config, tally=tally)
         with job_replicas(ray, cluster, ray_job["replicas"], spec) as replica_set:
-            return sweep(replace(config, servers=tuple(replica_set.urls())), tally=tally, watch=replica_set.watch)
+            on_replicas = replace(config, servers=tuple(replica_set.urls()))
+            if cluster is None:  # the job's own replicas: stopped at the end
+                return sweep(on_replicas, tally=tally, watch=replica_set.watch)
+            # A running set is left serving what it served before the sweep.
+            before = asyncio.run(served_models(on_replicas))
+            try:
+                return sweep(on_replicas, tally=tally, watch=replica_set.watch)
+            finally:
+                for note in asyncio.run(restore_models(on_replicas, before, replica_set.model_paths())):
+                    typer.echo(f"note: {note}", err=True)
 
     result = guarded(
         run,
@@ -286,7 +305,7 @@ def sweep_command(
     if not quiet:
         for run in result.runs:
             typer.echo(run.line(), err=True)
-        typer.echo(summary_line(result.runs), err=True)
+        typer.echo(summary_line(result.runs, result.wall_s), err=True)
         typer.echo(f"wrote {', '.join(p.name for p in result.paths)} in {config.out_dir}", err=True)
     if as_json:
         assert result.document is not None  # sweep() always sets it

@@ -19,6 +19,7 @@ import shlex
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 from test_sweep_end_to_end import (  # noqa: F401 - sweep_env is a fixture
@@ -71,6 +72,11 @@ def _cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 
 def _status(address: str) -> list[dict]:
     return json.loads(_cli("cluster", "status", NAME, "--ray", address, "--json").stdout)
+
+
+def _fingerprint(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as reply:
+        return json.loads(reply.read())["models"][0]["fingerprint"]
 
 
 def _answered(url: str) -> float:
@@ -148,7 +154,11 @@ def test_replicas_on_two_nodes_eval_and_a_sweep_that_loses_a_node(sweep_env, two
     cluster.remove_node(worker, allow_graceful=False)
     out, err = sweep.communicate(timeout=1200)
     assert sweep.returncode == 0, err[-4000:]
+    # The set is left as the sweep found it: the survivor serves the first checkpoint again
+    # (loaded back, unless the checkpoint it scored last was that one).
+    assert _fingerprint(kept["url"]) == kept["fingerprint"], err[-3000:]
     document = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert document["spread"] == "checkpoints" and document["scoring_wall_s"] > 0
     (sentence,) = document["servers_lost"]
     assert sentence.startswith(f"{lost['url']} was lost during step-")
     per_server = document["groups_scored_per_server"]

@@ -68,8 +68,8 @@ def connect(address: str) -> None:
     """Join the Ray cluster at ``address`` as a driver (``auto``, ``HOST:PORT`` of a head node,
     or ``ray://HOST:10001``), in namespace :data:`NAMESPACE`. Joining twice is harmless.
 
-    A ``HOST:PORT`` address is probed first (a TCP connection, 5 s): Ray itself would retry a
-    port where nothing listens for minutes.
+    A ``HOST:PORT`` or ``ray://HOST:PORT`` address is probed first (a TCP connection, 5 s): Ray
+    itself would retry a port where nothing listens for minutes (or 30 s for Ray Client).
 
     Raises:
         ClusterError: Ray is not installed, or nothing answers at ``address`` (names it).
@@ -77,14 +77,17 @@ def connect(address: str) -> None:
     ray = _ray()
     if ray.is_initialized():
         return
-    host, sep, port = address.rpartition(":")
-    if sep and port.isdigit() and "://" not in address:
+    scheme, _, rest = address.rpartition("://")
+    host, sep, port = rest.rpartition(":")
+    if sep and port.isdigit() and scheme in ("", "ray"):
         try:
             socket.create_connection((host, int(port)), timeout=5).close()
         except OSError as exc:
             raise ClusterError(
                 f"cannot join the Ray cluster at {address!r}: nothing answers there ({exc.strerror or exc}); give the "
-                "head node's address and the --port of its ray start (ray status on a node of the cluster shows it)"
+                + ("head node's address and the port of its Ray client server (10001 unless ray start was given "
+                   "--ray-client-server-port)" if scheme else
+                   "head node's address and the --port of its ray start (ray status on a node of the cluster shows it)")
             ) from None
     try:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING,
@@ -272,22 +275,37 @@ class ReplicaSet:
         return problems
 
     def _remove(self, replica: Replica) -> None:
-        ray = _ray()
-        if replica in self.replicas:
-            self.replicas.remove(replica)
-        try:  # a clean stop of the server; an actor that is dead, restarting or unplaced answers nothing
-            ray.get(replica.actor.info.remote(), timeout=5)
-            ray.wait([replica.actor.stop.remote()], timeout=45)
-        except Exception:  # noqa: BLE001 - nothing to stop (the server watches the actor's pid anyway)
-            pass
-        ray.kill(replica.actor, no_restart=True)
-        if replica.placement_group is not None:
-            from ray.util.placement_group import remove_placement_group
+        self._remove_all([replica])
 
+    def _remove_all(self, replicas: Sequence[Replica]) -> None:
+        """Stop ``replicas`` together: each server is asked to stop cleanly (an actor that is
+        dead, restarting or unplaced answers nothing and is skipped), then the actors are
+        killed and their placement groups removed."""
+        ray = _ray()
+        from ray.util.placement_group import remove_placement_group
+
+        for replica in replicas:
+            if replica in self.replicas:
+                self.replicas.remove(replica)
+        answering = []
+        for replica in replicas:
             try:
-                remove_placement_group(replica.placement_group)
-            except Exception:  # noqa: BLE001 - already gone
+                ray.get(replica.actor.info.remote(), timeout=5)
+                answering.append(replica)
+            except Exception:  # noqa: BLE001 - nothing to stop (the server watches the actor's pid anyway)
                 pass
+        stops = [replica.actor.stop.remote() for replica in answering]
+        if stops:
+            ray.wait(stops, num_returns=len(stops), timeout=45)
+        for replica in replicas:
+            ray.kill(replica.actor, no_restart=True)
+            if replica.placement_group is not None:
+                with contextlib.suppress(Exception):  # already gone
+                    remove_placement_group(replica.placement_group)
+
+    def model_paths(self) -> dict[str, str]:
+        """Each replica's URL → the model it was started with (a path on its node, or a hub id)."""
+        return {r.url: r.info["model_path"] for r in self.replicas if r.url is not None and "model_path" in r.info}
 
     def urls(self) -> list[str]:
         """The base URLs of the replicas that reported one (index order)."""
@@ -338,9 +356,9 @@ class ReplicaSet:
                 return None
 
     def stop(self) -> None:
-        """Stop every replica's server, kill the actors and remove their placement groups."""
-        for replica in list(self.replicas):
-            self._remove(replica)
+        """Stop every replica's server (all at once), kill the actors and remove their
+        placement groups."""
+        self._remove_all(list(self.replicas))
 
 
 def names_in_use(name: str) -> list[int]:

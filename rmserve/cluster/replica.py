@@ -190,7 +190,8 @@ class ReplicaServer:
 
     def info(self) -> dict[str, Any]:
         """Where this replica is and how it runs: name, index, url, node_id, node_ip, gpu_ids,
-        server pid, log path, whether the server process is alive, ``restarted`` (Ray
+        server pid, log path, the model it was started with (``model_path``), whether the server
+        process is alive, ``restarted`` (Ray
         restarted this actor), start time (Unix s) and seconds its model took to load."""
         return {
             "name": self.name,
@@ -201,6 +202,7 @@ class ReplicaServer:
             "gpu_ids": self.context.get("gpu_ids", []),
             "pid": self.process.process.pid if self.process.process is not None else None,
             "log_path": str(self.log_path),
+            "model_path": self.spec.model,
             "alive": self.process.returncode is None,
             "restarted": self.context.get("restarted", False),
             "started_at": self.started_at,

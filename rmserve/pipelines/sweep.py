@@ -271,29 +271,34 @@ class CheckpointRun:
         return text
 
 
-def engine_work(engine_groups: int, seconds: float, from_cache: int) -> str:
+def engine_work(engine_groups: int, seconds: float, from_cache: int, *, wall: bool = False) -> str:
     """``40 by the engine in 12 s (3.3 groups/s), 20 from the servers' result cache``: the rate
     is the engine's groups over ``seconds``; groups answered from the result cache are named,
     never counted in it (no cache part when there were none); ``none by the engine, 20 from the
-    servers' result cache`` when the engine scored none."""
+    servers' result cache`` when the engine scored none. ``wall``: ``seconds`` is wall time over
+    several servers working at once (``in 19 s of wall time``)."""
     if engine_groups == 0:
         return f"none by the engine, {from_cache} from the servers' result cache" if from_cache else "none by the engine"
     rate = engine_groups / seconds if seconds > 0 else 0.0
-    text = f"{engine_groups} by the engine in {duration_text(seconds)} ({rate:.1f} groups/s)"
+    when = f"{duration_text(seconds)} of wall time" if wall else duration_text(seconds)
+    text = f"{engine_groups} by the engine in {when} ({rate:.1f} groups/s)"
     return f"{text}, {from_cache} from the servers' result cache" if from_cache else text
 
 
-def summary_line(runs: Sequence[CheckpointRun]) -> str:
+def summary_line(runs: Sequence[CheckpointRun], wall_s: float | None = None) -> str:
     """The sweep in one line: ``sweep: 120 groups scored over 3 checkpoints, 60 from the store;
-    80 by the engine in 30 s (2.7 groups/s), 40 from the servers' result cache`` (seconds and
-    groups summed over the checkpoints; the rate counts the engine's groups only)."""
+    80 by the engine in 30 s (2.7 groups/s), 40 from the servers' result cache`` (groups summed
+    over the checkpoints; the rate counts the engine's groups only). The seconds are the
+    checkpoints' scoring seconds summed, or ``wall_s`` when given: checkpoints scored at the same
+    time on several servers (``…in 19 s of wall time (20.4 groups/s)``)."""
     scored = sum(r.n_scored for r in runs)
     stored = sum(r.n_stored for r in runs)
     text = (f"sweep: {scored} groups scored over {len(runs)} checkpoint{'s' if len(runs) != 1 else ''}, "
             f"{stored} from the store")
     if scored:
-        text += "; " + engine_work(sum(r.n_engine for r in runs), sum(r.scoring_s for r in runs),
-                                   sum(r.n_from_cache for r in runs))
+        seconds = wall_s if wall_s is not None else sum(r.scoring_s for r in runs)
+        text += "; " + engine_work(sum(r.n_engine for r in runs), seconds, sum(r.n_from_cache for r in runs),
+                                   wall=wall_s is not None)
     return text
 
 
@@ -322,6 +327,10 @@ class SweepResult:
     notes: tuple[str, ...] = ()
     document: Mapping[str, Any] | None = None
     """The ``sweep.json`` document as written."""
+    wall_s: float | None = None
+    """Spread by checkpoints: seconds from the first checkpoint's start to the last one's end,
+    the checkpoints scored at the same time on several servers (None otherwise: the
+    checkpoints' own seconds add up)."""
 
 
 # --- servers ----------------------------------------------------------------------------
@@ -888,6 +897,8 @@ class _Spread:
         self.notes: list[str] = []
         self.db: ScoreStore | None = None
         self.workers: set[asyncio.Task[None]] = set()
+        self.wall_s: float | None = None
+        """Seconds from the first checkpoint's start to the last one's end."""
 
     async def _state(self, url: str) -> _Sweep:
         state = _Sweep(replace(self.config, servers=(url,)), self.db, self.datasets, self.tally)
@@ -910,6 +921,7 @@ class _Spread:
             for state in states:
                 state.db = self.db
             self.queue.extend(checkpoints)
+            started = time.monotonic()
             for state in states:
                 self._spawn(state)
             while self.workers:
@@ -918,6 +930,7 @@ class _Spread:
                     self.workers.discard(task)
                     if not task.cancelled() and task.exception() is not None:
                         raise task.exception()  # type: ignore[misc]
+            self.wall_s = time.monotonic() - started
             if self.queue:
                 raise errors.ConnectionFailed(
                     f"no server is left to score {', '.join(c.name for c in self.queue)} (lost: "
@@ -1029,6 +1042,7 @@ async def sweep_async(
     runs: list[CheckpointRun] = []
     started = time.monotonic()
     lost: list[str] = []
+    wall_s: float | None = None
     with contextlib.ExitStack() as stack:
         if config.spread == "checkpoints" and len(config.servers) > 1:
             spread = _Spread(config, datasets, tally, watch)
@@ -1036,6 +1050,7 @@ async def sweep_async(
                 db = await spread.run(checkpoints, stack)
             finally:
                 lost = spread.lost
+            wall_s = spread.wall_s
             runs = spread.runs(checkpoints)
             notes.extend(spread.notes)
             notes.extend(lost)
@@ -1052,7 +1067,7 @@ async def sweep_async(
                 notes.extend(state.notes)
                 refused = tuple(state.refused)
                 kind = state.kind
-        logger.info("%s (%.1f s in all)", summary_line(runs), time.monotonic() - started)
+        logger.info("%s (%.1f s in all)", summary_line(runs, wall_s), time.monotonic() - started)
         points = []
         for run in runs:
             folder = config.out_dir / "checkpoints" / run.checkpoint.name
@@ -1098,14 +1113,65 @@ async def sweep_async(
         "groups_scored": sum(run.n_scored for run in runs),
         "groups_from_store": sum(run.n_stored for run in runs),
         "groups_from_result_cache": sum(run.n_from_cache for run in runs),
+        "scoring_wall_s": wall_s,
     }
     paths, summary, document = await asyncio.to_thread(
         write_sweep, points, list(datasets), config.out_dir, resamples=config.resamples, seed=config.seed,
         notes=notes, refused=refused, extra=extra, excluded={bench: ds.excluded for bench, ds in datasets.items()},
     )
     return SweepResult(
-        runs=tuple(runs), paths=tuple(paths), summary_md=summary, refused=refused, notes=tuple(notes), document=document
+        runs=tuple(runs), paths=tuple(paths), summary_md=summary, refused=refused, notes=tuple(notes), document=document,
+        wall_s=wall_s,
     )
+
+
+async def served_models(config: SweepConfig) -> dict[str, ModelInfo]:
+    """What each of ``config.servers`` serves now (its first model), for :func:`restore_models`;
+    a server that does not answer is left out."""
+    found = {}
+    for url in config.servers:
+        try:
+            async with RewardClient(url, token=config.token) as client:
+                found[url] = (await client.models())[0]
+        except errors.RMServeError:
+            continue
+    return found
+
+
+async def restore_models(
+    config: SweepConfig, before: Mapping[str, ModelInfo], paths: Mapping[str, str]
+) -> list[str]:
+    """Load back on each server the model it served before the sweep (``before``, from
+    :func:`served_models`; ``paths``: server → that model's folder as the server sees it): a
+    sweep on a running set of replicas leaves it as it found it. A server already serving that
+    fingerprint is left alone.
+
+    Returns:
+        One sentence per server loaded back or left on another model (a folder outside its
+        checkpoint roots, a server that does not answer: named with the reason).
+    """
+    notes = []
+    for url, info in before.items():
+        path = paths.get(url)
+        try:
+            async with RewardClient(url, token=config.token) as client:
+                now = (await client.models())[0]
+                if now.fingerprint == info.fingerprint:
+                    continue
+                if path is None or config.admin_token is None:
+                    raise errors.Unauthorized("its model's folder or the admin token is not known here")
+                loaded = await client.load_checkpoint(info.name, path, admin_token=config.admin_token,
+                                                      timeout_s=config.load_timeout_s)
+        except errors.RMServeError as exc:
+            notes.append(f"{url} still serves another checkpoint than before the sweep: loading {info.name} back "
+                         f"failed ({exc.message})")
+            continue
+        if loaded.fingerprint != info.fingerprint:
+            notes.append(f"{url} loaded {path} back as {info.name}, but it reports fingerprint {loaded.fingerprint}, "
+                         f"not {info.fingerprint} as before the sweep")
+            continue
+        notes.append(f"{url} serves {info.name} again (fingerprint {info.fingerprint}), as before the sweep")
+    return notes
 
 
 def sweep(config: SweepConfig, *, tally: SweepTally | None = None, watch: LostWatch | None = None) -> SweepResult:

@@ -684,3 +684,28 @@ async def test_spread_a_lost_server_s_checkpoint_moves_and_nothing_is_scored_twi
     document = json.loads((tmp_path / "out" / "sweep.json").read_text())
     (sentence,) = document["servers_lost"]
     assert lost_url in sentence and f"after scoring {scored_by_two} of its groups" in sentence
+
+
+async def test_restore_models_loads_back_what_each_server_served_before(checkpoints, tmp_path):
+    from rmserve.client.client import RewardClient
+    from rmserve.pipelines.sweep import restore_models, served_models
+
+    root, start, folders = checkpoints
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=2, n_code=2)
+    engines = [engine_on(start), engine_on(start)]
+    with start_server(root, engines[0]) as one, start_server(root, engines[1]) as two:
+        for url in (one.url, two.url):  # each serves its start-up folder under a real fingerprint
+            async with RewardClient(url) as client:
+                await client.load_checkpoint("init", str(start), admin_token=TOKEN)
+        cfg = config([one.url, two.url], folders, tmp_path, data, spread="checkpoints")
+        before = await served_models(cfg)
+        assert {info.name for info in before.values()} == {"init"}
+        await sweep_async(cfg)
+        after = await served_models(cfg)
+        assert {info.name for info in after.values()} != {"init"}  # the sweep left other checkpoints there
+        notes = await restore_models(cfg, before, {one.url: str(start)})  # two's folder is not known
+        again = await served_models(cfg)
+    assert again[one.url].fingerprint == before[one.url].fingerprint
+    assert notes[0] == f"{one.url} serves init again (fingerprint {before[one.url].fingerprint}), as before the sweep"
+    assert notes[1].startswith(f"{two.url} still serves another checkpoint than before the sweep: loading init back "
+                               "failed (its model's folder or the admin token is not known here")
