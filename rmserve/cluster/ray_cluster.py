@@ -29,9 +29,6 @@ logger = logging.getLogger("rmserve.cluster")
 NAMESPACE = "rmserve"
 """The Ray namespace of every rmserve replica set."""
 
-RAY_VERSION = "2.60.0"
-"""The Ray release the ``[ray]`` extra pins and the tests run."""
-
 PLACEMENT_TIMEOUT_S = 120.0
 """Longest wait for Ray to place a replica (its GPUs free on one node) before it is reported."""
 
@@ -361,28 +358,25 @@ class ReplicaSet:
         self._remove_all(list(self.replicas))
 
 
+def _running_sets() -> dict[str, list[int]]:
+    """Set name → the sorted indices of its running actors (``NAME/i`` in :data:`NAMESPACE`)."""
+    ray = _ray()
+    sets: dict[str, list[int]] = {}
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        base, _, index = entry.get("name", "").rpartition("/")
+        if entry.get("namespace") == NAMESPACE and index.isdigit():
+            sets.setdefault(base, []).append(int(index))
+    return {name: sorted(indices) for name, indices in sets.items()}
+
+
 def names_in_use(name: str) -> list[int]:
     """The indices of the running actors named ``NAME/i`` in :data:`NAMESPACE`, sorted."""
-    ray = _ray()
-    found = []
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        if entry.get("namespace") != NAMESPACE:
-            continue
-        base, _, index = entry.get("name", "").rpartition("/")
-        if base == name and index.isdigit():
-            found.append(int(index))
-    return sorted(found)
+    return _running_sets().get(name, [])
 
 
 def set_names() -> set[str]:
     """The names of the replica sets running on this cluster."""
-    ray = _ray()
-    names = set()
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        base, _, index = entry.get("name", "").rpartition("/")
-        if entry.get("namespace") == NAMESPACE and index.isdigit():
-            names.add(base)
-    return names
+    return set(_running_sets())
 
 
 @contextlib.contextmanager

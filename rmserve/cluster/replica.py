@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import sys
 import time
 import urllib.error
@@ -96,13 +95,6 @@ class ReplicaSpec:
                 raise ValueError(f"serve_args: {option} cannot be given: {RESERVED_SERVE_ARGS[option]}")
 
 
-def free_port(host: str) -> int:
-    """A TCP port on ``host`` that was free a moment ago (bind port 0, read it, release)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def _ray_context() -> dict[str, Any]:
     """This actor's node id, node IP, GPU ids and restart flag from Ray (empty outside Ray)."""
     try:
@@ -130,7 +122,7 @@ class ReplicaServer:
     """
 
     def __init__(self, spec: ReplicaSpec, name: str, index: int) -> None:
-        from rmserve.pipelines.launch import ServerProcess
+        from rmserve.pipelines.launch import ServerProcess, free_port
 
         self.spec = spec
         self.name = name

@@ -64,11 +64,16 @@ LOG_TAIL_LINES = 30
 """Lines of the server log quoted in an error."""
 
 
-def free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, release)."""
+def free_port(host: str) -> int:
+    """A TCP port on ``host`` that was free a moment ago (bind port 0, read it, release)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (:func:`free_port`)."""
+    return free_port("127.0.0.1")
 
 
 ENGINE_FAILED_PREFIX = "engine failed to start: "
