@@ -38,9 +38,19 @@ rejected one (other counts take the first G of those). When the steps need more 
 data holds they start again from the first, every completion marked `` [r]`` for round r, so no
 sample repeats (nothing is answered from a result cache).
 
-Reported per path: samples/s over all steps (engine start and one warm-up step excluded), step
-latency p50/p99 (a step's first sample sent to its last reward), and parity: each path's
-rewards against path a's, as the largest absolute difference.
+Paths a to d run interleaved: all their servers are up at once (an idle one uses about 1 % of
+a core), each scores the warm-up step, then every step goes through every path before the
+next step starts, the paths' order rotated by one each step. A slow stretch of a shared
+machine then falls on all paths alike, not on whichever ran then (sequential runs of one path
+on this 2-core machine differed by up to 25 %). Path e runs after them, alone.
+
+Reported per path: samples/s over its timed steps (the sum of its step times: engine start
+and the warm-up step excluded), step latency p50/p99 (a step's first sample sent to its last
+reward), parity (each path's rewards against path a's, the largest absolute difference), and
+for b, c and d the tokens their engine served from its prefix cache over the timed steps
+(the server's own counters) beside the most a cache that never evicts could serve
+(:func:`shareable_tokens`): whether grouping by prompt (d) saves engine work over one sample
+per request (c) shows there.
 
 Targets (recorded, not asserted): c ≥ 2× a and ≥ 1.0× b; d ≥ 1.2× c; e's step p99 ≤ 1.5× d's.
 
@@ -55,6 +65,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -62,6 +73,8 @@ import shutil
 import subprocess
 import sys
 import time
+from array import array
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +133,7 @@ def make_steps(model: str, data: Path, *, steps: int, prompts: int, completions:
                          f"({skipped} left out)")
     out: list[list[dict[str, Any]]] = []
     n_steps = steps + (1 if warmup else 0)
+    prefix_len: dict[str, int] = {}
     for s in range(n_steps):
         step = []
         for j in range(prompts):
@@ -130,7 +144,13 @@ def make_steps(model: str, data: Path, *, steps: int, prompts: int, completions:
                 completion = answer + mark
                 text = tokenizer.apply_chat_template(
                     [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}], tokenize=False)
-                step.append({"prompt": prompt, "completion": completion, "text": text})
+                if prompt not in prefix_len:
+                    prefix_len[prompt] = len(tokenizer.apply_chat_template(
+                        [{"role": "user", "content": prompt}], tokenize=True, add_generation_prompt=True,
+                        return_dict=False))
+                ids = array("I", tokenizer(text, add_special_tokens=False)["input_ids"])
+                step.append({"prompt": prompt, "completion": completion, "text": text, "ids": ids,
+                             "prompt_tokens": prefix_len[prompt]})
         out.append(step)
     return out, skipped
 
@@ -138,11 +158,22 @@ def make_steps(model: str, data: Path, *, steps: int, prompts: int, completions:
 # --- paths ------------------------------------------------------------------------------------
 
 
-def path_openrlhf(model: str, steps: list[list[dict[str, Any]]], *, max_len: int, request_size: int = 1) -> dict[str, Any]:
+@dataclasses.dataclass
+class Runner:
+    """One path, ready to score steps: ``run_step(step)`` returns the step's rewards in sample
+    order; ``prefix_cache()``, when the path has a server that counts its prefix cache, reads
+    its cumulative counters (:func:`prefix_counters`)."""
+
+    run_step: Callable[[list[dict[str, Any]]], list[float]]
+    prefix_cache: Callable[[], dict[str, int]] | None = None
+
+
+@contextlib.contextmanager
+def open_openrlhf(model: str, *, max_len: int, request_size: int = 1) -> Iterator[Runner]:
     """Path a: OpenRLHF's ``RewardModelProxy.get_reward`` per request of ``request_size`` samples,
     each cut at ``max_len`` tokens as its server cuts them.
 
-    Raises:
+    Raises (from its ``run_step``):
         SystemExit: a sample was cut (the samples were chosen to fit: its reward would not be
             the other paths').
     """
@@ -171,8 +202,7 @@ def path_openrlhf(model: str, steps: list[list[dict[str, Any]]], *, max_len: int
             rewards += score([s["text"] for s in step[i:i + request_size]])
         return rewards
 
-    run_step(steps[0])
-    return _timed_steps(steps[1:], run_step)
+    yield Runner(run_step)
 
 
 def _timed_steps(steps: list[list[dict[str, Any]]], run_step) -> dict[str, Any]:
@@ -184,6 +214,121 @@ def _timed_steps(steps: list[list[dict[str, Any]]], run_step) -> dict[str, Any]:
         rewards += run_step(step)
         latencies.append(time.perf_counter() - t0)
     return {"wall_s": time.perf_counter() - began, "step_s": latencies, "rewards": rewards}
+
+
+def interleaved_steps(runners: dict[str, Runner], steps: list[list[dict[str, Any]]],
+                      on_step: Callable[[int, str, float], None] | None = None) -> dict[str, dict[str, Any]]:
+    """Score ``steps`` (``steps[0]`` the warm-up) through every runner, step by step: each path
+    first scores the warm-up, then step ``i`` goes through every path before step ``i + 1``,
+    the paths' order rotated by one each step (step 0: a, b, c …; step 1: b, c, …, a), so a
+    slow stretch of the machine falls on all paths alike rather than on the one that ran then.
+
+    Returns:
+        Per path: ``wall_s`` (the sum of its step times, seconds), ``step_s`` (each step's),
+        ``rewards`` (in sample order) and, for a runner with counters, ``prefix_cache``: the
+        change of its ``queries`` and ``hits`` over its timed steps.
+    """
+    names = list(runners)
+    for name in names:
+        runners[name].run_step(steps[0])
+    before = {n: r.prefix_cache() for n, r in runners.items() if r.prefix_cache}
+    results: dict[str, dict[str, Any]] = {n: {"wall_s": 0.0, "step_s": [], "rewards": []} for n in names}
+    for i, step in enumerate(steps[1:]):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            t0 = time.perf_counter()
+            rewards = runners[name].run_step(step)
+            took = time.perf_counter() - t0
+            results[name]["rewards"] += rewards
+            results[name]["step_s"].append(took)
+            results[name]["wall_s"] += took
+            if on_step:
+                on_step(i, name, took)
+    for name, counts in before.items():
+        after = runners[name].prefix_cache()
+        results[name]["prefix_cache"] = {k: after[k] - counts[k] for k in ("queries", "hits")}
+    return results
+
+
+RMSERVE_PREFIX = ("rmserve_engine_prefix_cache_queries_total", "rmserve_engine_prefix_cache_hits_total")
+VLLM_PREFIX = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+
+def prefix_counters(metrics_url: str, names: tuple[str, str], token: str | None = None):
+    """A reader of a server's cumulative prefix-cache token counters from its Prometheus text
+    (``names``: the queries and the hits series, summed over their labels); returns a
+    callable giving ``{"queries": int, "hits": int}``.
+
+    Raises:
+        SystemExit: the page lacks a series (the engine does not count its prefix cache).
+    """
+    def read() -> dict[str, int]:
+        async def fetch() -> str:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+                async with session.get(metrics_url, headers=headers) as reply:
+                    if reply.status != 200:
+                        raise SystemExit(f"{metrics_url}: {reply.status} {await reply.text()}")
+                    return await reply.text()
+
+        text = asyncio.run(fetch())
+        out = {}
+        for key, name in zip(("queries", "hits"), names, strict=True):
+            total = series_sum(text, name)
+            if total is None:
+                raise SystemExit(f"{metrics_url}: no {name} series")
+            out[key] = int(total)
+        return out
+
+    return read
+
+
+def series_sum(text: str, name: str) -> float | None:
+    """The sum of every sample of series ``name`` (any labels) in Prometheus text ``text``;
+    None when it has none. ``name_other`` series and comment lines are not read."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(name) and line[len(name):len(name) + 1] in (" ", "{")]
+    return sum(values) if values else None
+
+
+def shareable_tokens(steps: list[list[dict[str, Any]]], block_size: int) -> dict[str, int]:
+    """Tokens of the timed steps (``steps[1:]``; ``steps[0]`` is the warm-up) and the most a
+    prefix cache of ``block_size``-token blocks can serve them, samples taken in order: each
+    sample's longest run of leading full blocks seen before, at most ``len - 1`` tokens (the
+    last token is always computed).
+
+    Returns:
+        ``tokens``; ``shareable``: blocks seen before in the sample's own step (a GRPO step's
+        prompts are new to the reward model, so this is what grouping by prompt can save),
+        ``prompt_shareable`` of them within a repeated prompt's rendered turn (the chat
+        template up to the assistant's turn), the rest completions that share a start (this
+        load's two halved answers); ``shareable_across_steps``: blocks seen before anywhere,
+        the warm-up included (the steps start again from the first prompt when the data runs
+        out), which only a cache holding every earlier step could serve.
+    """
+    out = {"tokens": 0, "shareable": 0, "prompt_shareable": 0, "shareable_across_steps": 0}
+    ever: set[int] = set()
+    for index, step in enumerate(steps):
+        in_step: set[int] = set()
+        prompts: set[str] = set()
+        for sample in step:
+            ids = sample["ids"]
+            chain, hit, hit_ever, matching, matching_ever = 0, 0, 0, True, True
+            for b in range((len(ids) - 1) // block_size):
+                chain = hash((chain, tuple(ids[b * block_size:(b + 1) * block_size])))
+                matching = matching and chain in in_step
+                matching_ever = matching_ever and chain in ever
+                hit += block_size if matching else 0
+                hit_ever += block_size if matching_ever else 0
+                in_step.add(chain)
+                ever.add(chain)
+            if index > 0:
+                out["tokens"] += len(ids)
+                out["shareable"] += hit
+                out["shareable_across_steps"] += hit_ever
+                if sample["prompt"] in prompts:
+                    out["prompt_shareable"] += min(hit, sample["prompt_tokens"] // block_size * block_size)
+            prompts.add(sample["prompt"])
+    return out
 
 
 async def _post_all(url: str, bodies: list[dict[str, Any]], inflight: int, read) -> list[float]:
@@ -200,8 +345,8 @@ async def _post_all(url: str, bodies: list[dict[str, Any]], inflight: int, read)
         return list(await asyncio.gather(*(one(b) for b in bodies)))
 
 
-def path_vllm_classify(model: str, steps: list[list[dict[str, Any]]], *, inflight: int,
-                       engine: dict[str, Any]) -> dict[str, Any]:
+@contextlib.contextmanager
+def open_vllm_classify(model: str, *, inflight: int, engine: dict[str, Any]) -> Iterator[Runner]:
     """Path b: vLLM's API server, ``POST /classify`` one raw-valued sample per request, with
     the engine settings ``engine`` (:func:`engine_settings`)."""
     from testkit.openai_server import vllm_openai_server
@@ -216,8 +361,7 @@ def path_vllm_classify(model: str, steps: list[list[dict[str, Any]]], *, infligh
                       for s in step]
             return asyncio.run(_post_all(url, bodies, inflight, lambda r: float(r["data"][0]["probs"][0])))
 
-        run_step(steps[0])
-        return _timed_steps(steps[1:], run_step)
+        yield Runner(run_step, prefix_counters(base.removesuffix("/v1") + "/metrics", VLLM_PREFIX))
 
 
 def engine_settings(*, max_len: int, max_num_seqs: int, kv_cache_gib: float) -> dict[str, Any]:
@@ -244,28 +388,26 @@ def rmserve_server(model: str, work: Path, name: str, engine: dict[str, Any], *e
         yield url
 
 
-def path_get_reward(model: str, steps: list[list[dict[str, Any]]], *, inflight: int, work: Path,
-                    engine: dict[str, Any]) -> dict[str, Any]:
+@contextlib.contextmanager
+def open_get_reward(model: str, *, inflight: int, work: Path, engine: dict[str, Any]) -> Iterator[Runner]:
     """Path c: rmserve ``POST /get_reward``, one sample per request (OpenRLHF's default)."""
     with rmserve_server(model, work, "server-c", engine, "--policy-template", "rm") as url:
         def run_step(step: list[dict[str, Any]]) -> list[float]:
             bodies = [{"query": [s["text"]], "prompts": [s["prompt"]]} for s in step]
             return asyncio.run(_post_all(f"{url}/get_reward", bodies, inflight, lambda r: float(r["rewards"][0])))
 
-        run_step(steps[0])
-        return _timed_steps(steps[1:], run_step)
+        yield Runner(run_step, prefix_counters(f"{url}/metrics", RMSERVE_PREFIX))
 
 
-def path_trl(model: str, steps: list[list[dict[str, Any]]], *, work: Path, engine: dict[str, Any]) -> dict[str, Any]:
+@contextlib.contextmanager
+def open_trl(model: str, *, work: Path, engine: dict[str, Any]) -> Iterator[Runner]:
     """Path d: rmserve's TRL reward function, one call per step."""
     from rmserve.client.trl_reward import RMServeReward
 
     with rmserve_server(model, work, "server-d", engine) as url:
         reward = RMServeReward(server=url)
         try:
-            run_step = _trl_step(reward)
-            run_step(steps[0])
-            return _timed_steps(steps[1:], run_step)
+            yield Runner(_trl_step(reward), prefix_counters(f"{url}/metrics", RMSERVE_PREFIX))
         finally:
             reward.close()
 
@@ -390,6 +532,11 @@ def summarize(name: str, result: dict[str, Any], n_samples: int, reference: list
     }
     if reference is not None:
         row["max_abs_diff_vs_a"] = max(abs(x - y) for x, y in zip(result["rewards"], reference, strict=True))
+    if "prefix_cache" in result:
+        hits, queries = result["prefix_cache"]["hits"], result["prefix_cache"]["queries"]
+        row["prefix_cache_hits"] = hits
+        row["prefix_cache_queries"] = queries
+        row["prefix_cache_hit_share"] = round(hits / queries, 4) if queries else None
     if "eval_running_throughout" in result:
         row["eval_running_throughout"] = result["eval_running_throughout"]
     return row
@@ -424,7 +571,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Reward model `{cfg['model']}` (float32); {cfg['steps']} steps of {cfg['prompts']} prompts × "
         f"{cfg['completions']} completions ({cfg['prompts'] * cfg['completions']} samples a step; one warm-up step "
-        f"before each path's timing); {cfg['inflight']} requests in flight for b and c; RM-Bench prompts from "
+        f"before each path's timing; paths a to d interleaved step by step, their order rotated each step, e "
+        f"after them; scoring s: the sum of a path's step times); {cfg['inflight']} requests in flight for b and c; RM-Bench prompts from "
         f"{cfg['data']} ({report['skipped_groups']} groups left out: over {cfg['max_len']} tokens or more than one turn).",
         "",
         f"Engine of every server (b to e): {_engine_text(cfg['engine'])}; path a: transformers, float32, cut at "
@@ -434,13 +582,27 @@ def markdown(report: dict[str, Any]) -> str:
         f"{cfg.get('interactive_boost', 1.0)}, --scheduling-policy {cfg.get('scheduling_policy', 'fcfs')}); "
         f"path d without a users file.",
         "",
-        "| path | what | samples | wall s | samples/s | step p50 ms | step p99 ms | max abs diff vs a |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| path | what | samples | scoring s | samples/s | step p50 ms | step p99 ms | max abs diff vs a "
+        "| prefix-cache hits |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in report["rows"].values():
         diff = "" if row["max_abs_diff_vs_a"] is None else f"{row['max_abs_diff_vs_a']:.1e}"
+        hits = (f"{row['prefix_cache_hits']:,} ({row['prefix_cache_hit_share']:.1%})"
+                if row.get("prefix_cache_hit_share") is not None else "")
         lines.append(f"| {row['path']} | {row['what']} | {row['samples']:,} | {row['wall_s']} | "
-                     f"{row['samples_per_s']:,} | {row['step_p50_ms']:,} | {row['step_p99_ms']:,} | {diff} |")
+                     f"{row['samples_per_s']:,} | {row['step_p50_ms']:,} | {row['step_p99_ms']:,} | {diff} | {hits} |")
+    share = report.get("shareable_tokens")
+    if share:
+        lines += ["", f"Prefix-cache hits: tokens of the timed steps served from the engine's prefix cache, over all "
+                  f"tokens looked up (the servers' own counters: rmserve's `rmserve_engine_prefix_cache_*`, vLLM's "
+                  f"`vllm:prefix_cache_*`; not counted for e, whose server also scores the evaluation). The timed "
+                  f"steps hold {share['tokens']:,} tokens. Within a step (a GRPO step's prompts are new) a prefix "
+                  f"cache can serve at most {share['shareable']:,} ({share['shareable'] / share['tokens']:.1%}): each "
+                  f"sample's leading full blocks already in its step, {share['prompt_shareable']:,} of them a "
+                  f"prompt's turn repeated, the rest completions that share a start; a cache holding every "
+                  f"earlier step could serve {share.get('shareable_across_steps', 0):,} (the steps reuse the "
+                  f"data's prompts once it runs out)."]
     if report["targets"]:
         lines += ["", "| target | measured | holds |", "| --- | ---: | --- |"]
         lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['holds'] else 'NO'} |" for t in report["targets"]]
@@ -506,22 +668,35 @@ def main(argv: list[str] | None = None) -> int:
                                 completions=args.completions, max_len=args.max_len)
     n_samples = sum(len(s) for s in steps[1:])
     results: dict[str, dict[str, Any]] = {}
-    for name in paths:
-        print(f"path {name}: {TITLES[name]} …", file=sys.stderr, flush=True)
-        if name == "a":
-            results[name] = path_openrlhf(args.model, steps, max_len=args.max_len)
-        elif name == "b":
-            results[name] = path_vllm_classify(args.model, steps, inflight=args.inflight, engine=engine)
-        elif name == "c":
-            results[name] = path_get_reward(args.model, steps, inflight=args.inflight, work=args.work, engine=engine)
-        elif name == "d":
-            results[name] = path_trl(args.model, steps, work=args.work, engine=engine)
-        else:
-            results[name] = path_with_eval(args.model, steps, work=args.work, engine=engine, data=args.data,
-                                           trainer_weight=args.trainer_weight, eval_weight=args.eval_weight,
-                                           eval_priority=args.eval_priority, interactive_boost=args.interactive_boost,
-                                           scheduling_policy=args.scheduling_policy)
-        print(f"path {name}: {n_samples / results[name]['wall_s']:.1f} samples/s", file=sys.stderr, flush=True)
+    shared = [p for p in paths if p != "e"]
+    with contextlib.ExitStack() as stack:
+        runners: dict[str, Runner] = {}
+        for name in shared:
+            print(f"path {name}: {TITLES[name]} …", file=sys.stderr, flush=True)
+            if name == "a":
+                runner = open_openrlhf(args.model, max_len=args.max_len)
+            elif name == "b":
+                runner = open_vllm_classify(args.model, inflight=args.inflight, engine=engine)
+            elif name == "c":
+                runner = open_get_reward(args.model, inflight=args.inflight, work=args.work, engine=engine)
+            else:
+                runner = open_trl(args.model, work=args.work, engine=engine)
+            runners[name] = stack.enter_context(runner)
+
+        def progress(i: int, name: str, took: float) -> None:
+            print(f"step {i + 1}/{args.steps} path {name}: {len(steps[i + 1]) / took:.1f} samples/s",
+                  file=sys.stderr, flush=True)
+
+        results.update(interleaved_steps(runners, steps, progress))
+    if "e" in paths:
+        print(f"path e: {TITLES['e']} …", file=sys.stderr, flush=True)
+        results["e"] = path_with_eval(args.model, steps, work=args.work, engine=engine, data=args.data,
+                                      trainer_weight=args.trainer_weight, eval_weight=args.eval_weight,
+                                      eval_priority=args.eval_priority, interactive_boost=args.interactive_boost,
+                                      scheduling_policy=args.scheduling_policy)
+    for name, result in results.items():
+        print(f"path {name}: {n_samples / result['wall_s']:.1f} samples/s", file=sys.stderr, flush=True)
+    results = {name: results[name] for name in paths}
     reference = results["a"]["rewards"] if "a" in results else None
     rows = {name: summarize(name, r, n_samples, reference if name != "a" else None) for name, r in results.items()}
     report = {
@@ -533,6 +708,7 @@ def main(argv: list[str] | None = None) -> int:
                    "eval_priority": args.eval_priority, "interactive_boost": args.interactive_boost,
                    "scheduling_policy": args.scheduling_policy},
         "skipped_groups": skipped,
+        "shareable_tokens": shareable_tokens(steps, engine["block_size"]),
         "rows": rows,
         "targets": targets(rows),
         "command": " ".join(["python", "benchmarks/rlhf_steps.py", *(argv if argv is not None else sys.argv[1:])]),

@@ -40,6 +40,48 @@ def test_trie_bound_by_hand():
     assert throughput.trie_bound_tokens([[1, 2], [5, 5, 5, 5, 5, 7], late], 2) == 0 + 4
 
 
+def test_rlhf_shareable_tokens_by_hand():
+    rlhf = _load("rlhf_steps")
+
+    def sample(prompt: str, ids: list[int], prompt_tokens: int) -> dict:
+        return {"prompt": prompt, "ids": ids, "prompt_tokens": prompt_tokens}
+
+    warmup = [sample("w", [9, 9, 9, 9, 1], 4)]
+    step = [
+        sample("p", [1, 2, 3, 4, 5, 6], 4),  # first of its prompt: nothing seen before
+        sample("p", [1, 2, 3, 4, 7, 8, 9], 4),  # shares blocks [1,2] [3,4] (the prompt): 4
+        sample("p", [1, 2, 3, 4, 7, 8, 9, 10], 4),  # shares [1,2] [3,4] [7,8]: 6, 4 of them the prompt
+        sample("q", [9, 9, 9, 9, 2], 2),  # a new prompt that starts as the warm-up did: 4, none a repeat
+        sample("r", [5, 5, 5], 2),  # nothing
+    ]
+    # block 2: the last token is always computed, and only whole blocks are served; the fourth
+    # sample's blocks were seen in the warm-up only (across steps, not within its own).
+    assert rlhf.shareable_tokens([warmup, step], 2) == {
+        "tokens": 29, "shareable": 10, "prompt_shareable": 8, "shareable_across_steps": 14}
+    # block 4: the second and third share one block [1,2,3,4]; the fourth the warm-up's block.
+    assert rlhf.shareable_tokens([warmup, step], 4) == {
+        "tokens": 29, "shareable": 8, "prompt_shareable": 8, "shareable_across_steps": 12}
+    # The warm-up's own tokens are not counted.
+    assert rlhf.shareable_tokens([warmup], 2) == {
+        "tokens": 0, "shareable": 0, "prompt_shareable": 0, "shareable_across_steps": 0}
+
+
+def test_rlhf_series_sum_reads_one_series_over_its_labels():
+    rlhf = _load("rlhf_steps")
+    text = (
+        "# HELP vllm:prefix_cache_hits_total Hits.\n"
+        "# TYPE vllm:prefix_cache_hits_total counter\n"
+        'vllm:prefix_cache_hits_total{engine="0",model_name="rm"} 120.0\n'
+        'vllm:prefix_cache_hits_total{engine="1",model_name="rm"} 30.0\n'
+        "vllm:prefix_cache_hits_created 1.7e9\n"
+        "rmserve_engine_prefix_cache_hits_total 7.0\n"
+        "rmserve_engine_prefix_cache_hits_total_other 99.0\n"
+    )
+    assert rlhf.series_sum(text, "vllm:prefix_cache_hits_total") == 150.0
+    assert rlhf.series_sum(text, "rmserve_engine_prefix_cache_hits_total") == 7.0
+    assert rlhf.series_sum(text, "vllm:prefix_cache_queries_total") is None
+
+
 def test_length_sorted_batches_by_hand():
     from rmserve.server.engines.batching import length_sorted_batches
 
