@@ -70,6 +70,7 @@ import datetime as dt
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -656,6 +657,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so every server started here is stopped (vLLM's own server
+    # runs in a session of its own and would outlive a plain kill of this process).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     args.work.mkdir(parents=True, exist_ok=True)
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     unknown = sorted(set(paths) - set(TITLES))
