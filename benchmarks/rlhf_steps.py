@@ -12,7 +12,8 @@ rewards), and the same samples go through each path:
   process with no HTTP in between (a floor on its time).
 * **b** — vLLM's own OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``,
   the pooling runner over the same folder), ``POST /classify`` one sample per request with
-  ``use_activation: false`` (raw reward), many in flight, as verl's reward loop sends them.
+  ``use_activation: false`` (raw reward; the field newer vLLM reads, where verl's reward loop
+  sends ``activation: false``, which the CPU build ignores), many in flight, as verl sends them.
 * **c** — ``rmserve serve --policy-template rm``, ``POST /get_reward`` one sample per request
   (OpenRLHF's default), the same number in flight as b.
 * **d** — ``rmserve serve``, rmserve's TRL reward function
@@ -565,23 +566,33 @@ def targets(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    """The record's Markdown: set-up, the path table, the targets, provenance."""
+    """The record's Markdown: set-up, the path table, the prefix-cache bound, the targets,
+    provenance. Path e's set-up is described only when it ran."""
     cfg = report["config"]
+    ran_e = "e" in report["rows"]
+    path_e = (f" Path e: users `trainer` (weight {cfg['trainer_weight']}) and `eval` (weight "
+              f"{cfg['eval_weight']}) of one users file, the trainer `interactive`, the eval "
+              f"`{cfg.get('eval_priority', 'interactive')}` (server --fair-share-interactive-boost "
+              f"{cfg.get('interactive_boost', 1.0)}, --scheduling-policy {cfg.get('scheduling_policy', 'fcfs')}); "
+              f"path d without a users file.") if ran_e else ""
     lines = [
         f"# RLHF-shaped reward load — {report['date']} — {report['machine']}",
         "",
         f"Reward model `{cfg['model']}` (float32); {cfg['steps']} steps of {cfg['prompts']} prompts × "
-        f"{cfg['completions']} completions ({cfg['prompts'] * cfg['completions']} samples a step; one warm-up step "
-        f"before each path's timing; paths a to d interleaved step by step, their order rotated each step, e "
-        f"after them; scoring s: the sum of a path's step times); {cfg['inflight']} requests in flight for b and c; RM-Bench prompts from "
-        f"{cfg['data']} ({report['skipped_groups']} groups left out: over {cfg['max_len']} tokens or more than one turn).",
+        f"{cfg['completions']} completions ({cfg['prompts'] * cfg['completions']} samples a step); one warm-up "
+        f"step before each path's timing. Paths a to d ran interleaved: every step through each of them before "
+        f"the next step, their order rotated each step{'; e ran after them, alone' if ran_e else ''}. "
+        f"{cfg['inflight']} requests in flight for b and c. RM-Bench prompts from {cfg['data']} "
+        f"({report['skipped_groups']} groups left out: over {cfg['max_len']} tokens or more than one turn); a "
+        f"prompt's completions are its responses, then the first halves of its first chosen and first rejected "
+        f"response.",
         "",
         f"Engine of every server (b to e): {_engine_text(cfg['engine'])}; path a: transformers, float32, cut at "
-        f"{cfg['max_len']} tokens. Path e: users `trainer` (weight {cfg['trainer_weight']}) and `eval` (weight "
-        f"{cfg['eval_weight']}) of one users file, the trainer `interactive`, the eval "
-        f"`{cfg.get('eval_priority', 'interactive')}` (server --fair-share-interactive-boost "
-        f"{cfg.get('interactive_boost', 1.0)}, --scheduling-policy {cfg.get('scheduling_policy', 'fcfs')}); "
-        f"path d without a users file.",
+        f"{cfg['max_len']} tokens.{path_e}",
+        "",
+        "*scoring s*: the sum of a path's step times (a step: its first sample sent to its last reward); "
+        "samples/s = samples / scoring s."
+        + (f" With {cfg['steps']} steps the step p99 is about the slowest step." if cfg["steps"] < 20 else ""),
         "",
         "| path | what | samples | scoring s | samples/s | step p50 ms | step p99 ms | max abs diff vs a "
         "| prefix-cache hits |",
@@ -595,22 +606,26 @@ def markdown(report: dict[str, Any]) -> str:
                      f"{row['samples_per_s']:,} | {row['step_p50_ms']:,} | {row['step_p99_ms']:,} | {diff} | {hits} |")
     share = report.get("shareable_tokens")
     if share:
+        across = share.get("shareable_across_steps", share["shareable"])
         lines += ["", f"Prefix-cache hits: tokens of the timed steps served from the engine's prefix cache, over all "
                   f"tokens looked up (the servers' own counters: rmserve's `rmserve_engine_prefix_cache_*`, vLLM's "
-                  f"`vllm:prefix_cache_*`; not counted for e, whose server also scores the evaluation). The timed "
-                  f"steps hold {share['tokens']:,} tokens. Within a step (a GRPO step's prompts are new) a prefix "
-                  f"cache can serve at most {share['shareable']:,} ({share['shareable'] / share['tokens']:.1%}): each "
-                  f"sample's leading full blocks already in its step, {share['prompt_shareable']:,} of them a "
-                  f"prompt's turn repeated, the rest completions that share a start; a cache holding every "
-                  f"earlier step could serve {share.get('shareable_across_steps', 0):,} (the steps reuse the "
-                  f"data's prompts once it runs out)."]
+                  f"`vllm:prefix_cache_*`{'; not counted for e, whose server also scores the evaluation' if ran_e else ''}"
+                  f"). The timed steps hold {share['tokens']:,} tokens. Within a step (a GRPO step's prompts are "
+                  f"new) a prefix cache can serve at most {share['shareable']:,} "
+                  f"({share['shareable'] / share['tokens']:.1%}): each sample's leading full blocks already in its "
+                  f"step, {share['prompt_shareable']:,} of them a prompt's turn repeated, the rest completions that "
+                  f"start alike (a halved response and the whole one)."
+                  + (f" A cache holding every earlier step could serve {across:,}: the steps reuse the data's prompts "
+                     f"once it runs out." if across > share["shareable"] else "")]
     if report["targets"]:
-        lines += ["", "| target | measured | holds |", "| --- | ---: | --- |"]
+        lines += ["", "Targets (benchmarks/README.md, set for a GPU serving engine; on a small CPU machine see the "
+                  "README for what they measure):", "", "| target | measured | holds |", "| --- | ---: | --- |"]
         lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['holds'] else 'NO'} |" for t in report["targets"]]
     lines += [
         "",
         f"Command: `{report['command']}`",
-        f"Machine: {_machine_text(report['machine_info'])}; load average at start {report['load_start']}, at end {report['load_end']}.",
+        f"Machine: {_machine_text(report['machine_info'])}; load average at start {report['load_start']}, "
+        f"at end {report['load_end']}.",
         f"Versions: {', '.join(f'{k} {v}' for k, v in report['versions'].items())}",
     ]
     return "\n".join(lines) + "\n"
@@ -628,12 +643,15 @@ def _machine_text(info: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n", 1)[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="Paths: " + "; ".join(f"{k}: {v}" for k, v in TITLES.items()) + ". The report (Markdown and JSON) "
+        "goes to --out; the module docstring says how each path is sent and what is reported.")
     parser.add_argument("--model", required=True, help="sequence-classifier reward model folder")
     parser.add_argument("--data", type=Path, default=DATA, help="RM-Bench release folder")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--completions", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps (one warm-up step comes first)")
+    parser.add_argument("--prompts", type=int, default=64, help="prompts a step")
+    parser.add_argument("--completions", type=int, default=8, help="completions a prompt (1 to 8)")
     parser.add_argument("--inflight", type=int, default=64, help="requests in flight for paths b and c")
     parser.add_argument("--max-len", type=int, default=4096,
                         help="max model length of every server and path a's cut (longer groups left out)")
@@ -648,15 +666,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
                         help="path e: the server's --scheduling-policy (priority: vLLM runs interactive requests first)")
     parser.add_argument("--paths", default="a,b,c,d,e", help="comma-separated, of a,b,c,d,e")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/rlhf-steps"))
-    parser.add_argument("--machine", default="cpu2")
-    parser.add_argument("--tag", default=None)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/rlhf-steps"),
+                        help="folder for the servers' logs, users file and the evaluation's output")
+    parser.add_argument("--machine", default="cpu2", help="machine label in the report's name")
+    parser.add_argument("--tag", default=None, help="suffix of the report's name")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder the report is written to")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not args.data.is_dir():
+        raise SystemExit(f"--data {args.data}: no such folder; give the RM-Bench release folder "
+                         f"(the default is ../shared/data/rm-bench beside the checkout)")
     # SIGTERM unwinds like Ctrl-C, so every server started here is stopped (vLLM's own server
     # runs in a session of its own and would outlive a plain kill of this process).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
