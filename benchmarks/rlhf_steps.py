@@ -49,7 +49,7 @@ Reported per path: samples/s over its timed steps (the sum of its step times: en
 and the warm-up step excluded), step latency p50/p99 (a step's first sample sent to its last
 reward), parity (each path's rewards against path a's, the largest absolute difference), and
 for b, c and d the tokens their engine served from its prefix cache over the timed steps
-(the server's own counters) beside the most a cache that never evicts could serve
+(the server's own counters) beside the most a prefix cache could serve within a step
 (:func:`shareable_tokens`): whether grouping by prompt (d) saves engine work over one sample
 per request (c) shows there.
 
@@ -255,7 +255,7 @@ RMSERVE_PREFIX = ("rmserve_engine_prefix_cache_queries_total", "rmserve_engine_p
 VLLM_PREFIX = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 
 
-def prefix_counters(metrics_url: str, names: tuple[str, str], token: str | None = None):
+def prefix_counters(metrics_url: str, names: tuple[str, str]):
     """A reader of a server's cumulative prefix-cache token counters from its Prometheus text
     (``names``: the queries and the hits series, summed over their labels); returns a
     callable giving ``{"queries": int, "hits": int}``.
@@ -265,9 +265,8 @@ def prefix_counters(metrics_url: str, names: tuple[str, str], token: str | None 
     """
     def read() -> dict[str, int]:
         async def fetch() -> str:
-            headers = {"Authorization": f"Bearer {token}"} if token else {}
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-                async with session.get(metrics_url, headers=headers) as reply:
+                async with session.get(metrics_url) as reply:
                     if reply.status != 200:
                         raise SystemExit(f"{metrics_url}: {reply.status} {await reply.text()}")
                     return await reply.text()
@@ -295,8 +294,10 @@ def series_sum(text: str, name: str) -> float | None:
 def shareable_tokens(steps: list[list[dict[str, Any]]], block_size: int) -> dict[str, int]:
     """Tokens of the timed steps (``steps[1:]``; ``steps[0]`` is the warm-up) and the most a
     prefix cache of ``block_size``-token blocks can serve them, samples taken in order: each
-    sample's longest run of leading full blocks seen before, at most ``len - 1`` tokens (the
-    last token is always computed).
+    sample's longest run of leading full blocks seen before (every full block of an earlier
+    sample counts, its last one too), at most ``len - 1`` tokens (the last token is always
+    computed). Within a step this is :func:`throughput.trie_bound_tokens` of the step's token
+    ids, computed here by block hashes so that it also runs across all steps.
 
     Returns:
         ``tokens``; ``shareable``: blocks seen before in the sample's own step (a GRPO step's
@@ -315,12 +316,14 @@ def shareable_tokens(steps: list[list[dict[str, Any]]], block_size: int) -> dict
         for sample in step:
             ids = sample["ids"]
             chain, hit, hit_ever, matching, matching_ever = 0, 0, 0, True, True
-            for b in range((len(ids) - 1) // block_size):
+            servable = (len(ids) - 1) // block_size  # blocks a hit may cover: the last token is computed
+            for b in range(len(ids) // block_size):  # every full block is cached once computed
                 chain = hash((chain, tuple(ids[b * block_size:(b + 1) * block_size])))
-                matching = matching and chain in in_step
-                matching_ever = matching_ever and chain in ever
-                hit += block_size if matching else 0
-                hit_ever += block_size if matching_ever else 0
+                if b < servable:
+                    matching = matching and chain in in_step
+                    matching_ever = matching_ever and chain in ever
+                    hit += block_size if matching else 0
+                    hit_ever += block_size if matching_ever else 0
                 in_step.add(chain)
                 ever.add(chain)
             if index > 0:

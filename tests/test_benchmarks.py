@@ -64,6 +64,14 @@ def test_rlhf_shareable_tokens_by_hand():
     # The warm-up's own tokens are not counted.
     assert rlhf.shareable_tokens([warmup], 2) == {
         "tokens": 0, "shareable": 0, "prompt_shareable": 0, "shareable_across_steps": 0}
+    # An earlier sample's last full block is cached too: [1,2,3,4] then [1,2,3,4,5] shares 4.
+    whole = [sample("s", [1, 2, 3, 4], 2), sample("t", [1, 2, 3, 4, 5], 2)]
+    assert rlhf.shareable_tokens([[], whole], 2)["shareable"] == 4
+    # Within a step the bound is the per-group trie bound, computed independently by pairwise prefixes.
+    throughput = _load("throughput")
+    for steps, block in (([warmup, step], 2), ([warmup, step], 4), ([[], whole], 2)):
+        assert rlhf.shareable_tokens(steps, block)["shareable"] == sum(
+            throughput.trie_bound_tokens([s["ids"] for s in st], block) for st in steps[1:])
 
 
 def test_rlhf_series_sum_reads_one_series_over_its_labels():
