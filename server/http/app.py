@@ -54,6 +54,7 @@ from rmserve.server.http.middleware import auth_middleware, error_middleware
 from rmserve.server.engines.protocol import JudgeEngine, PrefixCacheStats, RewardEngine, SupportsPrefixCacheStats
 from rmserve.server.render.chat import Renderer
 from rmserve.server.kinds.result_cache import ResultCache
+from rmserve.server.swaps import gc_heap
 from rmserve.server.swaps.state import (
     CONFIG_KEY,
     ENGINE_KEY,
@@ -141,6 +142,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
                 queue.set_window_tokens(engine_window(config, loaded.step_tokens))
                 logger.info("fair queue: at most %d groups%s at the engine", queue.concurrency,
                             f" and {queue.window_tokens:,} prompt tokens" if queue.window_tokens else "")
+            gc_heap.freeze_after(app, f"loading {info.name}")
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -1,8 +1,9 @@
 """Run the scoring server: build the engine and renderer, listen, load, serve, shut down.
 
 Order: the HTTP listener starts first (``/health`` answers 503 ``loading``), the app's
-``cleanup_ctx`` loads the engine in the background, the URL is announced once the engine is
-ready, SIGHUP reads the users file again (:func:`reload_users_file`), and SIGINT/SIGTERM stop
+``cleanup_ctx`` loads the engine in the background and then freezes the process's Python heap
+(:mod:`rmserve.server.swaps.gc_heap`: :func:`serve` and :func:`serve_node` give every model app
+the process's one heap), the URL is announced once the engine is ready, SIGHUP reads the users file again (:func:`reload_users_file`), and SIGINT/SIGTERM stop
 the listener, cancel in-flight requests after ``shutdown_timeout_s`` and shut the engine down.
 """
 
@@ -23,6 +24,7 @@ from rmserve.server.config import EngineConfig, ServerConfig
 from rmserve.server.kinds.base import RewardKind, kind_of_config
 from rmserve.server.engines.protocol import JudgeEngine, LoadedModel, RewardEngine
 from rmserve.server.render.chat import Renderer
+from rmserve.server.swaps.gc_heap import GC_HEAP_KEY, GcHeap
 from rmserve.server.swaps.state import STATE_KEY, EngineState, RendererFactory
 from rmserve.server.sharing.users import RequestUserLogFilter
 
@@ -267,14 +269,18 @@ async def reload_users_file(registry: UserRegistry, path: str) -> bool:
     return True
 
 
-def _model_app(engine_config: EngineConfig, server_config: ServerConfig) -> web.Application:
-    """One model's scoring app, its engine built from ``engine_config`` (not started)."""
+def _model_app(engine_config: EngineConfig, server_config: ServerConfig, heap: GcHeap) -> web.Application:
+    """One model's scoring app, its engine built from ``engine_config`` (not started), the
+    process's ``heap`` frozen after its load and unfrozen around its swaps
+    (:mod:`rmserve.server.swaps.gc_heap`)."""
     from rmserve.server.engines.registry import build_engine
 
     engine = build_engine(engine_config)
     kind = kind_of_config(engine_config)
     factory = engine_renderer if kind.needs_renderer else None  # a judge's engine renders its own prompts
-    return create_app(server_config, engine, renderer_factory=factory, kind=kind)
+    app = create_app(server_config, engine, renderer_factory=factory, kind=kind)
+    app[GC_HEAP_KEY] = heap
+    return app
 
 
 def serve_node(
@@ -290,8 +296,9 @@ def serve_node(
     from rmserve.server.http.node import create_node_app, model_states
 
     async def main() -> int:
+        heap = GcHeap()
         apps = [
-            (config.name, _model_app(config, dataclasses.replace(server_config, served_model_name=config.name)))
+            (config.name, _model_app(config, dataclasses.replace(server_config, served_model_name=config.name), heap))
             for config in engine_configs
         ]
         node = create_node_app(server_config, apps)
@@ -311,7 +318,7 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig, *, announce:
         ValueError: ``engine_config.engine`` names no registered engine.
     """
     async def main() -> int:
-        app = _model_app(engine_config, server_config)
+        app = _model_app(engine_config, server_config, GcHeap())
         return await run_app(app, server_config, [app[STATE_KEY]], announce=announce)
 
     return asyncio.run(main())

@@ -29,6 +29,7 @@ from typing import Literal
 
 from aiohttp import web
 from rmserve.fingerprint import TOKENIZER_FILES
+from rmserve.server.swaps import gc_heap
 from rmserve.server.swaps.checkpoints import check_checkpoint
 from rmserve.server.sharing.leases import leases_of
 from rmserve.server.engines.protocol import LoadedModel, SupportsCheckpointCheck, SupportsRestart, SupportsWeightReload
@@ -281,7 +282,6 @@ async def run_swap(app: web.Application, load: LoadModelRequest, folder: Path, k
     config = app[CONFIG_KEY]
     state = app[STATE_KEY]
     metrics = app[METRICS_KEY]
-    engine = app[ENGINE_KEY]
     if kind == "restart":
         logger.info("checkpoint swap to %s needs an engine restart: %s", folder.name, reason)
     started = time.perf_counter()
@@ -304,10 +304,11 @@ async def run_swap(app: web.Application, load: LoadModelRequest, folder: Path, k
                 "loaded and the current model is still served; retry later"
             ) from None
         try:
-            if kind == "reload":
-                loaded = await reload_or_restore(app, folder)
-            else:
-                loaded = await restart_or_restore(app, folder)
+            with gc_heap.unfrozen_for(app, f"checkpoint swap to {folder.name}"):
+                if kind == "reload":
+                    loaded = await reload_or_restore(app, folder)
+                else:
+                    loaded = await restart_or_restore(app, folder)
         except BaseException:
             metrics.swaps.labels(kind=kind, outcome="error").inc()
             raise
