@@ -90,6 +90,70 @@ def test_rlhf_series_sum_reads_one_series_over_its_labels():
     assert rlhf.series_sum(text, "vllm:prefix_cache_queries_total") is None
 
 
+def test_rlhf_rows_and_targets_by_hand():
+    rlhf = _load("rlhf_steps")
+    # path e: 2 contended steps of 4 samples (1 s, 3 s), 2 solo steps (1 s, 2 s); rewards of all 4 steps in order
+    e = {"wall_s": 4.0, "step_s": [1.0, 3.0], "samples": 8, "rewards": [0.5] * 16,
+         "solo": {"wall_s": 3.0, "step_s": [1.0, 2.0], "samples": 8}, "cpu_s": {"client": 0.8},
+         "eval_running_throughout": True}
+    row = rlhf.summarize("e", e, 16, [0.25] * 16)
+    assert (row["samples"], row["samples_per_s"], row["solo_samples_per_s"]) == (8, 2.0, 2.67)
+    # p99 of two steps, linear between them: 1 + 0.99 * (3 - 1) = 2.98 s
+    assert (row["step_p99_ms"], row["solo_step_p99_ms"], row["solo_step_p50_ms"]) == (2980, 1990, 1500)
+    assert row["max_abs_diff_vs_a"] == 0.25
+    assert row["cpu_ms_per_sample"] == {"client": 100.0}
+    rows = {"a": {"samples_per_s": 10.0}, "b": {"samples_per_s": 20.0}, "c": {"samples_per_s": 21.0},
+            "d": {"samples_per_s": 24.0}, "e": row}
+    assert [(t["target"][:3], t["measured"], t["holds"]) for t in rlhf.targets(rows)] == [
+        ("c/a", 2.1, True), ("c/b", 1.05, True), ("d/c", 1.143, False), ("e c", 1.497, True)]
+    assert [t["target"][:3] for t in rlhf.targets({"a": rows["a"], "c": rows["c"]})] == ["c/a"]
+
+
+def test_rlhf_process_cpu_s_splits_a_process_from_its_descendants():
+    """A parent that sleeps and a grandchild that spins until its own clock reads 1.0 s."""
+    import subprocess
+    import time
+
+    rlhf = _load("rlhf_steps")
+    spin = "import time\nwhile time.process_time() < 1.0: pass\ntime.sleep(60)"
+    middle = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {spin!r}]); time.sleep(60)"
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; "
+                               f"subprocess.Popen([sys.executable, '-c', {middle!r}]); time.sleep(60)"],
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while rlhf.process_cpu_s(parent.pid)[1] < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)
+        own, descendants = rlhf.process_cpu_s(parent.pid)
+        assert own < 0.5  # it only started a child and slept
+        # the spinner's 1.0 s plus two interpreters' start-up (well under 0.5 s each)
+        assert 1.0 <= descendants < 2.0
+    finally:
+        import os
+        import signal
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+    assert rlhf.process_cpu_s(parent.pid) == (0.0, 0.0)  # gone: counts nothing
+
+
+def test_rlhf_wait_idle_waits_out_a_busy_process():
+    """A process that spins until its clock reads 0.6 s, then sleeps: the wait ends after the
+    spin (not before 0.4 s, not at the cap); an idle process: one window."""
+    import subprocess
+
+    rlhf = _load("rlhf_steps")
+    spin = "import time\nwhile time.process_time() < 0.6: pass\ntime.sleep(60)"
+    busy = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        waited = rlhf.wait_idle(busy.pid, window_s=0.1, cap_s=5.0)
+        assert 0.4 <= waited < 3.0
+        assert rlhf.wait_idle(busy.pid, window_s=0.1, cap_s=5.0) < 0.3
+    finally:
+        busy.kill()
+        busy.wait()
+
+
 def test_length_sorted_batches_by_hand():
     from rmserve.server.engines.batching import length_sorted_batches
 

@@ -96,6 +96,7 @@ def vllm_openai_server(
     max_num_seqs: int = 32,
     start_timeout_s: float = 420.0,
     extra_args: Sequence[str] = (),
+    log_path: Path | None = None,
 ) -> Iterator[str]:
     """Run vLLM's API server over ``model_dir``; yield its base URL ending in ``/v1``.
 
@@ -104,11 +105,11 @@ def vllm_openai_server(
 
     The server runs in its own session (process group); on leaving, SIGTERM goes to the group,
     then SIGKILL after 30 s, and the context asserts that no process of the group is left.
-    The server's output goes to a temporary log whose last 4,000 characters are in the error
-    when it fails to start.
+    The server's output goes to ``log_path`` (kept), or without one to a temporary log; the
+    log's last 4,000 characters are in the error when it fails to start.
 
     After the start, ``vllm_openai_server.last_start_s`` holds the seconds it took (from spawn
-    to the first ``/v1/models`` answer).
+    to the first ``/v1/models`` answer) and ``vllm_openai_server.last_pid`` the server's process id.
 
     Raises:
         RuntimeError: the server exited or did not answer within ``start_timeout_s`` seconds.
@@ -123,8 +124,9 @@ def vllm_openai_server(
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
     argv = server_argv(model_dir, port, served_model_name=served_model_name, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, extra=extra_args)
-    with tempfile.TemporaryDirectory(prefix="vllm-api-") as tmp:
-        log_path = Path(tmp) / "server.log"
+    with contextlib.ExitStack() as scratch:
+        if log_path is None:
+            log_path = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="vllm-api-"))) / "server.log"
         with open(log_path, "wb") as log:
             began = time.monotonic()
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -136,12 +138,14 @@ def vllm_openai_server(
                     raise RuntimeError(f"vLLM API server {' '.join(argv)} {why}; log tail:\n{tail}")
                 time.sleep(0.5)
             vllm_openai_server.last_start_s = time.monotonic() - began
+            vllm_openai_server.last_pid = proc.pid
             yield base_url
         finally:
             _stop_group(proc)
 
 
 vllm_openai_server.last_start_s = None
+vllm_openai_server.last_pid = None
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
