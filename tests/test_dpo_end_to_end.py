@@ -13,7 +13,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import msgspec
 import pytest

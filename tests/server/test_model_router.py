@@ -21,7 +21,6 @@ from rmserve.server.config import EngineConfig, ModelSpec, ServerConfig, node_en
 from rmserve.server.sharing.limits import LIMITS_KEY
 from rmserve.server.http.node import MODELS_KEY, create_node_app, merge_queue_replies, model_states
 from rmserve.server.http.queue_routes import QueueReply, UserQueue
-from rmserve.server.swaps.state import STATE_KEY
 from rmserve.server.sharing.users import User
 
 TOKEN = "s3cret-token"

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import threading
 import urllib.request
 from pathlib import Path
