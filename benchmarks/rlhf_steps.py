@@ -85,6 +85,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -652,6 +653,7 @@ def summarize(name: str, result: dict[str, Any], n_samples: int, reference: list
         "step_p50_ms": round(percentile_ms(result["step_s"], 50)),
         "step_p99_ms": round(percentile_ms(result["step_s"], 99)),
         "max_abs_diff_vs_a": None,
+        "step_s": [round(x, 4) for x in result["step_s"]],
     }
     if reference is not None:
         row["max_abs_diff_vs_a"] = max(abs(x - y) for x, y in zip(result["rewards"], reference, strict=True))
@@ -689,6 +691,13 @@ def targets(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         if num in rows and den in rows:
             ratio = rate(num) / rate(den)
             checks.append({"target": what, "measured": round(ratio, 3), "holds": ratio >= floor})
+    for check in checks:  # the same ratio step by step (paths a-d ran each step back to back)
+        num, den = check["target"][0], check["target"][2]
+        steps_num, steps_den = rows[num].get("step_s"), rows[den].get("step_s")
+        if steps_num and steps_den and len(steps_num) == len(steps_den):
+            paired = sorted(d / n for n, d in zip(steps_num, steps_den, strict=True))  # samples/s ratio = time ratio inverted
+            check["per_step_median"] = round(float(np.median(paired)), 3)
+            check["per_step_quartiles"] = [round(float(q), 3) for q in np.percentile(paired, [25, 75])]
     if "e" in rows and rows["e"].get("solo_step_p99_ms"):
         ratio = rows["e"]["step_p99_ms"] / rows["e"]["solo_step_p99_ms"]
         checks.append({"target": "e contended/solo step p99 ≤ 1.5", "measured": round(ratio, 3), "holds": ratio <= 1.5})
@@ -767,8 +776,12 @@ def markdown(report: dict[str, Any]) -> str:
                      f"once it runs out." if across > share["shareable"] else "")]
     if report["targets"]:
         lines += ["", "Targets (benchmarks/README.md, set for a GPU serving engine; on a small CPU machine see the "
-                  "README for what they measure):", "", "| target | measured | holds |", "| --- | ---: | --- |"]
-        lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['holds'] else 'NO'} |" for t in report["targets"]]
+                  "README for what they measure). *per step*: the ratio of each step's samples/s, the paths "
+                  "having run that step back to back: its median and quartiles.", "",
+                  "| target | measured | holds | per step: median (quartiles) |", "| --- | ---: | --- | --- |"]
+        lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['holds'] else 'NO'} | "
+                  + (f"{t['per_step_median']} ({t['per_step_quartiles'][0]}–{t['per_step_quartiles'][1]})"
+                     if "per_step_median" in t else "") + " |" for t in report["targets"]]
     lines += [
         "",
         f"Command: `{report['command']}`",

@@ -107,6 +107,33 @@ def test_rlhf_rows_and_targets_by_hand():
     assert [(t["target"][:3], t["measured"], t["holds"]) for t in rlhf.targets(rows)] == [
         ("c/a", 2.1, True), ("c/b", 1.05, True), ("d/c", 1.143, False), ("e c", 1.497, True)]
     assert [t["target"][:3] for t in rlhf.targets({"a": rows["a"], "c": rows["c"]})] == ["c/a"]
+    # per step: c took 1, 2 and 4 s where b took 2, 2 and 2 s: c/b samples/s 2, 1 and 0.5
+    paired = rlhf.targets({"b": {"samples_per_s": 1.0, "step_s": [2.0, 2.0, 2.0]},
+                           "c": {"samples_per_s": 1.0, "step_s": [1.0, 2.0, 4.0]}})
+    assert (paired[0]["per_step_median"], paired[0]["per_step_quartiles"]) == (1.0, [0.75, 1.5])
+
+
+def test_rlhf_markdown_shows_the_solo_row_cpu_and_per_step_ratios():
+    rlhf = _load("rlhf_steps")
+    engine = rlhf.engine_settings(max_len=64, max_num_seqs=4, kv_cache_gib=0.5)
+    steps = {"c": [1.0, 2.0], "d": [0.5, 1.0]}
+    results = {name: {"wall_s": sum(t), "step_s": t, "rewards": [0.0] * 8,
+                      "cpu_s": {"client": 0.08, "server": 0.16, "engine": 0.8}} for name, t in steps.items()}
+    results["e"] = {"wall_s": 3.0, "step_s": [1.0, 2.0], "samples": 4, "rewards": [0.0] * 8,
+                    "solo": {"wall_s": 2.0, "step_s": [1.0, 1.0], "samples": 4}}
+    rows = {name: rlhf.summarize(name, r, 8, None) for name, r in results.items()}
+    report = {"date": "2026-12-07", "machine": "cpu2", "skipped_groups": 0, "rows": rows, "targets": rlhf.targets(rows),
+              "config": {"model": "m", "data": "d", "steps": 2, "prompts": 2, "completions": 2, "inflight": 4,
+                         "max_len": 64, "engine": engine, "trainer_weight": 3.0, "eval_weight": 1.0},
+              "shareable_tokens": None, "command": "python benchmarks/rlhf_steps.py", "load_start": [0.0],
+              "load_end": [0.0], "versions": {"vllm": None, "rmserve": "0.1.0"},
+              "machine_info": {"cpu_model": "cpu", "usable_cpus": 2, "memory_gib": 1}}
+    text = rlhf.markdown(report)
+    assert "| e solo | " in text and "| 4 | 2.0 | 2.0 | 1,000 | 1,000 |" in text  # 4 samples in 2 s, steps of 1 s
+    assert "| c | 10.00 | 20.00 | 100.00 | 130.00 |" in text  # CPU ms a sample: 80, 160, 800 ms over 8 samples
+    assert "| d/c samples/s ≥ 1.2 | 1.996 | yes | 2.0 (2.0–2.0) |" in text  # 5.33 / 2.67 samples/s, rounded
+    assert "| e contended/solo step p99 ≤ 1.5 | 1.99 | NO |  |" in text
+    assert "vllm None" not in text and "rmserve 0.1.0" in text
 
 
 def test_rlhf_process_cpu_s_splits_a_process_from_its_descendants():
