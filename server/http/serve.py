@@ -2,9 +2,10 @@
 
 Order: the HTTP listener starts first (``/health`` answers 503 ``loading``), the app's
 ``cleanup_ctx`` loads the engine in the background and then freezes the process's Python heap
-(:mod:`rmserve.server.swaps.gc_heap`: :func:`serve` and :func:`serve_node` give every model app
-the process's one heap), the URL is announced once the engine is ready, SIGHUP reads the users file again (:func:`reload_users_file`), and SIGINT/SIGTERM stop
-the listener, cancel in-flight requests after ``shutdown_timeout_s`` and shut the engine down.
+(:mod:`rmserve.server.swaps.gc_heap`: :func:`serve` and :func:`serve_node` give every model
+app the process's one heap), the URL is announced once the engine is ready, SIGHUP reads the
+users file again (:func:`reload_users_file`), and SIGINT/SIGTERM stop the listener, cancel
+in-flight requests after ``shutdown_timeout_s`` and shut the engine down.
 """
 
 from __future__ import annotations
