@@ -303,7 +303,10 @@ def serve_node(
             for config in engine_configs
         ]
         node = create_node_app(server_config, apps)
-        return await run_app(node, server_config, model_states(node), announce=announce)
+        try:
+            return await run_app(node, server_config, model_states(node), announce=announce)
+        finally:
+            heap.thaw()
 
     return asyncio.run(main())
 
@@ -319,7 +322,11 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig, *, announce:
         ValueError: ``engine_config.engine`` names no registered engine.
     """
     async def main() -> int:
-        app = _model_app(engine_config, server_config, GcHeap())
-        return await run_app(app, server_config, [app[STATE_KEY]], announce=announce)
+        heap = GcHeap()
+        app = _model_app(engine_config, server_config, heap)
+        try:
+            return await run_app(app, server_config, [app[STATE_KEY]], announce=announce)
+        finally:
+            heap.thaw()
 
     return asyncio.run(main())

@@ -13,7 +13,8 @@ alive at that moment into a permanent generation the passes skip (the same pass 
 A frozen object is still freed when its last reference goes; only a *cycle* of frozen objects
 is never collected while frozen. So a checkpoint swap unfreezes first (the old model's
 objects, cycles included, can then be collected when it is released) and freezes again once
-it has ended: :meth:`GcHeap.unfrozen`.
+it has ended: :meth:`GcHeap.unfrozen`; and a stopped server unfreezes it before the process
+exits (:meth:`GcHeap.thaw`).
 
 Only a process that is a server freezes its heap (``rmserve serve``: :func:`serve` and
 :func:`serve_node` of :mod:`rmserve.server.http.serve` put one :class:`GcHeap` on every model
@@ -67,6 +68,14 @@ class GcHeap:
         logger.info("garbage collector: %s objects frozen after %s in %.2f s (full collections skip them)",
                     f"{self.frozen_objects:,}", why, time.perf_counter() - began)
         return True
+
+    def thaw(self) -> None:
+        """Unfreeze the heap for good, when the server has stopped (``gc.unfreeze()``): the
+        interpreter's last collection at exit then frees what was frozen. Left frozen, those
+        objects are never freed, and extension modules that count theirs at exit say so
+        (Triton's nanobind bindings, which vLLM imports, print dozens of ``nanobind: leaked``
+        lines)."""
+        gc.unfreeze()
 
     @contextlib.contextmanager
     def unfrozen(self, why: str) -> Iterator[None]:

@@ -63,6 +63,22 @@ def test_a_failed_swap_freezes_again():
     assert heap.freezes == 2 and gc.get_freeze_count() > 0
 
 
+def test_thaw_at_the_end_lets_frozen_garbage_go():
+    heap = GcHeap()
+    alive = _garbage_cycle()
+    heap.freeze("loading m")  # collects the cycle first: it was garbage already
+    assert alive() is None
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    kept = weakref.ref(a)
+    heap.freeze("loading n")
+    del a, b
+    heap.thaw()
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert kept() is None
+
+
 def test_unfrozen_objects_are_collected_as_usual():
     GcHeap().freeze("loading m")
     alive = _garbage_cycle()  # made after the freeze
