@@ -28,7 +28,9 @@ rewards), and the same samples go through each path:
   gives the trainer B times its weight's share while both have work). Its timed steps take
   turns: *solo* ones with the evaluation paused (SIGSTOP, its groups at the server drained)
   and *contended* ones with it running (its groups at the server again); an evaluation that
-  ends before the last step does stops the run with an error.
+  ends before the last step does stops the run with an error. Its prompts start with
+  ``(training) `` (:func:`apart_from_eval`): the evaluation scores the same RM-Bench prompts
+  in the same order, and would otherwise put a step's tokens in the prefix cache before it.
 
 The servers of b to e run the same engine settings (float32, eager mode, block size 32, prefix
 caching, ``--max-num-seqs``, a KV cache of ``--kv-cache-gib`` GiB, max model length
@@ -511,6 +513,25 @@ def _trl_step(reward):
     return run_step
 
 
+EVAL_APART = "(training) "
+"""What :func:`apart_from_eval` puts before each prompt of path e's steps."""
+
+
+def apart_from_eval(steps: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    """Path e's steps: each sample's prompt starts with :data:`EVAL_APART`.
+
+    The evaluation beside path e scores RM-Bench in data order, the order the steps take their
+    prompts from, with the same chat template, so without a mark a step could find its
+    prompt's and 3 chosen and 3 rejected completions' tokens already in the prefix cache,
+    computed by the evaluation moments before (a new-user trial of 2 steps of 4 × 8 saw a solo
+    step take 63 ms against 344–588 ms on path d). Marked at the start of the user turn, a
+    step shares no full block with the evaluation past the template's first tokens (the demo
+    model's template writes 2 before the user text), and its completions still share their
+    prompt within the step as d's do. The rewards are then not path a's: e has no parity
+    figure."""
+    return [[{**sample, "prompt": EVAL_APART + sample["prompt"]} for sample in step] for step in steps]
+
+
 def make_users(work: Path, *, trainer_weight: float, eval_weight: float) -> tuple[Path, str, Path]:
     """A fresh users file in ``work`` with users ``trainer`` and ``eval`` (the project's own
     :func:`~rmserve.server.sharing.auth.add_user`, as ``rmserve users add``); returns (the file,
@@ -709,6 +730,7 @@ def markdown(report: dict[str, Any]) -> str:
     provenance. Path e's set-up is described only when it ran."""
     cfg = report["config"]
     ran_e = "e" in report["rows"]
+    shared = [p for p in report["rows"] if p != "e"]
     path_e = (f" Path e: users `trainer` (weight {cfg['trainer_weight']}) and `eval` (weight "
               f"{cfg['eval_weight']}) of one users file, the trainer `interactive`, the eval "
               f"`{cfg.get('eval_priority', 'interactive')}` (server --fair-share-interactive-boost "
@@ -716,15 +738,19 @@ def markdown(report: dict[str, Any]) -> str:
               f"path d without a users file. Path e's timed steps took turns: the 1st, 3rd, … solo (the "
               f"evaluation's process stopped and its groups at the server drained), the 2nd, 4th, … contended "
               f"(the evaluation running, its groups at the server); row e is the contended steps, row "
-              f"\"e solo\" the others.") if ran_e else ""
+              f"\"e solo\" the others. Path e's prompts start with `{EVAL_APART.strip()}`, so that no step finds "
+              f"its tokens in the prefix cache from the evaluation, which scores the same prompts (e's rewards "
+              f"are then not a's: no parity figure).") if ran_e else ""
     lines = [
         f"# RLHF-shaped reward load — {report['date']} — {report['machine']}",
         "",
         f"Reward model `{cfg['model']}` (float32); {cfg['steps']} steps of {cfg['prompts']} prompts × "
         f"{cfg['completions']} completions ({cfg['prompts'] * cfg['completions']} samples a step); one warm-up "
-        f"step before each path's timing. Paths a to d ran interleaved: every step through each of them before "
-        f"the next step, their order rotated each step{'; e ran after them, alone' if ran_e else ''}. "
-        f"{cfg['inflight']} requests in flight for b and c. RM-Bench prompts from {cfg['data']} "
+        f"step before each path's timing. "
+        + (f"Paths {', '.join(shared)} ran interleaved: every step through each of them before the next step, "
+           f"their order rotated each step{'; e ran after them, alone' if ran_e else ''}. "
+           f"{cfg['inflight']} requests in flight for b and c. " if shared else "Path e alone. ")
+        + f"RM-Bench prompts from {cfg['data']} "
         f"({report['skipped_groups']} groups left out: over {cfg['max_len']} tokens or more than one turn); a "
         f"prompt's completions are its responses, then the first halves of its first chosen and first rejected "
         f"response.",
@@ -851,6 +877,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{args.kv_cache_gib:g}"  # every server's KV cache on the CPU build
     engine = engine_settings(max_len=args.max_len, max_num_seqs=args.max_num_seqs, kv_cache_gib=args.kv_cache_gib)
     load_start = os.getloadavg()
+    machine = machine_info()  # its load average is the start's
     steps, skipped = make_steps(args.model, args.data, steps=args.steps, prompts=args.prompts,
                                 completions=args.completions, max_len=args.max_len)
     n_samples = sum(len(s) for s in steps[1:])
@@ -874,18 +901,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"step {i + 1}/{args.steps} path {name}: {len(steps[i + 1]) / took:.1f} samples/s",
                   file=sys.stderr, flush=True)
 
-        results.update(interleaved_steps(runners, steps, progress))
+        if runners:
+            results.update(interleaved_steps(runners, steps, progress))
     if "e" in paths:
         print(f"path e: {TITLES['e']} …", file=sys.stderr, flush=True)
-        results["e"] = path_with_eval(args.model, steps, work=args.work, engine=engine, data=args.data,
+        results["e"] = path_with_eval(args.model, apart_from_eval(steps), work=args.work, engine=engine, data=args.data,
                                       trainer_weight=args.trainer_weight, eval_weight=args.eval_weight,
                                       eval_priority=args.eval_priority, interactive_boost=args.interactive_boost,
                                       scheduling_policy=args.scheduling_policy)
     for name, result in results.items():
-        print(f"path {name}: {n_samples / result['wall_s']:.1f} samples/s", file=sys.stderr, flush=True)
+        print(f"path {name}: {result.get('samples', n_samples) / result['wall_s']:.1f} samples/s", file=sys.stderr,
+              flush=True)
     results = {name: results[name] for name in paths}
     reference = results["a"]["rewards"] if "a" in results else None
-    rows = {name: summarize(name, r, n_samples, reference if name != "a" else None) for name, r in results.items()}
+    # e's prompts are marked (apart_from_eval), so its rewards are not a's
+    rows = {name: summarize(name, r, n_samples, reference if name not in ("a", "e") else None)
+            for name, r in results.items()}
     report = {
         "date": dt.date.today().isoformat(),
         "machine": args.machine,
@@ -899,7 +930,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "targets": targets(rows),
         "command": " ".join(["python", "benchmarks/rlhf_steps.py", *(argv if argv is not None else sys.argv[1:])]),
-        "machine_info": machine_info(),
+        "machine_info": machine,
         "versions": versions(),
         "load_start": [round(x, 2) for x in load_start],
         "load_end": [round(x, 2) for x in os.getloadavg()],

@@ -136,6 +136,14 @@ def test_rlhf_markdown_shows_the_solo_row_cpu_and_per_step_ratios():
     assert "vllm None" not in text and "rmserve 0.1.0" in text
 
 
+def test_rlhf_path_e_prompts_are_marked_and_the_steps_left_as_they_were():
+    rlhf = _load("rlhf_steps")
+    steps = [[{"prompt": "p", "completion": "c1", "text": "t"}, {"prompt": "p", "completion": "c2", "text": "u"}]]
+    marked = rlhf.apart_from_eval(steps)
+    assert [s["prompt"] for s in marked[0]] == ["(training) p", "(training) p"]
+    assert [s["completion"] for s in marked[0]] == ["c1", "c2"] and steps[0][0]["prompt"] == "p"
+
+
 def test_rlhf_process_cpu_s_splits_a_process_from_its_descendants():
     """A parent that sleeps and a grandchild that spins until its own clock reads 1.0 s."""
     import subprocess
