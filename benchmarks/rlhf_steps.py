@@ -247,17 +247,6 @@ def open_openrlhf(model: str, *, max_len: int, request_size: int = 1) -> Iterato
     yield Runner(run_step)
 
 
-def _timed_steps(steps: list[list[dict[str, Any]]], run_step) -> dict[str, Any]:
-    rewards: list[float] = []
-    latencies: list[float] = []
-    began = time.perf_counter()
-    for step in steps:
-        t0 = time.perf_counter()
-        rewards += run_step(step)
-        latencies.append(time.perf_counter() - t0)
-    return {"wall_s": time.perf_counter() - began, "step_s": latencies, "rewards": rewards}
-
-
 IDLE_CORES = 0.05
 """A server is idle once its processes use under this many cores (:func:`wait_idle`)."""
 
@@ -296,7 +285,7 @@ def interleaved_steps(runners: dict[str, Runner], steps: list[list[dict[str, Any
         ``rewards`` (in sample order), ``cpu_s``: CPU seconds spent during its timed steps by
         this process (``client``: the path's client, or path a's model) and, for a runner with
         a server, by the server's own process (``server``: HTTP, rendering, tokenization) and
-        its descendants (``engine``: vLLM's engine core); and, for a runner with counters,
+        its descendants (``engine``: vLLM's engine core and worker); and, for a runner with counters,
         ``prefix_cache``: the change of its ``queries`` and ``hits`` over its timed steps.
     """
     names = list(runners)
@@ -594,11 +583,11 @@ def path_with_eval(model: str, steps: list[list[dict[str, Any]]], *, work: Path,
                           f"were not all timed beside it; make it longer (more data) or the steps fewer. "
                           f"Its log ({eval_log}) ends:\n{tail}")
 
-    def wait_for(url: str, evaluation: subprocess.Popen, has_work: bool) -> None:
+    def wait_for(url: str, evaluation: subprocess.Popen, has_work: bool, when: str) -> None:
         began = time.monotonic()
         while (asyncio.run(_queued_groups(url, eval_token)) > 0) != has_work:
             if evaluation.poll() is not None:
-                raise eval_failure(evaluation, "before the last training step" if has_work else "while paused")
+                raise eval_failure(evaluation, when)
             if time.monotonic() - began > wait_eval_s:
                 raise SystemExit(f"path e: the evaluation's groups did not {'arrive' if has_work else 'drain'} "
                                  f"within {wait_eval_s:.0f} s ({eval_log})")
@@ -619,14 +608,15 @@ def path_with_eval(model: str, steps: list[list[dict[str, Any]]], *, work: Path,
                      "--bench", "rm-bench", "--data", str(data), "--out", str(work / "eval-e"), "--overwrite",
                      "--no-store", "--resamples", "0", "--priority", eval_priority],
                     stdout=subprocess.DEVNULL, stderr=log)
-            wait_for(url, evaluation, has_work=True)
+            wait_for(url, evaluation, has_work=True, when="before it sent work")
             timed = {True: {"wall_s": 0.0, "step_s": [], "samples": 0},
                      False: {"wall_s": 0.0, "step_s": [], "samples": 0}}
             rewards_in_order: list[float] = []
             for i, step in enumerate(steps[1:]):
                 contended = i % 2 == 1
                 evaluation.send_signal(signal.SIGCONT if contended else signal.SIGSTOP)
-                wait_for(url, evaluation, has_work=contended)
+                wait_for(url, evaluation, has_work=contended,
+                         when="before the last training step" if contended else "while paused")
                 t0 = time.perf_counter()
                 rewards = run_step(step)
                 took = time.perf_counter() - t0
@@ -709,16 +699,17 @@ def targets(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         ("c/a samples/s ≥ 2.0", "c", "a", 2.0), ("c/b samples/s ≥ 1.0", "c", "b", 1.0),
         ("d/c samples/s ≥ 1.2", "d", "c", 1.2),
     ):
-        if num in rows and den in rows:
-            ratio = rate(num) / rate(den)
-            checks.append({"target": what, "measured": round(ratio, 3), "holds": ratio >= floor})
-    for check in checks:  # the same ratio step by step (paths a-d ran each step back to back)
-        num, den = check["target"][0], check["target"][2]
+        if num not in rows or den not in rows:
+            continue
+        ratio = rate(num) / rate(den)
+        check = {"target": what, "measured": round(ratio, 3), "holds": ratio >= floor}
+        # the same ratio step by step (paths a-d ran each step back to back)
         steps_num, steps_den = rows[num].get("step_s"), rows[den].get("step_s")
         if steps_num and steps_den and len(steps_num) == len(steps_den):
             paired = sorted(d / n for n, d in zip(steps_num, steps_den, strict=True))  # samples/s ratio = time ratio inverted
             check["per_step_median"] = round(float(np.median(paired)), 3)
             check["per_step_quartiles"] = [round(float(q), 3) for q in np.percentile(paired, [25, 75])]
+        checks.append(check)
     if "e" in rows and rows["e"].get("solo_step_p99_ms"):
         ratio = rows["e"]["step_p99_ms"] / rows["e"]["solo_step_p99_ms"]
         checks.append({"target": "e contended/solo step p99 ≤ 1.5", "measured": round(ratio, 3), "holds": ratio <= 1.5})
@@ -780,7 +771,7 @@ def markdown(report: dict[str, Any]) -> str:
     if cpu_rows:
         lines += ["", "CPU time per sample over the timed steps, ms (from `/proc`): *client* is this process while "
                   "the path ran (path a: its model too), *server* the server's own process (HTTP, rendering, "
-                  "tokenization, the engine's client side), *engine* its descendants (vLLM's engine core). On a "
+                  "tokenization, the engine's client side), *engine* its descendants (vLLM's engine core and worker). On a "
                   "machine with few cores, every CPU millisecond of one comes out of another's.", "",
                   "| path | client | server | engine | total |", "| --- | ---: | ---: | ---: | ---: |"]
         for row in cpu_rows:
