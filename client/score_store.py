@@ -44,6 +44,7 @@ folder); ``rmserve eval`` / ``rmserve run`` use a store only when given ``--stor
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
 import os
@@ -58,7 +59,7 @@ from typing import Self
 import msgspec
 
 from rmserve.errors import DataError
-from rmserve.schema import GroupKey, ModelInfo, ScoreRecord, encode
+from rmserve.schema import GroupKey, ModelInfo, RewardHead, ScoreRecord, encode
 
 logger = logging.getLogger("rmserve.client")
 
@@ -178,13 +179,24 @@ def configured_store_path() -> Path | None:
     return Path(named).expanduser() if named else None
 
 
-def checkpoint_signature(path: str | Path, dtype: str | None = None) -> str:
+def checkpoint_signature(
+    path: str | Path,
+    dtype: str | None = None,
+    *,
+    head: RewardHead | None = None,
+    chat_template_override: str | None = None,
+) -> str:
     """Content hash of a local checkpoint folder scored in ``dtype``, without loading it.
 
     Exactly :func:`rmserve.fingerprint.model_fingerprint` of the folder with no chat
-    template: config, weight index, weight files (size + sampled content), tokenizer files and
+    template: config, weight index, weight files (size + sampled content), tokenizer files,
     the compute dtype (``float32``, ``bfloat16`` …; give the dtype the server reports, since the
-    same weights in another dtype give other rewards).
+    same weights in another dtype give other rewards) and the reward ``head`` the server reads
+    (:class:`~rmserve.schema.RewardHead`, as ``ModelInfo.head`` reports it; None and the
+    one-label classifier's add nothing, so those signatures keep their values).
+    With ``chat_template_override`` (``ModelInfo.chat_template_override``: the server renders
+    every checkpoint with a template given at its start) that hash is hashed again with it, so
+    the same folder under another template never shares a signature.
     It is *not* the fingerprint a server reports (that one includes the chat template used);
     :meth:`ScoreStore.remember_checkpoint` maps one to the other.
 
@@ -192,12 +204,19 @@ def checkpoint_signature(path: str | Path, dtype: str | None = None) -> str:
         ValueError: ``path`` is not a folder (names the path).
         rmserve.errors.ServerFault: the folder has no ``config.json``.
     """
-    from rmserve.fingerprint import model_fingerprint
+    from rmserve.fingerprint import FINGERPRINT_HEX_CHARS, model_fingerprint
 
     folder = Path(path)
     if not folder.is_dir():
         raise ValueError(f"checkpoint path {str(path)!r} is not a folder")
-    return model_fingerprint(folder, chat_template=None, dtype=dtype)
+    signature = model_fingerprint(folder, chat_template=None, dtype=dtype, head=head)
+    if chat_template_override is None:
+        return signature
+    digest = hashlib.sha256()
+    for label, value in (("signature", signature), ("chat_template_override", chat_template_override)):
+        data = value.encode()
+        digest.update(label.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
 
 
 _DELETE = "DELETE FROM scores WHERE fingerprint = ? AND benchmark = ? AND domain = ? AND group_id = ?"

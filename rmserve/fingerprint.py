@@ -127,6 +127,13 @@ def model_fingerprint(
     return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
 
 
+def chat_template_digest(template: str) -> str:
+    """The first :data:`FINGERPRINT_HEX_CHARS` hex characters of the sha256 of a chat
+    template's text (UTF-8): what ``ModelInfo.chat_template_override`` reports for a template
+    given at a server's start."""
+    return hashlib.sha256(template.encode()).hexdigest()[:FINGERPRINT_HEX_CHARS]
+
+
 def head_sections(head: RewardHead | None) -> list[tuple[str, str]]:
     """The fingerprint sections of a reward head: none for None and for the default
     :data:`~rmserve.schema.CLASSIFIER_REWARD_HEAD` (the one-label classifier, so its fingerprints keep

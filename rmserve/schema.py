@@ -466,6 +466,13 @@ class ModelInfo(msgspec.Struct, frozen=True):
     the fingerprint covers it, :func:`rmserve.fingerprint.model_fingerprint`) and
     ``attention`` the attention implementation the engine runs (:attr:`Scorer.attention`);
     both ``msgspec.UNSET`` (left out of the JSON) for an engine that does not report them.
+
+    ``chat_template_override`` is set when the server renders with a chat template given at its
+    start (``--chat-template``) instead of each checkpoint's own: the first
+    :data:`~rmserve.fingerprint.FINGERPRINT_HEX_CHARS` hex characters of the sha256 of that
+    file's text. The fingerprint covers the template either way; this field lets a client that
+    keys its score store by checkpoint folder (``rmserve sweep``) tell the two apart without
+    loading the checkpoint. ``msgspec.UNSET`` (left out of the JSON) otherwise.
     """
 
     name: str
@@ -488,6 +495,7 @@ class ModelInfo(msgspec.Struct, frozen=True):
     lease_since: float | msgspec.UnsetType = msgspec.UNSET
     head: RewardHead | msgspec.UnsetType = msgspec.UNSET
     attention: str | msgspec.UnsetType = msgspec.UNSET
+    chat_template_override: str | msgspec.UnsetType = msgspec.UNSET
 
     def scorer(self) -> Scorer | None:
         """What scores with this model (:class:`Scorer`: ``engine``, ``attention``, ``head``);

@@ -453,12 +453,13 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _folder_signature(path: str, dtype: str) -> str | None:
-    """:func:`checkpoint_signature` of a local folder, or None (a hub id, or it cannot be hashed)."""
+def _folder_signature(path: str, dtype: str, head: RewardHead | None = None) -> str | None:
+    """:func:`checkpoint_signature` of a local folder read with ``head``, or None (a hub id, or it
+    cannot be hashed)."""
     if not Path(path).is_dir():
         return None
     try:
-        return checkpoint_signature(path, dtype)
+        return checkpoint_signature(path, dtype, head=head)
     except (errors.RMServeError, OSError, ValueError):
         return None
 
@@ -477,6 +478,9 @@ def store_signature(config: RunConfig) -> str | None:
     :func:`rmserve.fingerprint.dpo_fingerprint` of the policy's and
     (with ``--ref-model``) the reference's folder signatures, the reward mode and ``--compat``,
     so it never equals a classifier's signature nor that of another mode, reference or compat;
+    for a classifier it covers the reward head the server would read (``--head``,
+    ``--label-index``, ``--label-weights``, ``--head-token-id``: :func:`_local_head`), so a run
+    under other head options never takes another run's stored scores;
     None also when the reference is not a local folder, or when the engine options do not
     make a valid DPO setting (the server will report why).
     """
@@ -493,9 +497,15 @@ def store_signature(config: RunConfig) -> str | None:
         dtype = resolve_dtype(str(options.get("dtype") or "auto"))  # the server's rule
     except ImportError:
         return None
-    policy = _folder_signature(serve.model, dtype)
     kind = options.get("kind") or CLASSIFIER_KIND
-    if policy is None or kind == CLASSIFIER_KIND:
+    if kind == CLASSIFIER_KIND:
+        try:  # the head options change the rewards: a memo made under other ones is not this run's
+            head = _local_head(serve)
+        except (errors.RMServeError, OSError, ValueError):
+            return None  # the server will say what is wrong with them
+        return _folder_signature(serve.model, dtype, head)
+    policy = _folder_signature(serve.model, dtype)
+    if policy is None:
         return policy
     if kind == LENGTH_KIND:
         return None  # the server hashes the tokenizer alone (rmserve.fingerprint.length_fingerprint)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from rmserve.client.client import RewardClient
 from rmserve.client.config import DEFAULT_MAX_RETRY_AFTER_S, PRIORITIES, Concurrency, Retry, Timeouts
 from rmserve.client.records import record_from_result, refused_record
@@ -40,7 +41,17 @@ from rmserve.pipelines.outcome import strict_stop, unscored
 from rmserve.client.score_store import ScoreStore, checkpoint_signature
 
 from rmserve import errors
-from rmserve.schema import BENCHMARKS, CLASSIFIER_KIND, JUDGE_KIND, Group, ModelInfo, ScoreKind, ScoreRecord, Truncation
+from rmserve.schema import (
+    BENCHMARKS,
+    CLASSIFIER_KIND,
+    JUDGE_KIND,
+    Group,
+    ModelInfo,
+    RewardHead,
+    ScoreKind,
+    ScoreRecord,
+    Truncation,
+)
 
 logger = logging.getLogger("rmserve.sweep")
 
@@ -428,6 +439,11 @@ class _Sweep:
         self.kind = ScoreKind()
         """What kind of score the servers give (from the first server's ``/v1/models``): a DPO
         server swaps the policy and keeps its reference, mode and compat."""
+        self.head: RewardHead | None = None
+        """The reward head the servers read (first server's ``/v1/models``; a swap keeps it)."""
+        self.template_override: str | None = None
+        """The digest of the chat template the servers were started with (``--chat-template``),
+        None when they render with each checkpoint's own."""
         self._ref_signature: str | None = None
         self.pinned: dict[Path, str] = {}
         """Checkpoint folder → the fingerprint it was first loaded under in this sweep (shared
@@ -483,6 +499,9 @@ class _Sweep:
             infos.append((await server.client.models())[0])
         self.dtype = infos[0].dtype
         self.kind = ScoreKind.of(infos[0])
+        self.head = None if infos[0].head is msgspec.UNSET else infos[0].head
+        override = infos[0].chat_template_override
+        self.template_override = None if override is msgspec.UNSET else override
         for server, info in zip(self.servers, infos, strict=True):
             if info.dtype != self.dtype:
                 self._refuse(server, _Refused(
@@ -496,7 +515,10 @@ class _Sweep:
     def _signature(self, checkpoint: Checkpoint) -> str | None:
         """The score store's key for ``checkpoint`` as these servers score it, or None (no memo).
 
-        A classifier: the folder's :func:`checkpoint_signature`. A DPO server:
+        A classifier: the folder's :func:`checkpoint_signature` with the servers' reward head
+        and, when they render with a template given at their start, that template's digest
+        (both from the first server's ``/v1/models``: a memo made under another head or
+        template is never taken for this one). A DPO server:
         :func:`rmserve.fingerprint.dpo_fingerprint` of the folder's signature, the reference's
         (when ``ref_model`` is a folder here; a reference this process cannot hash gives None:
         the checkpoint is loaded and only its stored groups are skipped), the mode and compat,
@@ -504,7 +526,9 @@ class _Sweep:
         """
         from rmserve.fingerprint import dpo_fingerprint
 
-        signature = checkpoint_signature(checkpoint.path, self.dtype)
+        signature = checkpoint_signature(
+            checkpoint.path, self.dtype, head=self.head, chat_template_override=self.template_override
+        )
         kind = self.kind
         if kind.kind == CLASSIFIER_KIND:
             return signature

@@ -49,7 +49,7 @@ from rmserve.server.sharing import limits
 from rmserve.server.sharing import render_order
 from rmserve.server.kinds.base import RewardKind, kind_of_engine
 from rmserve.server.kinds import get_reward as get_reward_kind
-from rmserve.schema import CLASSIFIER_KIND
+from rmserve.schema import CLASSIFIER_KIND, ModelInfo
 from rmserve.server.http.middleware import auth_middleware, error_middleware
 from rmserve.server.engines.protocol import JudgeEngine, PrefixCacheStats, RewardEngine, SupportsPrefixCacheStats
 from rmserve.server.render.chat import Renderer
@@ -116,6 +116,27 @@ async def render_threads_ctx(app: web.Application) -> AsyncIterator[None]:
         executor.shutdown(wait=False, cancel_futures=True)
 
 
+def _with_template_override(info: ModelInfo, engine: object) -> ModelInfo:
+    """``info`` with ``chat_template_override`` set (:func:`rmserve.fingerprint.chat_template_digest`
+    of the file's text) when ``engine`` was started with a chat template file (its
+    ``config.chat_template``, ``--chat-template``); ``info`` itself otherwise. Checkpoint swaps
+    keep it (:meth:`~rmserve.server.swaps.state.EngineState.swapped`): the template applies to
+    every checkpoint the server loads.
+
+    Raises:
+        OSError: the template file cannot be read any more (the engine read it at its start).
+    """
+    from pathlib import Path
+
+    from rmserve.fingerprint import chat_template_digest
+
+    path = getattr(getattr(engine, "config", None), "chat_template", None)
+    if path is None:
+        return info
+    text = Path(path).read_text(encoding="utf-8")
+    return msgspec.structs.replace(info, chat_template_override=chat_template_digest(text))
+
+
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     engine = app[ENGINE_KEY]
     state = app[STATE_KEY]
@@ -129,7 +150,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
                 info = msgspec.structs.replace(info, name=config.served_model_name)
                 loaded = dataclasses.replace(loaded, info=info)
             kind = app[KIND_KEY]
-            info = kind.model_info(info)
+            info = await asyncio.to_thread(_with_template_override, kind.model_info(info), engine)  # reads a file
             renderer = await renderer_for(app, loaded) if kind.needs_renderer else None
             state.publish(info, renderer, loaded.checkpoint_dir)
             logger.info("engine ready: model %s (%s, %s)", info.name, info.engine, info.dtype)

@@ -165,7 +165,8 @@ class EngineState:
         returns the new info."""
         old, _ = self.require_ready()
         self.info = msgspec.structs.replace(
-            loaded.info, name=name, swap_count=old.swap_count + 1, last_swap_time=time.time()
+            loaded.info, name=name, swap_count=old.swap_count + 1, last_swap_time=time.time(),
+            chat_template_override=old.chat_template_override,  # the server's setting, not the checkpoint's
         )
         self.checkpoint_dir = folder
         return self.info
@@ -176,7 +177,8 @@ class EngineState:
         old = self.info
         assert old is not None and self.status in ("ready", "restoring"), self.status
         self.info = msgspec.structs.replace(loaded.info, name=old.name, swap_count=old.swap_count,
-                                            last_swap_time=old.last_swap_time)
+                                            last_swap_time=old.last_swap_time,
+                                            chat_template_override=old.chat_template_override)
         self.status, self.error = "ready", None
 
     # --- scoring -------------------------------------------------------------------------

@@ -226,6 +226,28 @@ def test_checkpoint_signature_follows_the_weights(tmp_path):
         checkpoint_signature(tmp_path / "missing")
 
 
+def test_checkpoint_signature_covers_the_head_and_a_template_override(tmp_path):
+    import hashlib
+
+    from rmserve.fingerprint import chat_template_digest, model_fingerprint
+    from rmserve.schema import CLASSIFIER_REWARD_HEAD, RewardHead
+
+    a = fake_checkpoint(tmp_path / "step-1", b"\x00" * 4096)
+    plain = checkpoint_signature(a, "float32")
+    assert checkpoint_signature(a, "float32", head=CLASSIFIER_REWARD_HEAD) == plain  # older memos keep matching
+    head = RewardHead("multi-label", label_index=1)
+    assert checkpoint_signature(a, "float32", head=head) == model_fingerprint(a, None, "float32", head) != plain
+    digest = chat_template_digest("{{ messages }}")
+    assert digest == hashlib.sha256(b"{{ messages }}").hexdigest()[:16]
+    overridden = checkpoint_signature(a, "float32", chat_template_override=digest)
+    # By hand: the plain signature and the digest, each as label NUL length(8, little) value.
+    by_hand = hashlib.sha256()
+    for label, value in (("signature", plain), ("chat_template_override", digest)):
+        by_hand.update(label.encode() + b"\0" + len(value).to_bytes(8, "little") + value.encode())
+    assert overridden == by_hand.hexdigest()[:16]
+    assert len({plain, overridden, checkpoint_signature(a, "float32", chat_template_override=chat_template_digest("x"))}) == 3
+
+
 def test_remember_checkpoint_round_trip(tmp_path):
     info = ModelInfo(name="rm-a", max_model_len=4096, dtype="float32", fingerprint="fp-a", engine="vllm")
     with ScoreStore(tmp_path / "s.sqlite") as db:

@@ -94,6 +94,29 @@ def test_store_signature_of_a_dpo_run_is_the_dpo_fingerprint_of_both_folders(tmp
     assert signature(kind="dpo", ref_model="org/ref-on-the-hub") is None  # a hub reference cannot be hashed
 
 
+def test_store_signature_of_a_classifier_covers_its_head_options(tmp_path):
+    """Two runs of one multi-label folder under other head options never share a memo (each
+    would otherwise be answered with the other's stored scores); the default head keeps the
+    folder's plain signature, so memos made before the head was covered still match."""
+    from rmserve.fingerprint import model_fingerprint
+    from rmserve.schema import RewardHead
+
+    labels = fake_checkpoint(tmp_path / "rm3", b"\x03" * 512)
+    (labels / "config.json").write_text('{"architectures": ["LlamaForSequenceClassification"], "num_labels": 3}')
+    one = fake_checkpoint(tmp_path / "rm1", b"\x01" * 512)
+    store = tmp_path / "s.sqlite"
+
+    def signature(model, **options):
+        return store_signature(_run_config(model, tmp_path / "d", tmp_path / "o", store, options))
+
+    by_index = {i: signature(labels, label_index=i) for i in range(3)}
+    assert by_index[1] == model_fingerprint(labels, None, "float32", RewardHead("multi-label", label_index=1))
+    weighted = signature(labels, label_weights="0.5,0.5,0")
+    assert weighted == model_fingerprint(labels, None, "float32", RewardHead("multi-label", label_weights=(0.5, 0.5, 0.0)))
+    assert len({*by_index.values(), weighted}) == 4
+    assert signature(one) == checkpoint_signature(one, "float32")  # the one-label head adds nothing
+
+
 def test_run_kind_dpo_passes_its_options_and_is_answered_from_the_store_next_time(small_rmbench, tmp_path):
     policy = fake_checkpoint(tmp_path / "policy", b"\x01" * 512, causal_lm=True)
     ref = fake_checkpoint(tmp_path / "ref", b"\x02" * 512, causal_lm=True)

@@ -17,6 +17,7 @@ import socket
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from rmserve.client.score_store import ScoreStore
 from rmserve.server.engines.protocol import SequenceScore
@@ -170,6 +171,63 @@ async def test_two_servers_share_the_groups_and_rerun_scores_nothing(checkpoints
     assert (out / "rm-bench_overall-score.png").stat().st_size > 1000
     for name in ("step-3", "step-20", "step-100"):
         assert (out / "checkpoints" / name / "rm-bench.scores.jsonl").read_text().count("\n") == 20
+
+
+class TemplateOverrideEngine(CountingEngine):
+    """What a server started with ``--chat-template TEMPLATE`` reports: the template's digest in
+    its info (``chat_template_override``) and, after each load, the folder's fingerprint over
+    that template instead of its own."""
+
+    TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}"
+
+    def __init__(self, *args, **kwargs):
+        from rmserve.fingerprint import chat_template_digest
+
+        super().__init__(*args, **kwargs)
+        self.model = msgspec.structs.replace(self.model, chat_template_override=chat_template_digest(self.TEMPLATE))
+
+    async def reload_weights(self, path):
+        from rmserve.fingerprint import model_fingerprint
+
+        await super().reload_weights(path)
+        self.model = msgspec.structs.replace(self.model, fingerprint=model_fingerprint(path, self.TEMPLATE))
+        return self.loaded()
+
+
+async def test_a_sweep_under_another_chat_template_is_not_answered_with_the_other_s_scores(checkpoints, tmp_path):
+    """The store's checkpoint memos are keyed by the template the servers were started with:
+    the same folders swept on servers with --chat-template are loaded and scored under their
+    own fingerprints (not answered with the plain servers' stored scores), and the other way
+    round; each sweep run again finds its own."""
+    root, start, folders = checkpoints
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=4, n_code=2)
+
+    async def sweep_on(engine):
+        with start_server(root, engine) as server:
+            result = await sweep_async(config([server.url], folders, tmp_path, data))
+        return [(r.loaded, r.n_scored, r.n_stored) for r in result.runs], [r.fingerprint for r in result.runs]
+
+    plain_runs, plain_fps = await sweep_on(engine_on(start))
+    assert plain_runs == [(True, 6, 0)] * 3
+    override = TemplateOverrideEngine(model=engine_on(start).model, checkpoint_dir=str(start))
+    override_runs, override_fps = await sweep_on(override)
+    assert override_runs == [(True, 6, 0)] * 3 and len(override.reloads) == 3
+    assert override_fps == [fakes_fingerprint(f, TemplateOverrideEngine.TEMPLATE) for f in sorted_folders(folders)]
+    assert set(override_fps).isdisjoint(plain_fps)
+    again = TemplateOverrideEngine(model=engine_on(start).model, checkpoint_dir=str(start))
+    assert await sweep_on(again) == ([(False, 0, 6)] * 3, override_fps) and again.reloads == []
+    plain_again = engine_on(start)
+    assert await sweep_on(plain_again) == ([(False, 0, 6)] * 3, plain_fps) and plain_again.reloads == []
+
+
+def fakes_fingerprint(folder, template):
+    from rmserve.fingerprint import model_fingerprint
+
+    return model_fingerprint(folder, template)
+
+
+def sorted_folders(folders):
+    return [c.path for c in order_checkpoints(folders)]
 
 
 async def test_server_with_another_fingerprint_is_refused(checkpoints, tmp_path, capsys, caplog):

@@ -293,3 +293,27 @@ async def test_successful_swap_clears_the_result_cache_and_a_refused_one_keeps_i
     assert len(cache) == 1
     assert await rewards(client, "step-1") == pytest.approx((14.55, 14.41))
     assert len(engine.calls) == 2
+
+
+async def test_a_server_started_with_a_chat_template_says_so_before_and_after_a_swap(make_swap_client, roots, tmp_path):
+    """``chat_template_override`` is the digest of the --chat-template file's text (sha256, 16 hex,
+    worked out here), kept across a swap: the template applies to every checkpoint loaded;
+    a server without one leaves the field out of its JSON."""
+    import hashlib
+    from types import SimpleNamespace
+
+    _, original, second = roots
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}", encoding="utf-8")
+    digest = hashlib.sha256(template.read_bytes()).hexdigest()[:16]
+    engine = ReloadableFakeEngine(checkpoint_dir=str(original))
+    engine.config = SimpleNamespace(chat_template=str(template))
+    client, _ = await make_swap_client(engine=engine)
+    assert (await model_info(client)).chat_template_override == digest
+    status, body = await load(client, "step-1", second)
+    assert status == 200, body
+    assert (await model_info(client)).chat_template_override == digest
+
+    plain, _ = await make_swap_client()
+    async with plain.get("/v1/models") as resp:
+        assert "chat_template_override" not in orjson.loads(await resp.read())["models"][0]
