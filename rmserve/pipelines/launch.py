@@ -453,13 +453,16 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _folder_signature(path: str, dtype: str, head: RewardHead | None = None) -> str | None:
-    """:func:`checkpoint_signature` of a local folder read with ``head``, or None (a hub id, or it
+def _folder_signature(
+    path: str, dtype: str, head: RewardHead | None = None, chat_template_override: str | None = None
+) -> str | None:
+    """:func:`checkpoint_signature` of a local folder read with ``head`` and rendered with the
+    template of digest ``chat_template_override`` (None: its own), or None (a hub id, or it
     cannot be hashed)."""
     if not Path(path).is_dir():
         return None
     try:
-        return checkpoint_signature(path, dtype, head=head)
+        return checkpoint_signature(path, dtype, head=head, chat_template_override=chat_template_override)
     except (errors.RMServeError, OSError, ValueError):
         return None
 
@@ -468,10 +471,12 @@ def store_signature(config: RunConfig) -> str | None:
     """The checkpoint signature ``run`` keys the score store with, or None when it cannot.
 
     None when the run has no store, the model is not a local folder (a hub id) or is judged
-    behind ``--judge-url``, a chat
-    template override is given (the server's fingerprint then depends on it, the signature
-    does not), or the folder cannot be hashed (the server will report why). The signature
-    covers the dtype the server will compute in (``--dtype``, else its ``auto`` rule).
+    behind ``--judge-url``, ``--chat-template`` is passed in ``extra_args`` or its file cannot be
+    read, or the folder cannot be hashed (the server will report why). The signature covers the
+    dtype the server will compute in (``--dtype``, else its ``auto`` rule) and the template
+    given with ``--chat-template`` (its digest, as the server reports it:
+    ``ModelInfo.chat_template_override``), so it equals the key ``rmserve sweep`` files the same
+    checkpoint under on such servers.
 
     For ``--kind judge`` it is :func:`rmserve.fingerprint.judge_fingerprint` of the folder's
     signature and the judge settings. For ``--kind dpo`` it is
@@ -484,12 +489,12 @@ def store_signature(config: RunConfig) -> str | None:
     None also when the reference is not a local folder, or when the engine options do not
     make a valid DPO setting (the server will report why).
     """
-    from rmserve.fingerprint import dpo_fingerprint
+    from rmserve.fingerprint import chat_template_digest, dpo_fingerprint
     from rmserve.server.config import resolve_dtype
 
     serve = config.serve
     options = serve.engine_options
-    if config.evaluation.store is None or options.get("chat_template") is not None or "--chat-template" in serve.extra_args:
+    if config.evaluation.store is None or "--chat-template" in serve.extra_args:
         return None
     if not Path(serve.model).is_dir() or options.get("judge_url") is not None:
         return None  # a hub id or a judge behind an endpoint: nothing to hash (and no need to ask torch)
@@ -497,14 +502,20 @@ def store_signature(config: RunConfig) -> str | None:
         dtype = resolve_dtype(str(options.get("dtype") or "auto"))  # the server's rule
     except ImportError:
         return None
+    override = None
+    if options.get("chat_template") is not None:
+        try:
+            override = chat_template_digest(Path(str(options["chat_template"])).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            return None  # the server will say why it cannot read it
     kind = options.get("kind") or CLASSIFIER_KIND
     if kind == CLASSIFIER_KIND:
         try:  # the head options change the rewards: a memo made under other ones is not this run's
             head = _local_head(serve)
         except (errors.RMServeError, OSError, ValueError):
             return None  # the server will say what is wrong with them
-        return _folder_signature(serve.model, dtype, head)
-    policy = _folder_signature(serve.model, dtype)
+        return _folder_signature(serve.model, dtype, head, override)
+    policy = _folder_signature(serve.model, dtype, chat_template_override=override)
     if policy is None:
         return policy
     if kind == LENGTH_KIND:

@@ -117,6 +117,32 @@ def test_store_signature_of_a_classifier_covers_its_head_options(tmp_path):
     assert signature(one) == checkpoint_signature(one, "float32")  # the one-label head adds nothing
 
 
+def test_store_signature_under_a_chat_template_is_the_key_a_sweep_files_it_under(tmp_path):
+    """With --chat-template the signature is the folder's hashed with the template's digest
+    (what a server started so reports), for a classifier and a DPO policy; another template
+    gives another key; a template passed in extra args gives none."""
+    import hashlib
+
+    rm = fake_checkpoint(tmp_path / "rm", b"\x01" * 512)
+    policy = fake_checkpoint(tmp_path / "policy", b"\x02" * 512, causal_lm=True)
+    one, two = tmp_path / "one.jinja", tmp_path / "two.jinja"
+    one.write_text("{{ messages }}", encoding="utf-8")
+    two.write_text("{{ messages }} ", encoding="utf-8")
+    store = tmp_path / "s.sqlite"
+
+    def signature(model, *extra, **options):
+        return store_signature(_run_config(model, tmp_path / "d", tmp_path / "o", store, options, *extra))
+
+    digest = hashlib.sha256(b"{{ messages }}").hexdigest()[:16]
+    assert signature(rm, chat_template=str(one)) == checkpoint_signature(rm, "float32", chat_template_override=digest)
+    assert signature(rm, chat_template=str(one)) not in (signature(rm), signature(rm, chat_template=str(two)))
+    assert signature(policy, kind="dpo", ref_free="avg", chat_template=str(one)) == dpo_fingerprint(
+        checkpoint_signature(policy, "float32", chat_template_override=digest), None, "avg")
+    serve = ServeOptions(model=str(rm), engine_options={"dtype": "float32"}, extra_args=("--chat-template", str(one)))
+    evaluation = EvalConfig(bench="rm-bench", data="d", out_dir=tmp_path / "o", store=store)
+    assert store_signature(RunConfig(serve=serve, evaluation=evaluation)) is None
+
+
 def test_run_kind_dpo_passes_its_options_and_is_answered_from_the_store_next_time(small_rmbench, tmp_path):
     policy = fake_checkpoint(tmp_path / "policy", b"\x01" * 512, causal_lm=True)
     ref = fake_checkpoint(tmp_path / "ref", b"\x02" * 512, causal_lm=True)
