@@ -48,7 +48,7 @@ import re
 import textwrap
 import types
 import typing
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
 
@@ -598,6 +598,32 @@ def engine_argv(values: Mapping[str, object]) -> list[str]:
     if unknown:
         raise ValueError(f"engine options: {', '.join(map(repr, unknown))} not among {', '.join(by_name)}")
     return [arg for option in engine_options() if option.name in values for arg in option.argv(values[option.name])]
+
+
+def engine_options_of(args: Sequence[str]) -> dict[str, object]:
+    """The engine options among ``rmserve serve`` arguments ``args`` (field name → value, only
+    those given, as :func:`with_engine_options` hands them to a command): the inverse of
+    :func:`engine_argv`. Every other argument (``--users-file FILE``, a model) is skipped.
+
+    Raises:
+        ValueError: an engine option without its value or with one its type refuses (the
+            command line's message, naming the option).
+    """
+    # click's own ClickException, or the copy newer typer releases bundle: BadParameter's base either way.
+    usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+    found: dict[str, object] = {}
+    parser = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+    @parser.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    @with_engine_options
+    def parse(*, engine_options: dict[str, Any]) -> None:
+        found.update(engine_options)
+
+    try:
+        typer.main.get_command(parser).main(args=list(args), prog_name="rmserve serve", standalone_mode=False)
+    except usage_error as exc:
+        raise ValueError(exc.format_message()) from None  # type: ignore[attr-defined]
+    return found
 
 
 def with_engine_options(command: Callable[..., T]) -> Callable[..., T]:

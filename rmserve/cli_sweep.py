@@ -13,7 +13,7 @@ import asyncio
 import glob
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -54,6 +54,9 @@ from rmserve.cli_common import (
     with_option_group,
 )
 from rmserve.schema import BENCHMARKS
+
+if TYPE_CHECKING:
+    from rmserve.pipelines.sweep import SweepConfig
 
 
 def expand_checkpoints(patterns: list[str]) -> list[Path]:
@@ -228,6 +231,7 @@ def sweep_command(
         served_models,
         summary_line,
         sweep,
+        sweep_from_store,
     )
 
     token = read_client_token(token_file)
@@ -280,7 +284,22 @@ def sweep_command(
     def run() -> SweepResult:
         if ray is None:
             return sweep(config, tally=tally)
-        with job_replicas(ray, cluster, ray_job["replicas"], spec) as replica_set:
+        replicas = ray_job["replicas"]
+        job_spec_ = spec
+        if spec is not None:  # replicas of the job's own: none for what the store already holds
+            stored = stored_for_job(config, ray_job)
+            left = [c for c in order_checkpoints(config.checkpoints) if c.path not in stored]
+            if not left:
+                typer.echo(f"note: every checkpoint's groups are in {config.store} under the fingerprint its replicas "
+                           "would report: no replica started", err=True)
+                return sweep_from_store(config, stored)
+            if len(left) < replicas:
+                typer.echo(f"note: {len(stored)} of {len(config.checkpoints)} checkpoints are complete in "
+                           f"{config.store}: starting {len(left)} replica{'s' if len(left) != 1 else ''}, not "
+                           f"{replicas}", err=True)
+                replicas = len(left)
+            job_spec_ = replace(spec, model=str(left[0].path))  # the first load serves a checkpoint to score
+        with job_replicas(ray, cluster, replicas, job_spec_) as replica_set:
             on_replicas = replace(config, servers=tuple(replica_set.urls()))
             if cluster is None:  # the job's own replicas: stopped at the end
                 return sweep(on_replicas, tally=tally, watch=replica_set.watch)
@@ -314,6 +333,43 @@ def sweep_command(
         typer.echo(result.summary_md.rstrip("\n"))
     if any(run.n_unscored for run in result.runs):
         raise typer.Exit(EXIT_UNSCORED)
+
+
+def stored_for_job(config: SweepConfig, ray_job: dict[str, Any]) -> dict[Path, str]:
+    """The checkpoints of a ``sweep --ray`` job whose every group is already in its store under
+    the fingerprint the job's replicas would report (checkpoint folder → fingerprint), found
+    here without starting any: :func:`~rmserve.pipelines.sweep.stored_checkpoints` keyed by
+    :func:`~rmserve.pipelines.launch.store_key` of the replicas' engine options (``--serve-args``),
+    the ``auto`` dtype read as the replicas would read it (bfloat16 with ``--gpus-per-replica`` >
+    0, float32 without). ``{}`` when that key cannot be known here (bad ``--serve-args``, a kind
+    other than a classifier or a DPO policy, or no store file yet): the replicas find out.
+
+    Raises:
+        rmserve.errors.DataError: bad benchmark data.
+    """
+    import shlex
+
+    from rmserve.cli_common import engine_options_of
+    from rmserve.pipelines.launch import ServeOptions, store_key
+    from rmserve.pipelines.sweep import stored_checkpoints
+    from rmserve.schema import CLASSIFIER_KIND, DPO_KIND
+
+    try:
+        options = engine_options_of(shlex.split(ray_job["serve_args"] or ""))
+    except ValueError:
+        return {}
+    if (options.get("kind") or CLASSIFIER_KIND) not in (CLASSIFIER_KIND, DPO_KIND):
+        return {}
+    cuda = ray_job["gpus_per_replica"] > 0
+
+    def key_of(folder: Path) -> str | None:
+        try:
+            serve = ServeOptions(model=str(folder), engine_options=options)
+        except ValueError:
+            return None
+        return store_key(serve, cuda_available=cuda)
+
+    return stored_checkpoints(config, key_of)
 
 
 def register(app: typer.Typer) -> None:

@@ -226,6 +226,22 @@ def test_table_lines_are_tab_separated_header_first():
     assert cli_common.table_lines(("a", "b"), [("1", "2"), ("x", "")]) == ["a\tb", "1\t2", "x\t"]
 
 
+def test_engine_options_of_reads_back_what_engine_argv_writes_and_skips_the_rest():
+    from pathlib import Path
+
+    values = {"kind": "dpo", "ref_free": "avg", "dtype": "bfloat16", "max_model_len": 4096, "enforce_eager": True,
+              "enable_prefix_caching": False, "chat_template": Path("/t/x.jinja"), "label_weights": "0.5,1"}
+    argv = cli_common.engine_argv(values)
+    assert cli_common.engine_options_of(argv) == values
+    mixed = ["--users-file", "/u.jsonl", "--kind", "dpo", "--port", "9", "--label-index=2", "--no-enforce-eager", "m"]
+    assert cli_common.engine_options_of(mixed) == {"kind": "dpo", "label_index": 2, "enforce_eager": False}
+    assert cli_common.engine_options_of([]) == {}
+    with pytest.raises(ValueError, match="'--max-model-len'"):
+        cli_common.engine_options_of(["--max-model-len", "many"])
+    with pytest.raises(ValueError, match="'--dtype' requires an argument"):
+        cli_common.engine_options_of(["--dtype"])
+
+
 def test_engine_argv_refuses_unknown_names():
     with pytest.raises(ValueError, match="'max_num_seq' not among"):
         cli_common.engine_argv({"max_num_seq": 3})

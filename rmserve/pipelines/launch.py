@@ -489,17 +489,27 @@ def store_signature(config: RunConfig) -> str | None:
     None also when the reference is not a local folder, or when the engine options do not
     make a valid DPO setting (the server will report why).
     """
+    if config.evaluation.store is None:
+        return None
+    return store_key(config.serve)
+
+
+def store_key(serve: ServeOptions, *, cuda_available: bool | None = None) -> str | None:
+    """The key the score store files ``serve.model`` under when a server started with ``serve``
+    scores it (:func:`store_signature`, which says what it covers and when it is None), the
+    dtype rule's CUDA question answered by ``cuda_available`` (None: by torch here; replicas
+    on a Ray cluster answer it with their GPUs).
+    """
     from rmserve.fingerprint import chat_template_digest, dpo_fingerprint
     from rmserve.server.config import resolve_dtype
 
-    serve = config.serve
     options = serve.engine_options
-    if config.evaluation.store is None or "--chat-template" in serve.extra_args:
+    if "--chat-template" in serve.extra_args:
         return None
     if not Path(serve.model).is_dir() or options.get("judge_url") is not None:
         return None  # a hub id or a judge behind an endpoint: nothing to hash (and no need to ask torch)
     try:
-        dtype = resolve_dtype(str(options.get("dtype") or "auto"))  # the server's rule
+        dtype = resolve_dtype(str(options.get("dtype") or "auto"), cuda_available)  # the server's rule
     except ImportError:
         return None
     override = None

@@ -578,14 +578,8 @@ class _Sweep:
         return (sum(s.client.cache_groups for s in self.servers), sum(s.client.cache_tokens for s in self.servers))
 
     def _missing(self, fingerprint: str) -> list[Group]:
-        """The groups not stored for ``fingerprint``, and those stored as not scored under other
-        options (scored again: the new answer replaces the old one in the store)."""
-        stored = self.db.stored_keys(fingerprint)
-        stale = {
-            r.key for r in self.db.records(fingerprint, keys=[g.key for g in self.groups if g.key in stored])
-            if not r.scored and r.truncation != self.config.truncation
-        }
-        return [g for g in self.groups if g.key not in stored or g.key in stale]
+        """:func:`missing_groups` of this sweep's groups."""
+        return missing_groups(self.db, fingerprint, self.groups, self.config.truncation)
 
     async def _load_everywhere(self, checkpoint: Checkpoint, known: str | None) -> tuple[str, str]:
         """Load ``checkpoint`` on every active server; return (fingerprint, model name).
@@ -891,6 +885,65 @@ def _lost(exc: BaseException) -> bool:
     return isinstance(exc, errors.FingerprintMismatch) or (isinstance(exc, errors.RMServeError) and exc.retryable)
 
 
+def missing_groups(
+    db: ScoreStore, fingerprint: str, groups: Sequence[Group], truncation: Truncation | None
+) -> list[Group]:
+    """Of ``groups`` (data order), those not stored for ``fingerprint``, and those stored as not
+    scored under another ``truncation`` (scored again: the new answer replaces the old one)."""
+    stored = db.stored_keys(fingerprint)
+    stale = {
+        r.key for r in db.records(fingerprint, keys=[g.key for g in groups if g.key in stored])
+        if not r.scored and r.truncation != truncation
+    }
+    return [g for g in groups if g.key not in stored or g.key in stale]
+
+
+async def _load_datasets(config: SweepConfig) -> tuple[dict[str, Any], list[str]]:
+    """Each benchmark's data (``config.data``, ``config.only``) and notes on what it lacks.
+
+    Raises:
+        rmserve.errors.DataError: bad benchmark data.
+    """
+    from rmserve.datasets import load_benchmark, select_parts
+
+    datasets = {}
+    notes: list[str] = []
+    selected = select_parts([b for b, _ in config.data], config.only) if config.only is not None else {}
+    for bench, data in config.data:
+        dataset = await asyncio.to_thread(load_benchmark, bench, data, selected.get(bench))
+        datasets[bench] = dataset
+        if dataset.missing:
+            notes.append(f"{bench}: not in the data ({dataset.source}): {', '.join(dataset.missing)}")
+    return datasets, notes
+
+
+def stored_checkpoints(config: SweepConfig, key_of: Callable[[Path], str | None]) -> dict[Path, str]:
+    """The checkpoints of ``config`` a sweep would find complete in its store, without any
+    server: checkpoint folder → fingerprint, for each folder whose key ``key_of(folder)`` (the
+    store's checkpoint memo key for the servers that would load it:
+    :func:`rmserve.pipelines.launch.store_key`; None: not known) the store remembers, with every
+    group of the data stored under that fingerprint (:func:`missing_groups` empty). A store
+    file that does not exist yet gives ``{}`` and is not created.
+
+    Raises:
+        ValueError: bad checkpoints (:func:`order_checkpoints`).
+        rmserve.errors.DataError: bad benchmark data.
+    """
+    checkpoints = order_checkpoints(config.checkpoints)
+    if not Path(config.store).is_file():
+        return {}
+    datasets, _ = asyncio.run(_load_datasets(config))
+    groups = [g for ds in datasets.values() for g in ds.groups]
+    found = {}
+    with ScoreStore(config.store) as db:
+        for checkpoint in checkpoints:
+            key = key_of(checkpoint.path)
+            fingerprint = db.fingerprint_for(key) if key is not None else None
+            if fingerprint is not None and not missing_groups(db, fingerprint, groups, config.truncation):
+                found[checkpoint.path] = fingerprint
+    return found
+
+
 class _Spread:
     """A sweep spread by checkpoints (:attr:`SweepConfig.spread` ``checkpoints``): one worker
     per server, each a one-server :class:`_Sweep` taking the next checkpoint not started.
@@ -1050,19 +1103,8 @@ async def sweep_async(
 ) -> SweepResult:
     """:func:`sweep` on the running event loop; ``watch`` (spread by checkpoints only) says
     when a server is lost (:data:`LostWatch`)."""
-    from rmserve.metrics.sweep import SweepPoint, write_sweep
-
-    from rmserve.datasets import load_benchmark, select_parts
-
     checkpoints = order_checkpoints(config.checkpoints)
-    datasets = {}
-    notes: list[str] = []
-    selected = select_parts([b for b, _ in config.data], config.only) if config.only is not None else {}
-    for bench, data in config.data:
-        dataset = await asyncio.to_thread(load_benchmark, bench, data, selected.get(bench))
-        datasets[bench] = dataset
-        if dataset.missing:
-            notes.append(f"{bench}: not in the data ({dataset.source}): {', '.join(dataset.missing)}")
+    datasets, notes = await _load_datasets(config)
     runs: list[CheckpointRun] = []
     started = time.monotonic()
     lost: list[str] = []
@@ -1092,31 +1134,98 @@ async def sweep_async(
                 refused = tuple(state.refused)
                 kind = state.kind
         logger.info("%s (%.1f s in all)", summary_line(runs, wall_s), time.monotonic() - started)
-        points = []
-        for run in runs:
-            folder = config.out_dir / "checkpoints" / run.checkpoint.name
-            folder.mkdir(parents=True, exist_ok=True)
-            records = {}
-            for bench, ds in datasets.items():
-                keys = [g.key for g in ds.groups]
-                records[bench] = db.records(run.fingerprint, benchmark=bench, keys=keys)
-                export = folder / f"{bench}.scores.jsonl"
-                db.export_jsonl(export, run.fingerprint, benchmark=bench, keys=keys)
-                not_scored = unscored(records[bench])
-                run.n_unscored += not_scored.count
-                sentence = not_scored.sentence(str(export))
-                if sentence:
-                    notes.append(f"{run.checkpoint.name} {bench}: {sentence}")
-            points.append(
-                SweepPoint(
-                    step=run.checkpoint.step,
-                    name=run.checkpoint.name,
-                    path=str(run.checkpoint.path),
-                    fingerprint=run.fingerprint,
-                    model=run.model,
-                    records=records,
+        return await _report(config, datasets, runs, db, notes=notes, refused=refused, lost=lost, kind=kind,
+                             wall_s=wall_s, servers=config.servers)
+
+
+def sweep_from_store(config: SweepConfig, fingerprints: Mapping[Path, str]) -> SweepResult:
+    """The sweep of ``config``'s checkpoints answered from the store alone, no server asked:
+    ``fingerprints`` holds every checkpoint folder's fingerprint (:func:`stored_checkpoints`),
+    each with all its groups stored. Files and result as :func:`sweep` writes them, every
+    checkpoint ``loaded`` False; ``servers`` in ``sweep.json`` is empty.
+
+    Raises:
+        ValueError: a checkpoint of ``config`` missing from ``fingerprints``.
+        rmserve.errors.ConnectionFailed: a checkpoint's groups are not all stored any more (the
+            store changed since ``fingerprints`` was read): run the sweep on servers.
+        rmserve.errors.DataError: bad benchmark data.
+    """
+    return asyncio.run(_sweep_from_store(config, fingerprints))
+
+
+async def _sweep_from_store(config: SweepConfig, fingerprints: Mapping[Path, str]) -> SweepResult:
+    checkpoints = order_checkpoints(config.checkpoints)
+    absent = [c.name for c in checkpoints if c.path not in fingerprints]
+    if absent:
+        raise ValueError(f"fingerprints: no fingerprint for {', '.join(absent)}")
+    datasets, notes = await _load_datasets(config)
+    groups = [g for ds in datasets.values() for g in ds.groups]
+    runs = []
+    with ScoreStore(config.store) as db:
+        kind = None
+        for checkpoint in checkpoints:
+            fingerprint = fingerprints[checkpoint.path]
+            missing = missing_groups(db, fingerprint, groups, config.truncation)
+            if missing:
+                raise errors.ConnectionFailed(
+                    f"{checkpoint.name}: {len(missing)} of its {len(groups)} groups are not in {config.store} under "
+                    f"fingerprint {fingerprint} any more: score them on servers (the same command without the store "
+                    "shortcut)"
                 )
+            first = db.records(fingerprint, keys=[groups[0].key])[0] if groups else None
+            if kind is None and first is not None:
+                kind = first.score_kind
+            model = first.model if first is not None and first.model else checkpoint.name
+            logger.info("%s: all %d groups stored (fingerprint %s)", checkpoint.name, len(groups), fingerprint)
+            runs.append(CheckpointRun(checkpoint, fingerprint, model, len(groups), 0, len(groups), loaded=False))
+        logger.info("%s", summary_line(runs))
+        return await _report(config, datasets, runs, db, notes=notes, refused=(), lost=[], kind=kind or ScoreKind(),
+                             wall_s=None, servers=())
+
+
+async def _report(
+    config: SweepConfig,
+    datasets: Mapping[str, Any],
+    runs: list[CheckpointRun],
+    db: ScoreStore,
+    *,
+    notes: list[str],
+    refused: tuple[str, ...],
+    lost: list[str],
+    kind: ScoreKind,
+    wall_s: float | None,
+    servers: Sequence[str],
+) -> SweepResult:
+    """Export each checkpoint's records from the open store ``db``, write the sweep's files
+    (:func:`rmserve.metrics.sweep.write_sweep`) and gather the result (``servers``: those the
+    sweep scored on, none when answered from the store)."""
+    from rmserve.metrics.sweep import SweepPoint, write_sweep
+
+    points = []
+    for run in runs:
+        folder = config.out_dir / "checkpoints" / run.checkpoint.name
+        folder.mkdir(parents=True, exist_ok=True)
+        records = {}
+        for bench, ds in datasets.items():
+            keys = [g.key for g in ds.groups]
+            records[bench] = db.records(run.fingerprint, benchmark=bench, keys=keys)
+            export = folder / f"{bench}.scores.jsonl"
+            db.export_jsonl(export, run.fingerprint, benchmark=bench, keys=keys)
+            not_scored = unscored(records[bench])
+            run.n_unscored += not_scored.count
+            sentence = not_scored.sentence(str(export))
+            if sentence:
+                notes.append(f"{run.checkpoint.name} {bench}: {sentence}")
+        points.append(
+            SweepPoint(
+                step=run.checkpoint.step,
+                name=run.checkpoint.name,
+                path=str(run.checkpoint.path),
+                fingerprint=run.fingerprint,
+                model=run.model,
+                records=records,
             )
+        )
     seen: dict[str, str] = {}
     for run in runs:
         first = seen.setdefault(run.fingerprint, run.checkpoint.name)
@@ -1127,12 +1236,12 @@ async def sweep_async(
             )
     extra = {
         "score_kind": {"kind": kind.kind, "mode": kind.mode, "ref_model": kind.ref_model, "compat": kind.compat},
-        "servers": list(config.servers),
+        "servers": list(servers),
         "spread": config.spread,
         "servers_lost": lost,
         "groups_scored_per_server": {
             url: sum(run.per_server.get(url, 0) for run in runs)
-            for url in dict.fromkeys([*config.servers, *(u for run in runs for u in run.per_server)])
+            for url in dict.fromkeys([*servers, *(u for run in runs for u in run.per_server)])
         },
         "groups_scored": sum(run.n_scored for run in runs),
         "groups_from_store": sum(run.n_stored for run in runs),

@@ -767,3 +767,58 @@ async def test_restore_models_loads_back_what_each_server_served_before(checkpoi
     assert notes[0] == f"{one.url} serves init again (fingerprint {before[one.url].fingerprint}), as before the sweep"
     assert notes[1].startswith(f"{two.url} still serves another checkpoint than before the sweep: loading init back "
                                "failed (its model's folder or the admin token is not known here")
+
+
+def test_a_fully_stored_sweep_on_ray_starts_no_replica_and_a_partly_stored_one_only_what_it_needs(
+    checkpoints, tmp_path, monkeypatch
+):
+    """``sweep --ray`` (replicas of its own) reads the store before starting any: with every
+    checkpoint complete under the key its replicas would file it under (the folder's hash in
+    float32, the dtype --serve-args asks for), it starts none and writes the same figures the
+    servers' sweep wrote; with one checkpoint more, it starts one replica (not --replicas 4),
+    serving that checkpoint first."""
+    import rmserve.cli_sweep as cli_sweep
+    from rmserve.cluster.ray_cluster import ClusterError
+
+    root, start, folders = checkpoints
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=4, n_code=2)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    with start_server(root, engine_on(start)) as one:
+        served = CliRunner().invoke(cli_app, [
+            "sweep", "--server", one.url, "--checkpoints", str(root / "step-*"), "--bench", "rm-bench",
+            "--data", str(data), "--out", str(tmp_path / "served"), "--store", str(tmp_path / "s.sqlite"),
+            "--admin-token-file", str(token_file), "--resamples", "20", "--quiet", "--json",
+        ])
+    assert served.exit_code == 0, served.output
+    started = []
+
+    def no_replicas(address, cluster, replicas, spec):
+        started.append((replicas, spec.model))
+        raise ClusterError("no Ray here (test)")
+
+    monkeypatch.setattr(cli_sweep, "job_replicas", no_replicas)
+    ray_args = ["sweep", "--ray", "127.0.0.1:1", "--replicas", "4", "--gpus-per-replica", "0", "--serve-args",
+                "--dtype float32 --users-file /nowhere.jsonl", "--bench", "rm-bench", "--data", str(data),
+                "--store", str(tmp_path / "s.sqlite"), "--resamples", "20", "--json"]
+    stored = CliRunner().invoke(cli_app, [*ray_args, "--checkpoints", str(root / "step-*"), "--out",
+                                          str(tmp_path / "stored")])
+    assert stored.exit_code == 0, stored.output
+    assert started == [] and "no replica started" in stored.stderr
+    by_server, by_store = json.loads(served.stdout), json.loads(stored.stdout)
+    assert by_store["servers"] == [] and by_store["groups_from_store"] == 18 and by_store["groups_scored"] == 0
+    assert [(c["name"], c["fingerprint"]) for c in by_store["checkpoints"]] == [
+        (c["name"], c["fingerprint"]) for c in by_server["checkpoints"]]
+    assert (tmp_path / "stored" / "sweep.csv").read_text() == (tmp_path / "served" / "sweep.csv").read_text()
+
+    new = fakes.write_fake_checkpoint(root / "step-200", 7.0)
+    partly = CliRunner().invoke(cli_app, [*ray_args, "--checkpoints", str(root / "step-*"), "--out",
+                                          str(tmp_path / "partly")])
+    assert partly.exit_code != 0 and "no Ray here" in partly.stderr
+    assert started == [(1, str(new))]
+    assert "3 of 4 checkpoints are complete" in partly.stderr and "starting 1 replica, not 4" in partly.stderr
+
+    started.clear()  # other replica options: the store's keys are not theirs, every replica starts
+    bf16 = CliRunner().invoke(cli_app, [*ray_args[:8], "--dtype bfloat16", *ray_args[9:], "--checkpoints",
+                                        str(root / "step-*"), "--out", str(tmp_path / "bf16")])
+    assert bf16.exit_code != 0 and started == [(4, str(folders[0]))]  # step-3, the first checkpoint
