@@ -312,74 +312,6 @@ async def wait_for_server(
     return health
 
 
-async def _score_pending(
-    client: RewardClient,
-    log: ScoreLog,
-    pending: Sequence[Group],
-    info: ModelInfo,
-    config: EvalConfig,
-    n_total: int,
-    *,
-    server_version: str = "",
-) -> None:
-    """Stream ``pending`` through the client, appending each record to ``log`` as it arrives.
-
-    Every request is pinned to ``info.fingerprint``: when the server's model is swapped
-    during the run, it refuses the next request (409) and the run stops with
-    :class:`~rmserve.errors.FingerprintMismatch` whose message adds what is kept and how to
-    resume; the records already appended stay in the score file.
-
-    Requests the server refuses as over a whole limit of the user (413 ``request_over_limit``:
-    more prompt tokens than its ``tokens_per_minute``) are split by the client until they fit
-    (:meth:`~rmserve.client.client.RewardClient.score_stream`); a group that alone is over the
-    budget is recorded as not scored (``request_over_limit``) and the run goes on.
-    """
-    bar = progress_bar(n_total, n_total - len(pending), config.quiet)
-    tokens = 0
-    kept = n_total - len(pending)
-    started = time.monotonic()
-    cache_groups, cache_tokens = client.cache_groups, client.cache_tokens
-    try:
-        stream = client.score_stream(
-            pending,
-            truncation=config.truncation,
-            model=config.model,
-            expect_fingerprint=info.fingerprint,
-            kind=ScoreKind.of(info),
-            served=info,
-        )
-        async with contextlib.aclosing(stream):
-            async for record in stream:
-                log.append(record, server_version=server_version)
-                kept += 1
-                if config.strict and not record.scored:
-                    raise strict_stop(
-                        record,
-                        kept=f"recorded in {log.path}; without --strict the run goes on and counts it as the "
-                        "official code does",
-                    )
-                tokens += sum(record.num_tokens)
-                show_rate(bar, started, tokens - (client.cache_tokens - cache_tokens),
-                          client.cache_groups - cache_groups)
-                bar.update(1)
-    except errors.FingerprintMismatch as exc:
-        raise errors.FingerprintMismatch(
-            f"{exc.message}. This run stopped: {kept} of {n_total} groups scored with fingerprint "
-            f"{info.fingerprint} are kept in {log.path}; run the same command again once the server serves "
-            f"fingerprint {info.fingerprint} again to score the other {n_total - kept} (the kept ones are not "
-            "scored again), or use another --out for the new model",
-            field="fingerprint",
-            value=info.fingerprint,
-        ) from exc
-    finally:
-        bar.close()
-        from_cache = client.cache_groups - cache_groups
-        if from_cache:
-            logger.info(
-                "%d of the %d groups scored were answered from the server's result cache (the same model scored "
-                "them before); the rates leave them out", from_cache, kept - (n_total - len(pending)))
-
-
 def show_rate(bar: Any, started: float, engine_tokens: int, cache_groups: int) -> None:
     """Give the progress display (:func:`progress_bar`) the tokens per second over groups the
     engine scored (``engine_tokens`` since ``started``, monotonic seconds) and how many groups
@@ -487,15 +419,10 @@ async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession |
                         notes_shown = 0
                         if pending:
                             notes_shown = show_notes(notes)
-                            if replicas:
-                                notes += await _score_spread(
-                                    [client, *replicas], log, pending, info, config, len(dataset.groups),
-                                    server_version=health.version,
-                                )
-                            else:
-                                await _score_pending(
-                                    client, log, pending, info, config, len(dataset.groups), server_version=health.version
-                                )
+                            notes += await _score_groups(
+                                [client, *replicas], log, pending, info, config, len(dataset.groups),
+                                server_version=health.version,
+                            )
                         records = log.records()
                         log.finish()
             finally:
@@ -539,7 +466,7 @@ def _url(client: RewardClient) -> str:
     return str(client.base_url).rstrip("/")
 
 
-async def _score_spread(
+async def _score_groups(
     clients: Sequence[RewardClient],
     log: ScoreLog,
     pending: Sequence[Group],
@@ -549,35 +476,58 @@ async def _score_spread(
     *,
     server_version: str = "",
 ) -> list[str]:
-    """Stream ``pending`` through several servers serving the same fingerprint, appending each
-    record to ``log`` as it arrives; returns notes (groups per server, servers lost).
+    """Stream ``pending`` through one or more servers serving ``info``'s fingerprint, appending
+    each record to ``log`` as it arrives; returns notes (with several servers: groups per
+    server, servers lost).
 
-    Every server's stream (:meth:`~rmserve.client.client.RewardClient.score_stream`, up to
-    ``max_in_flight`` / number of servers groups, rounded up) takes its next group from one
-    shared queue, so a faster server takes more. A server whose stream fails with a retryable error (it stopped answering,
-    after the client's retries) is dropped; the groups it took and did not answer go back to
-    the queue and the other servers score them in a next round. Any other error ends the run
-    as in :func:`_score_pending` (records kept).
+    Every request is pinned to ``info.fingerprint``: when a server's model is swapped during
+    the run, it refuses the next request (409) and the run stops with
+    :class:`~rmserve.errors.FingerprintMismatch` whose message adds what is kept and how to
+    resume; the records already appended stay in the score file.
+
+    Requests a server refuses as over a whole limit of the user (413 ``request_over_limit``:
+    more prompt tokens than its ``tokens_per_minute``) are split by the client until they fit
+    (:meth:`~rmserve.client.client.RewardClient.score_stream`); a group that alone is over the
+    budget is recorded as not scored (``request_over_limit``) and the run goes on.
+
+    With several servers, each one's stream (up to ``max_in_flight`` / number of servers
+    groups, rounded up) takes its next group from one shared queue, so a faster server takes
+    more. A server whose stream fails with a retryable error (it stopped answering, after the
+    client's retries) is dropped; the groups it took and did not answer go back to the queue
+    and the other servers score them in a next round. With one server, that error ends the run
+    (records kept). Groups the servers answered from their result cache are left out of the
+    rates shown.
 
     Raises:
-        rmserve.errors.ConnectionFailed: every server was lost (what was answered is kept).
-        The errors of :func:`_score_pending`.
+        rmserve.errors.ConnectionFailed: every one of several servers was lost (what was
+            answered is kept).
+        rmserve.errors.FingerprintMismatch: a server's model changed (message as above).
+        The errors of :meth:`~rmserve.client.client.RewardClient.score_stream`.
     """
-    # max_in_flight is the run's whole window: each server gets its share, so a small
-    # benchmark is not taken whole by the first server's stream.
-    window = max(config.groups_per_request, -(-config.max_in_flight // len(clients)))
-    for client in clients:
-        client.concurrency = replace(client.concurrency, max_groups_in_flight=window)
+    several = len(clients) > 1
+    if several:
+        # max_in_flight is the run's whole window: each server gets its share, so a small
+        # benchmark is not taken whole by the first server's stream.
+        window = max(config.groups_per_request, -(-config.max_in_flight // len(clients)))
+        for client in clients:
+            client.concurrency = replace(client.concurrency, max_groups_in_flight=window)
     bar = progress_bar(n_total, n_total - len(pending), config.quiet)
     started = time.monotonic()
+    cache_before = [(c.cache_groups, c.cache_tokens) for c in clients]
     queue: deque[Group] = deque(pending)
     alive = list(clients)
     per_server = {_url(c): 0 for c in clients}
     lost: list[str] = []
     tokens = 0
+    kept = n_total - len(pending)
+
+    def from_cache() -> tuple[int, int]:
+        """Groups and prompt tokens the servers answered from their result cache in this run."""
+        return (sum(c.cache_groups - g for c, (g, _) in zip(clients, cache_before, strict=True)),
+                sum(c.cache_tokens - t for c, (_, t) in zip(clients, cache_before, strict=True)))
 
     async def drain(client: RewardClient) -> None:
-        nonlocal tokens
+        nonlocal tokens, kept
         taken: dict[GroupKey, Group] = {}
 
         def take():
@@ -593,14 +543,20 @@ async def _score_spread(
                 async for record in stream:
                     taken.pop(record.key, None)
                     log.append(record, server_version=server_version)
+                    kept += 1
                     per_server[_url(client)] += 1
                     if config.strict and not record.scored:
-                        raise strict_stop(record, kept=f"recorded in {log.path}")
+                        raise strict_stop(
+                            record,
+                            kept=f"recorded in {log.path}; without --strict the run goes on and counts it as the "
+                            "official code does",
+                        )
                     tokens += sum(record.num_tokens)
-                    show_rate(bar, started, tokens, 0)
+                    cache_groups, cache_tokens = from_cache()
+                    show_rate(bar, started, tokens - cache_tokens, cache_groups)
                     bar.update(1)
         except errors.RMServeError as exc:
-            if not exc.retryable:
+            if not several or not exc.retryable:
                 raise
             queue.extendleft(reversed(list(taken.values())))
             alive.remove(client)
@@ -609,6 +565,7 @@ async def _score_spread(
             lost.append(sentence)
             logger.warning("%s", sentence)
 
+    tasks: list[asyncio.Task[None]] = []
     try:
         while queue:
             if not alive:
@@ -624,8 +581,27 @@ async def _score_spread(
             for task in done:
                 if task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
+    except errors.FingerprintMismatch as exc:
+        raise errors.FingerprintMismatch(
+            f"{exc.message}. This run stopped: {kept} of {n_total} groups scored with fingerprint "
+            f"{info.fingerprint} are kept in {log.path}; run the same command again once the server serves "
+            f"fingerprint {info.fingerprint} again to score the other {n_total - kept} (the kept ones are not "
+            "scored again), or use another --out for the new model",
+            field="fingerprint",
+            value=info.fingerprint,
+        ) from exc
     finally:
+        for task in tasks:  # the caller was cancelled (Ctrl-C): no stream outlives the run
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         bar.close()
+        cached, _ = from_cache()
+        if cached:
+            logger.info(
+                "%d of the %d groups scored were answered from the server's result cache (the same model scored "
+                "them before); the rates leave them out", cached, kept - (n_total - len(pending)))
+    if not several:
+        return []
     where = ", ".join(f"{url} {n}" for url, n in per_server.items())
     return [f"groups scored per server: {where}", *lost]
 

@@ -99,3 +99,38 @@ async def test_a_lost_replica_s_groups_go_to_the_other(tmp_path):
     records = read_scores(tmp_path / "out" / "scores.jsonl").records
     assert len(records) == 20
     check_records(tmp_path, expected(data))
+
+
+async def test_a_replica_whose_model_changes_stops_the_run_saying_what_is_kept(tmp_path):
+    """Both replicas hold their first requests (2 each: a window of 4 over 2 servers); replica two's
+    model then changes (its fingerprint, as a swap would), and its next request is refused (409).
+    The run stops with the message a one-server run gives: how many groups are kept, and how to
+    go on; every kept record is in the score file."""
+    import msgspec
+
+    from rmserve import errors
+    from rmserve.server.http.app import STATE_KEY
+
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=12, n_code=8)
+    gates = [asyncio.Event(), asyncio.Event()]
+    engines = [fakes.FakeEngine(model=model(), score_gate=gates[0]), fakes.FakeEngine(model=model(), score_gate=gates[1])]
+    with server(engines[0]) as one, server(engines[1]) as two:
+
+        async def swap_two():
+            while min(len(e.calls) for e in engines) < 2:
+                await asyncio.sleep(0.01)
+            state = two.app[STATE_KEY]
+            state.info = msgspec.structs.replace(state.info, fingerprint="fp-swapped")
+            for srv, gate in ((one, gates[0]), (two, gates[1])):
+                srv._loop.call_soon_threadsafe(gate.set)
+
+        config = EvalConfig(bench="rm-bench", data=str(data), out_dir=tmp_path / "out", server_url=one.url,
+                            more_servers=(two.url,), max_in_flight=4, quiet=True, resamples=10)
+        swapper = asyncio.create_task(swap_two())
+        with pytest.raises(errors.FingerprintMismatch) as stopped:
+            await evaluate_async(config)
+        await swapper
+    kept = len(read_scores(tmp_path / "out" / "scores.jsonl").records)
+    assert 0 < kept < 20
+    assert f"This run stopped: {kept} of 20 groups scored with fingerprint fp-1 are kept in" in stopped.value.message
+    assert f"to score the other {20 - kept}" in stopped.value.message
