@@ -179,6 +179,11 @@ def configured_store_path() -> Path | None:
     return Path(named).expanduser() if named else None
 
 
+TEMPLATE_FILES: tuple[str, ...] = ("chat_template.jinja", "chat_template.json")
+"""A checkpoint folder's own chat template files, as transformers saves them (read by
+:func:`checkpoint_signature`)."""
+
+
 def checkpoint_signature(
     path: str | Path,
     dtype: str | None = None,
@@ -194,9 +199,12 @@ def checkpoint_signature(
     same weights in another dtype give other rewards) and the reward ``head`` the server reads
     (:class:`~rmserve.schema.RewardHead`, as ``ModelInfo.head`` reports it; None and the
     one-label classifier's add nothing, so those signatures keep their values).
-    With ``chat_template_override`` (``ModelInfo.chat_template_override``: the server renders
-    every checkpoint with a template given at its start) that hash is hashed again with it, so
-    the same folder under another template never shares a signature.
+    That hash is hashed again with the folder's own template files (``chat_template.jinja``,
+    ``chat_template.json``: transformers saves the template there, outside the tokenizer files
+    the fingerprint reads, and the server renders with it) and, when given, with
+    ``chat_template_override`` (``ModelInfo.chat_template_override``: the server renders every
+    checkpoint with a template given at its start), so an edited template or another one never
+    shares a signature; a folder with neither keeps the plain hash.
     It is *not* the fingerprint a server reports (that one includes the chat template used);
     :meth:`ScoreStore.remember_checkpoint` maps one to the other.
 
@@ -210,11 +218,16 @@ def checkpoint_signature(
     if not folder.is_dir():
         raise ValueError(f"checkpoint path {str(path)!r} is not a folder")
     signature = model_fingerprint(folder, chat_template=None, dtype=dtype, head=head)
-    if chat_template_override is None:
+    sections = [("signature", signature.encode())]
+    for name in TEMPLATE_FILES:
+        if (folder / name).is_file():
+            sections.append((f"template:{name}", (folder / name).read_bytes()))
+    if chat_template_override is not None:
+        sections.append(("chat_template_override", chat_template_override.encode()))
+    if len(sections) == 1:
         return signature
     digest = hashlib.sha256()
-    for label, value in (("signature", signature), ("chat_template_override", chat_template_override)):
-        data = value.encode()
+    for label, data in sections:
         digest.update(label.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
     return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
 

@@ -248,6 +248,30 @@ def test_checkpoint_signature_covers_the_head_and_a_template_override(tmp_path):
     assert len({plain, overridden, checkpoint_signature(a, "float32", chat_template_override=chat_template_digest("x"))}) == 3
 
 
+def test_checkpoint_signature_follows_the_folder_s_own_template_files(tmp_path):
+    """transformers saves a template as chat_template.jinja (or .json), which the fingerprint's
+    tokenizer files leave out; an edited one must not keep the signature a server's fingerprint
+    was remembered under."""
+    import hashlib
+
+    from rmserve.fingerprint import model_fingerprint
+
+    a = fake_checkpoint(tmp_path / "step-1", b"\x00" * 4096)
+    plain = checkpoint_signature(a, "float32")
+    assert plain == model_fingerprint(a, None, "float32")  # no template file: the plain hash
+    (a / "chat_template.jinja").write_text("{{ messages }}", encoding="utf-8")
+    first = checkpoint_signature(a, "float32")
+    by_hand = hashlib.sha256()
+    for label, value in (("signature", plain.encode()), ("template:chat_template.jinja", b"{{ messages }}")):
+        by_hand.update(label.encode() + b"\0" + len(value).to_bytes(8, "little") + value)
+    assert first == by_hand.hexdigest()[:16]
+    (a / "chat_template.jinja").write_text("{{ messages }}\n", encoding="utf-8")
+    assert checkpoint_signature(a, "float32") not in (plain, first)
+    (a / "chat_template.jinja").unlink()
+    (a / "chat_template.json").write_text('{"chat_template": "{{ messages }}"}', encoding="utf-8")
+    assert checkpoint_signature(a, "float32") not in (plain, first)
+
+
 def test_remember_checkpoint_round_trip(tmp_path):
     info = ModelInfo(name="rm-a", max_model_len=4096, dtype="float32", fingerprint="fp-a", engine="vllm")
     with ScoreStore(tmp_path / "s.sqlite") as db:
