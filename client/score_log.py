@@ -27,6 +27,7 @@ Which place holds the truth, and when:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,24 @@ LIMIT_REFUSALS: frozenset[str] = frozenset({"request_over_limit"})
 """``ResponseError`` types of groups the server refused for one of its limits (a group whose
 tokens alone exceed the user's budget): the limit may have been raised since, so a rerun sends
 such a group again whatever its options."""
+
+
+_LENGTH_LIMIT = re.compile(r"max_model_len=([\d,]+)")
+
+
+def length_limit_raised(record: ScoreRecord, max_model_len: int) -> bool:
+    """Whether ``record`` has a response that was not scored for being over a length limit
+    below ``max_model_len`` (tokens): a ``sequence_too_long`` error whose message names the
+    limit it was over (``… over max_model_len=4,096``, as the server writes it). Such a group
+    may be scorable now (the server was restarted with a larger ``--max-model-len``, or serves
+    a checkpoint with a longer context). An error that names no limit gives False."""
+    for error in record.errors or ():
+        if error is None or error.type != "sequence_too_long":
+            continue
+        found = _LENGTH_LIMIT.search(error.message)
+        if found is not None and int(found.group(1).replace(",", "")) < max_model_len:
+            return True
+    return False
 
 
 def _truncation_text(truncation: Truncation | None) -> str:
@@ -133,7 +152,9 @@ class ScoreLog(OpenedInWith):
                 (a response with an error) under other options is removed from the file and
                 scored again; under the same options it stays done (the reason has not changed),
                 unless the server refused it for one of its limits (:data:`LIMIT_REFUSALS`),
-                which may have changed: such a group is always scored again.
+                which may have changed: such a group is always scored again; and unless a
+                response was over a shorter ``max_model_len`` than ``model``'s
+                (:func:`length_limit_raised`): such a group is scored again too.
 
         Returns:
             The counts of :class:`Resumed`.
@@ -159,7 +180,8 @@ class ScoreLog(OpenedInWith):
         unscored = [r for r in self._file.records if not r.scored]
         refused = {r.key for r in unscored if r.first_error.type in LIMIT_REFUSALS}
         other_options = {r.key for r in unscored if r.truncation != truncation} - refused
-        stale = refused | other_options
+        longer = {r.key for r in unscored if length_limit_raised(r, model.max_model_len)} - refused - other_options
+        stale = refused | other_options | longer
         if stale:
             self._file.discard(stale)
             if other_options:
@@ -171,6 +193,11 @@ class ScoreLog(OpenedInWith):
                 self._notes.append(
                     f"scoring again {len(refused)} groups the server refused as over a limit of the user "
                     "(the limit may have been raised since)"
+                )
+            if longer:
+                self._notes.append(
+                    f"scoring again {len(longer)} groups with a response that was over a shorter max_model_len than "
+                    f"the server's {model.max_model_len:,} tokens now"
                 )
             n_from_store -= len(stale & self._order.keys() - resumed)
         n_resumed = len(resumed - stale)

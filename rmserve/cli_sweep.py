@@ -369,7 +369,8 @@ def stored_for_job(config: SweepConfig, ray_job: dict[str, Any]) -> dict[Path, s
             return None
         return store_key(serve, cuda_available=cuda)
 
-    return stored_checkpoints(config, key_of)
+    max_model_len = options.get("max_model_len")
+    return stored_checkpoints(config, key_of, max_model_len if isinstance(max_model_len, int) else None)
 
 
 def register(app: typer.Typer) -> None:

@@ -39,6 +39,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from rmserve.client.client import RewardClient
 from rmserve.client.config import Timeouts
 from rmserve.pipelines.evaluate import (
@@ -731,6 +733,11 @@ def run(config: RunConfig) -> EvalResult:
         assert config.evaluation.store is not None
         with ScoreStore(config.evaluation.store) as store:
             info = store.model_info_for(signature)
+        max_model_len = config.serve.engine_options.get("max_model_len")
+        if info is not None and isinstance(max_model_len, int):
+            # The limit this run's server would have: a stored group with a response over a
+            # shorter one is scored after all (the server is started for it).
+            info = msgspec.structs.replace(info, max_model_len=max_model_len)
         if info is not None:
             stored = evaluate_from_store(config.evaluation, info)
             if stored is not None:

@@ -38,6 +38,7 @@ from rmserve.client.records import record_from_result, refused_record
 from rmserve.pipelines.evaluate import progress_bar, show_rate, wait_for_server
 from rmserve.pipelines.progress import duration_text
 from rmserve.pipelines.outcome import strict_stop, unscored
+from rmserve.client.score_log import length_limit_raised
 from rmserve.client.score_store import ScoreStore, checkpoint_signature
 
 from rmserve import errors
@@ -441,6 +442,9 @@ class _Sweep:
         server swaps the policy and keeps its reference, mode and compat."""
         self.head: RewardHead | None = None
         """The reward head the servers read (first server's ``/v1/models``; a swap keeps it)."""
+        self.max_model_len: int | None = None
+        """The first server's context limit at the start (tokens): a checkpoint found complete in
+        the store is loaded after all when a response of it was over a shorter one."""
         self.template_override: str | None = None
         """The digest of the chat template the servers were started with (``--chat-template``),
         None when they render with each checkpoint's own."""
@@ -499,6 +503,7 @@ class _Sweep:
             infos.append((await server.client.models())[0])
         self.dtype = infos[0].dtype
         self.kind = ScoreKind.of(infos[0])
+        self.max_model_len = infos[0].max_model_len
         self.head = None if infos[0].head is msgspec.UNSET else infos[0].head
         override = infos[0].chat_template_override
         self.template_override = None if override is msgspec.UNSET else override
@@ -547,20 +552,20 @@ class _Sweep:
         signature = self._signature(checkpoint)
         known = self.db.fingerprint_for(signature) if signature is not None else None
         if known is not None:
-            missing = self._missing(known)
+            missing = self._missing(known, self.max_model_len)
             if not missing:
                 stored = self.db.records(known, keys=[self.groups[0].key])
                 model = stored[0].model if stored else checkpoint.name
                 logger.info("%s: all %d groups stored (fingerprint %s)", checkpoint.name, len(self.groups), known)
                 self.tally.groups_kept += len(self.groups)
                 return CheckpointRun(checkpoint, known, model, len(self.groups), 0, len(self.groups), loaded=False)
-        fingerprint, model = await self._load_everywhere(checkpoint, known)
+        fingerprint, model, max_model_len = await self._load_everywhere(checkpoint, known)
         first = self.pinned.setdefault(checkpoint.path, fingerprint)
         if first != fingerprint:  # spread over servers: the one that started it reported another
             raise _refusal(self.servers[0], checkpoint, fingerprint, first, "the server that started it")
         if signature is not None:
             self.db.remember_checkpoint(signature, path=str(checkpoint.path), fingerprint=fingerprint, model=model)
-        missing = self._missing(fingerprint)
+        missing = self._missing(fingerprint, max_model_len)
         n_stored = len(self.groups) - len(missing)
         self.tally.groups_kept += n_stored
         if n_stored:
@@ -577,12 +582,13 @@ class _Sweep:
         (summed over every server's client)."""
         return (sum(s.client.cache_groups for s in self.servers), sum(s.client.cache_tokens for s in self.servers))
 
-    def _missing(self, fingerprint: str) -> list[Group]:
+    def _missing(self, fingerprint: str, max_model_len: int | None) -> list[Group]:
         """:func:`missing_groups` of this sweep's groups."""
-        return missing_groups(self.db, fingerprint, self.groups, self.config.truncation)
+        return missing_groups(self.db, fingerprint, self.groups, self.config.truncation, max_model_len)
 
-    async def _load_everywhere(self, checkpoint: Checkpoint, known: str | None) -> tuple[str, str]:
-        """Load ``checkpoint`` on every active server; return (fingerprint, model name).
+    async def _load_everywhere(self, checkpoint: Checkpoint, known: str | None) -> tuple[str, str, int]:
+        """Load ``checkpoint`` on every active server; return (fingerprint, model name, the
+        first loading server's max_model_len).
 
         The reference fingerprint is that of the first server (in ``--server`` order) that
         loads it; a server reporting another is refused for the rest of the sweep. Servers
@@ -596,7 +602,7 @@ class _Sweep:
         deadline = time.monotonic() + self.config.server_wait_s
         while True:
             outcomes = await asyncio.gather(*(_load(s, checkpoint, self.config) for s in servers), return_exceptions=True)
-            reference: tuple[str, str, str] | None = None  # fingerprint, model, url
+            reference: tuple[str, str, str, int] | None = None  # fingerprint, model, url, max_model_len
             down: list[_Server] = []
             failures: list[str] = []
             for server, outcome in zip(servers, outcomes, strict=True):
@@ -607,7 +613,7 @@ class _Sweep:
                     failures.append(f"{server.url}: {outcome}")
                     continue
                 if reference is None:
-                    reference = (outcome.fingerprint, outcome.name, server.url)
+                    reference = (outcome.fingerprint, outcome.name, server.url, outcome.max_model_len)
                 if outcome.fingerprint != reference[0]:
                     self._refuse(
                         server, _refusal(server, checkpoint, outcome.fingerprint, reference[0], f"server {reference[2]}")
@@ -629,7 +635,7 @@ class _Sweep:
                 f"{checkpoint.name}: the servers report fingerprint {reference[0]}, the store had {known} for this "
                 "folder (another chat template or tokenizer?); scored under the new fingerprint"
             )
-        return reference[0], reference[1]
+        return reference[0], reference[1], reference[3]
 
     def _refuse(self, server: _Server, refusal: _Refused) -> None:
         """Take ``server`` out of the sweep for good; the message goes to the log and to
@@ -886,14 +892,19 @@ def _lost(exc: BaseException) -> bool:
 
 
 def missing_groups(
-    db: ScoreStore, fingerprint: str, groups: Sequence[Group], truncation: Truncation | None
+    db: ScoreStore, fingerprint: str, groups: Sequence[Group], truncation: Truncation | None,
+    max_model_len: int | None = None,
 ) -> list[Group]:
     """Of ``groups`` (data order), those not stored for ``fingerprint``, and those stored as not
-    scored under another ``truncation`` (scored again: the new answer replaces the old one)."""
+    scored under another ``truncation`` or, with ``max_model_len`` (the servers' limit, tokens),
+    for a response over a shorter one (:func:`~rmserve.client.score_log.length_limit_raised`):
+    scored again, the new answer replaces the old one."""
     stored = db.stored_keys(fingerprint)
     stale = {
         r.key for r in db.records(fingerprint, keys=[g.key for g in groups if g.key in stored])
-        if not r.scored and r.truncation != truncation
+        if not r.scored and (
+            r.truncation != truncation or (max_model_len is not None and length_limit_raised(r, max_model_len))
+        )
     }
     return [g for g in groups if g.key not in stored or g.key in stale]
 
@@ -917,13 +928,16 @@ async def _load_datasets(config: SweepConfig) -> tuple[dict[str, Any], list[str]
     return datasets, notes
 
 
-def stored_checkpoints(config: SweepConfig, key_of: Callable[[Path], str | None]) -> dict[Path, str]:
+def stored_checkpoints(
+    config: SweepConfig, key_of: Callable[[Path], str | None], max_model_len: int | None = None
+) -> dict[Path, str]:
     """The checkpoints of ``config`` a sweep would find complete in its store, without any
     server: checkpoint folder → fingerprint, for each folder whose key ``key_of(folder)`` (the
     store's checkpoint memo key for the servers that would load it:
     :func:`rmserve.pipelines.launch.store_key`; None: not known) the store remembers, with every
-    group of the data stored under that fingerprint (:func:`missing_groups` empty). A store
-    file that does not exist yet gives ``{}`` and is not created.
+    group of the data stored under that fingerprint (:func:`missing_groups` empty; with
+    ``max_model_len``, the servers' ``--max-model-len``, a group with a response over a shorter
+    one is missing). A store file that does not exist yet gives ``{}`` and is not created.
 
     Raises:
         ValueError: bad checkpoints (:func:`order_checkpoints`).
@@ -939,7 +953,7 @@ def stored_checkpoints(config: SweepConfig, key_of: Callable[[Path], str | None]
         for checkpoint in checkpoints:
             key = key_of(checkpoint.path)
             fingerprint = db.fingerprint_for(key) if key is not None else None
-            if fingerprint is not None and not missing_groups(db, fingerprint, groups, config.truncation):
+            if fingerprint is not None and not missing_groups(db, fingerprint, groups, config.truncation, max_model_len):
                 found[checkpoint.path] = fingerprint
     return found
 

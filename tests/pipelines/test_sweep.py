@@ -822,3 +822,25 @@ def test_a_fully_stored_sweep_on_ray_starts_no_replica_and_a_partly_stored_one_o
     bf16 = CliRunner().invoke(cli_app, [*ray_args[:8], "--dtype bfloat16", *ray_args[9:], "--checkpoints",
                                         str(root / "step-*"), "--out", str(tmp_path / "bf16")])
     assert bf16.exit_code != 0 and started == [(4, str(folders[0]))]  # step-3, the first checkpoint
+
+
+def test_missing_groups_counts_a_group_over_a_shorter_limit_than_the_servers_now(tmp_path):
+    from rmserve.pipelines.sweep import missing_groups
+    from rmserve.schema import Group, Message, ResponseError, ScoreRecord
+
+    def group(i):
+        return Group(benchmark="rm-bench", domain="chat", id=str(i), messages=(Message("user", "p"),),
+                     responses=("a", "b"), num_chosen=1)
+
+    groups = [group(i) for i in range(3)]
+    too_long = ResponseError("sequence_too_long", "307 tokens (chat template included), over max_model_len=200")
+    with ScoreStore(tmp_path / "s.sqlite") as db:
+        db.put(ScoreRecord(benchmark="rm-bench", domain="chat", id="0", num_chosen=1, rewards=(1.0, 0.5),
+                           fingerprint="fp"))
+        db.put(ScoreRecord(benchmark="rm-bench", domain="chat", id="1", num_chosen=1, rewards=(None, 0.5),
+                           errors=(too_long, None), fingerprint="fp"))
+        db.flush()
+        keys = lambda found: [g.id for g in found]  # noqa: E731
+        assert keys(missing_groups(db, "fp", groups, None)) == ["2"]
+        assert keys(missing_groups(db, "fp", groups, None, 200)) == ["2"]  # the same limit: the same answer
+        assert keys(missing_groups(db, "fp", groups, None, 400)) == ["1", "2"]

@@ -150,6 +150,65 @@ async def test_a_rerun_resends_failed_groups_only_when_the_options_changed(serve
     ) in third.notes
 
 
+async def test_a_rerun_on_a_server_with_a_longer_max_model_len_scores_the_too_long_group(
+    server, data, tmp_path, aiohttp_client
+):
+    """Group 1's chosen[0] is 307 tokens, over 200. The same model served at 400 tokens (same
+    fingerprint: the limit is not part of it) scores it on the rerun, and only it: group 2's
+    NaN has another cause and stays."""
+    http, engine = server
+    out = tmp_path / "out"
+    await evaluate_async(_config(http, data, out), session=http.session)
+    longer = NaNForZ(model=msgspec.structs.replace(FAKE_MODEL, max_model_len=400))
+    app = create_app(ServerConfig(port=0), longer, FakeRenderer(max_model_len=400))
+    http_longer = await aiohttp_client(app)
+    await app[STATE_KEY].settled.wait()
+    again = await evaluate_async(_config(http_longer, data, out), session=http_longer.session)
+    assert again.n_scored == 1 and len(longer.calls) == 1
+    assert "scoring again 1 groups with a response that was over a shorter max_model_len than the server's 400 " \
+        "tokens now" in again.notes
+    records = {r.id: r for r in read_scores(out / "scores.jsonl").records}
+    ids = fake_ids([("user", "p1")], "c" * 300)
+    assert records["1"].errors is None and records["1"].rewards[0] == pytest.approx(fake_reward(ids))
+    assert records["2"].errors[5].type == "non_finite_reward"
+
+
+async def test_the_store_answers_a_run_alone_only_while_its_limit_is_the_one_the_too_long_group_was_over(
+    server, data, tmp_path
+):
+    """``run`` answers from the store without a server (``evaluate_from_store``) under the same
+    max_model_len; asked for a longer one (``run --max-model-len 400``), group 1 is missing and
+    ``run`` starts its server."""
+    from rmserve.pipelines.evaluate import evaluate_from_store_async
+
+    http, _ = server
+    store = tmp_path / "s.sqlite"
+    first = await evaluate_async(_config(http, data, tmp_path / "out", store=store), session=http.session)
+    info = first.model
+    same = await evaluate_from_store_async(_config(http, data, tmp_path / "again", store=store), info)
+    assert same is not None and same.unscored.keys == ("rm-bench/chat/1", "rm-bench/chat/2")
+    longer = msgspec.structs.replace(info, max_model_len=400)
+    assert await evaluate_from_store_async(_config(http, data, tmp_path / "longer", store=store), longer) is None
+
+
+def test_length_limit_raised_reads_the_limit_the_response_was_over():
+    from rmserve.client.score_log import length_limit_raised
+    from rmserve.schema import ScoreRecord
+
+    def record(*errors_):
+        return ScoreRecord(benchmark="rm-bench", domain="chat", id="1", num_chosen=1, rewards=(None, 0.5),
+                           errors=errors_)
+
+    over = record(ResponseError("sequence_too_long", "5,000 tokens (chat template included), over max_model_len=4,096"),
+                  None)
+    assert length_limit_raised(over, 8192) and not length_limit_raised(over, 4096)
+    assert not length_limit_raised(over, 2048)
+    unnamed = record(ResponseError("sequence_too_long", "too long for the judge's prompt"), None)
+    assert not length_limit_raised(unnamed, 1_000_000)
+    other = record(ResponseError("non_finite_reward", "nan (max_model_len=10)"), None)
+    assert not length_limit_raised(other, 1_000_000)
+
+
 def test_a_chosen_and_a_rejected_response_identical_after_the_cut_are_named():
     from rmserve.pipelines.outcome import truncation_summary
     from rmserve.schema import ScoreRecord
