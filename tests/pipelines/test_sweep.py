@@ -586,17 +586,23 @@ def test_a_group_alone_over_the_users_token_budget_is_stored_unscored_and_the_sw
     }
 
 
-def test_cli_sweep_only_names_the_other_domains_as_excluded(checkpoints, tmp_path):
-    root, start, _ = checkpoints
-    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=3, n_code=2)
+def cli_sweep_on_a_server(root, start, data, tmp_path, checkpoints: str, out: str, *more: str):
+    """``rmserve sweep`` (quiet, store ``tmp_path/s.sqlite``, 20 resamples) of ``root/checkpoints``
+    on one fake server started on ``start``; the CliRunner result."""
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     with start_server(root, engine_on(start)) as one:
-        result = CliRunner().invoke(cli_app, [
-            "sweep", "--server", one.url, "--checkpoints", str(root / "step-3"), "--bench", "rm-bench",
-            "--data", str(data), "--out", str(tmp_path / "out"), "--store", str(tmp_path / "s.sqlite"),
-            "--admin-token-file", str(token_file), "--resamples", "20", "-q", "--only", "CHAT",
+        return CliRunner().invoke(cli_app, [
+            "sweep", "--server", one.url, "--checkpoints", str(root / checkpoints), "--bench", "rm-bench",
+            "--data", str(data), "--out", str(tmp_path / out), "--store", str(tmp_path / "s.sqlite"),
+            "--admin-token-file", str(token_file), "--resamples", "20", "--quiet", *more,
         ])
+
+
+def test_cli_sweep_only_names_the_other_domains_as_excluded(checkpoints, tmp_path):
+    root, start, _ = checkpoints
+    data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=3, n_code=2)
+    result = cli_sweep_on_a_server(root, start, data, tmp_path, "step-3", "out", "--only", "CHAT")
     assert result.exit_code == 0, result.output
     assert (
         "**Partial**: code, math, safety-refuse, safety-response excluded by --only; the overall figures average "
@@ -782,14 +788,7 @@ def test_a_fully_stored_sweep_on_ray_starts_no_replica_and_a_partly_stored_one_o
 
     root, start, folders = checkpoints
     data = write_rmbench_data(tmp_path / "rmb.jsonl", n_chat=4, n_code=2)
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    with start_server(root, engine_on(start)) as one:
-        served = CliRunner().invoke(cli_app, [
-            "sweep", "--server", one.url, "--checkpoints", str(root / "step-*"), "--bench", "rm-bench",
-            "--data", str(data), "--out", str(tmp_path / "served"), "--store", str(tmp_path / "s.sqlite"),
-            "--admin-token-file", str(token_file), "--resamples", "20", "--quiet", "--json",
-        ])
+    served = cli_sweep_on_a_server(root, start, data, tmp_path, "step-*", "served", "--json")
     assert served.exit_code == 0, served.output
     started = []
 
