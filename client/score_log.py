@@ -28,14 +28,14 @@ Which place holds the truth, and when:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from rmserve.client.score_file import OpenedInWith, ScoreFileWriter
 from rmserve.client.score_store import ScoreStore
 from rmserve.errors import DataError, FingerprintMismatch
-from rmserve.schema import Group, GroupKey, ModelInfo, ScoreKind, ScoreRecord, Truncation
+from rmserve.schema import Group, GroupKey, ModelInfo, ResponseError, ScoreKind, ScoreRecord, Truncation
 
 
 LIMIT_REFUSALS: frozenset[str] = frozenset({"request_over_limit"})
@@ -56,10 +56,70 @@ def length_limit_raised(record: ScoreRecord, max_model_len: int) -> bool:
     for error in record.errors or ():
         if error is None or error.type != "sequence_too_long":
             continue
-        found = _LENGTH_LIMIT.search(error.message)
-        if found is not None and int(found.group(1).replace(",", "")) < max_model_len:
+        limit = length_limit_of(error)
+        if limit is not None and limit < max_model_len:
             return True
     return False
+
+
+def length_limit_of(error: ResponseError) -> int | None:
+    """The ``max_model_len`` an error's message says the response was over (tokens;
+    ``… over max_model_len=4,096``), None when it names none."""
+    found = _LENGTH_LIMIT.search(error.message)
+    return None if found is None else int(found.group(1).replace(",", ""))
+
+
+@dataclass(frozen=True)
+class StaleGroups:
+    """Groups recorded as not scored that a run scores again, by why (:func:`stale_groups`).
+
+    Attributes:
+        refused: refused for a limit of the user (:data:`LIMIT_REFUSALS`; it may have been
+            raised since).
+        other_options: not scored under another truncation than the run's.
+        longer: a response over a shorter ``max_model_len`` than the server's now
+            (:func:`length_limit_raised`).
+    """
+
+    refused: frozenset[GroupKey] = frozenset()
+    other_options: frozenset[GroupKey] = frozenset()
+    longer: frozenset[GroupKey] = frozenset()
+
+    @property
+    def keys(self) -> frozenset[GroupKey]:
+        """Every stale group."""
+        return self.refused | self.other_options | self.longer
+
+    def notes(self, truncation: Truncation | None, max_model_len: int | None) -> list[str]:
+        """One ``scoring again …`` sentence per reason with groups (for the run's notes)."""
+        notes = []
+        if self.other_options:
+            notes.append(f"scoring again {len(self.other_options)} groups that could not be scored under other options "
+                         f"(truncation now: {_truncation_text(truncation)})")
+        if self.refused:
+            notes.append(f"scoring again {len(self.refused)} groups the server refused as over a limit of the user "
+                         "(the limit may have been raised since)")
+        if self.longer:
+            notes.append(f"scoring again {len(self.longer)} groups with a response that was over a shorter "
+                         f"max_model_len than the server's {max_model_len or 0:,} tokens now")
+        return notes
+
+
+def stale_groups(
+    records: Iterable[ScoreRecord], truncation: Truncation | None, max_model_len: int | None = None
+) -> StaleGroups:
+    """Of ``records``, the groups not scored that a run with ``truncation`` on a server of
+    ``max_model_len`` tokens (None: not known) scores again, each under its first reason in
+    the order of :class:`StaleGroups`. The rule every resume uses: a score file, a score store,
+    a sweep. A group not scored under the same options stays done (the reason has not changed).
+    """
+    unscored = [r for r in records if not r.scored]
+    refused = frozenset(r.key for r in unscored if r.first_error.type in LIMIT_REFUSALS)
+    other = frozenset(r.key for r in unscored if r.truncation != truncation) - refused
+    longer = frozenset(
+        r.key for r in unscored if max_model_len is not None and length_limit_raised(r, max_model_len)
+    ) - refused - other
+    return StaleGroups(refused, other, longer)
 
 
 def _truncation_text(truncation: Truncation | None) -> str:
@@ -177,29 +237,15 @@ class ScoreLog(OpenedInWith):
             self._notes.append(f"--overwrite: discarded {n_before} stored groups of another model")
         resumed = self._file.scored_keys() & self._order.keys()
         n_from_store = self._sync_with_store(model.fingerprint) if self.store is not None else 0
-        unscored = [r for r in self._file.records if not r.scored]
-        refused = {r.key for r in unscored if r.first_error.type in LIMIT_REFUSALS}
-        other_options = {r.key for r in unscored if r.truncation != truncation} - refused
-        longer = {r.key for r in unscored if length_limit_raised(r, model.max_model_len)} - refused - other_options
-        stale = refused | other_options | longer
+        found = stale_groups(self._file.records, truncation, model.max_model_len)
+        stale = found.keys
         if stale:
             self._file.discard(stale)
-            if other_options:
-                self._notes.append(
-                    f"scoring again {len(other_options)} groups that could not be scored under other options "
-                    f"(truncation now: {_truncation_text(truncation)})"
-                )
-            if refused:
-                self._notes.append(
-                    f"scoring again {len(refused)} groups the server refused as over a limit of the user "
-                    "(the limit may have been raised since)"
-                )
-            if longer:
-                self._notes.append(
-                    f"scoring again {len(longer)} groups with a response that was over a shorter max_model_len than "
-                    f"the server's {model.max_model_len:,} tokens now"
-                )
+            self._notes.extend(found.notes(truncation, model.max_model_len))
             n_from_store -= len(stale & self._order.keys() - resumed)
+        if n_from_store:
+            assert self.store is not None
+            self._notes.append(f"answered from the store: {n_from_store} groups ({self.store.path})")
         n_resumed = len(resumed - stale)
         n_extra = sum(1 for key in self._file.scored_keys() if key not in self._order)
         return Resumed(model=model, n_resumed=n_resumed, n_from_store=n_from_store, n_extra=n_extra)
@@ -207,7 +253,8 @@ class ScoreLog(OpenedInWith):
     def _sync_with_store(self, fingerprint: str) -> int:
         """File records into the store, then the store's data groups the file lacks into the file.
 
-        Returns how many groups were appended to the file.
+        Returns how many groups were appended to the file (:meth:`resume` says how many of
+        them stay: those not scored again).
         """
         store = self.store
         assert store is not None
@@ -226,7 +273,6 @@ class ScoreLog(OpenedInWith):
         by_key = {r.key: r for r in store.records(fingerprint, keys=wanted)}
         for key in wanted:
             self._file.append(by_key[key])
-        self._notes.append(f"answered from the store: {len(wanted)} groups ({store.path})")
         return len(wanted)
 
     def done_keys(self) -> frozenset[GroupKey]:

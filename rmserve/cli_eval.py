@@ -155,7 +155,7 @@ def _render(result, *, as_json: bool, quiet: bool) -> None:
         typer.echo(f"note: {note}", err=True)
     if not quiet:
         typer.echo(
-            f"{result.model.name} (fingerprint {result.model.fingerprint}): {result.n_scored} group{'' if result.n_scored == 1 else 's'} scored now, "
+            f"{result.model.name} (fingerprint {result.model.fingerprint}): {result.n_scored} group{'' if result.n_scored == 1 else 's'} sent now, "
             f"{result.n_resumed} resumed{f', {result.n_from_store} from the store' if result.n_from_store else ''}; "
             f"wrote {', '.join(p.name for p in result.paths)} in "
             f"{result.scores_path.parent}",

@@ -69,8 +69,9 @@ def test_example_a_two_records_one_over_the_length_limit(demo_model_dir, rmbench
     assert long.rewards[0] is None and all(isinstance(x, float) for x in long.rewards[1:])
     assert long.errors[0].type == "sequence_too_long" and long.errors[0].message.endswith("over max_model_len=512")
     assert long.errors[1:] == (None,) * 5
-    assert (f"note: 1 of 2 groups not scored (1 over the length limit): counted as losses, as the official code "
-            f"counts them; see {out / 'scores.jsonl'}") in res.stderr
+    assert (f"note: 1 of 2 groups not scored (1 over the length limit of 512 tokens): counted as losses, as the "
+            f"official code counts them; see {out / 'scores.jsonl'}; to score those over the length limit, raise the "
+            "server's --max-model-len or pass --truncation") in res.stderr
     # The long group's chosen[0] loses its three comparisons: the matrix row 0 counts it as 0.
     table = json.loads((out / "results.json").read_text())
     assert _figures(table) == _figures(_metrics_json(out / "scores.jsonl"))
@@ -91,7 +92,8 @@ def test_example_a_shared_chat_data_at_512_tokens(demo_model_dir, rmbench_dir, t
     for record in records:  # every response is either scored or over the limit, never both or neither
         for reward, error, n in zip(record.rewards, record.errors or (None,) * 6, record.num_tokens, strict=True):
             assert (reward is None) == (error is not None) == (n > 512)
-    assert f"note: {len(unscored)} of 129 groups not scored ({len(unscored)} over the length limit)" in res.stderr
+    assert f"note: {len(unscored)} of 129 groups not scored ({len(unscored)} over the length limit of 512 tokens)" \
+        in res.stderr
     table = json.loads((out / "results.json").read_text())
     assert _figures(table) == _figures(_metrics_json(out / "scores.jsonl"))
     assert table["domains"]["chat"]["n_nan_groups"] == len(unscored)

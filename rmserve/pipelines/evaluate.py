@@ -46,7 +46,7 @@ import aiohttp
 from rmserve.client.client import RewardClient
 from rmserve.client.config import DEFAULT_MAX_RETRY_AFTER_S, PRIORITIES, Concurrency, Retry, Timeouts, Waiting
 from rmserve.client.score_file import SCORES_FILENAME, read_scores
-from rmserve.client.score_log import Resumed, ScoreLog
+from rmserve.client.score_log import Resumed, ScoreLog, stale_groups
 from rmserve.client.score_store import ScoreStore
 
 from rmserve import errors
@@ -645,7 +645,12 @@ async def evaluate_from_store_async(config: EvalConfig, info: ModelInfo) -> Eval
     dataset, notes = await _load_data(config)
     scores_path = config.out_dir / SCORES_FILENAME
     with ScoreStore(config.store) as store:
-        if not {g.key for g in dataset.groups} <= store.stored_keys(info.fingerprint, config.bench):
+        keys = [g.key for g in dataset.groups]
+        if not set(keys) <= store.stored_keys(info.fingerprint, config.bench):
+            return None
+        # Checked before the score file is touched: a group the run would score again (another
+        # truncation, a longer max_model_len, …) means a server, and no file is written here.
+        if stale_groups(store.records(info.fingerprint, keys=keys), config.truncation, info.max_model_len).keys:
             return None
         with ScoreLog(scores_path, store=store, fsync=config.fsync) as log:
             resumed = log.resume(info, dataset.groups, overwrite=config.overwrite, truncation=config.truncation)

@@ -469,6 +469,25 @@ def _folder_signature(
         return None
 
 
+def config_context_limit(model: str) -> int | None:
+    """The context limit a server gives the checkpoint folder ``model`` without
+    ``--max-model-len``, as its ``config.json`` declares it (``max_position_embeddings``, or that
+    of its ``text_config``), in tokens; None when the file or the field is missing. vLLM may
+    allow more (rope scaling): it is a lower bound, so a stored group over a smaller limit is
+    scored again and one stored under the server's own default stays answered."""
+    import json
+
+    try:
+        config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for section in (config, config.get("text_config") if isinstance(config, dict) else None):
+        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 def store_signature(config: RunConfig) -> str | None:
     """The checkpoint signature ``run`` keys the score store with, or None when it cannot.
 
@@ -734,7 +753,9 @@ def run(config: RunConfig) -> EvalResult:
         with ScoreStore(config.evaluation.store) as store:
             info = store.model_info_for(signature)
         max_model_len = config.serve.engine_options.get("max_model_len")
-        if info is not None and isinstance(max_model_len, int):
+        if not isinstance(max_model_len, int):
+            max_model_len = config_context_limit(config.serve.model)
+        if info is not None and max_model_len is not None:
             # The limit this run's server would have: a stored group with a response over a
             # shorter one is scored after all (the server is started for it).
             info = msgspec.structs.replace(info, max_model_len=max_model_len)

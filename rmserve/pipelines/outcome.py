@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from rmserve.errors import GroupNotScored, name_some
 from rmserve.schema import ScoreRecord
 
+TOO_LONG = "sequence_too_long"
+"""The :class:`~rmserve.schema.ResponseError` type of a response over the length limit."""
+
 REASONS: dict[str, str] = {
     "sequence_too_long": "over the length limit",
     "non_finite_reward": "non-finite reward",
@@ -38,6 +41,9 @@ class Unscored:
     n_groups: int
     keys: tuple[str, ...]
     by_reason: dict[str, int]
+    length_limit: int | None = None
+    """The ``max_model_len`` the groups over the length limit were over, when their errors
+    name one and it is the same for all (tokens); None otherwise."""
 
     @property
     def count(self) -> int:
@@ -49,23 +55,39 @@ class Unscored:
         counted as losses; see scores.jsonl"``, or None when every group was scored."""
         if not self.keys:
             return None
-        reasons = ", ".join(f"{n} {REASONS.get(reason, reason)}" for reason, n in self.by_reason.items())
+
+        def reason_text(reason: str, n: int) -> str:
+            text = f"{n} {REASONS.get(reason, reason)}"
+            if reason == TOO_LONG and self.length_limit is not None:
+                text += f" of {self.length_limit:,} tokens"
+            return text
+
+        reasons = ", ".join(reason_text(reason, n) for reason, n in self.by_reason.items())
+        fix = (
+            "; to score those over the length limit, raise the server's --max-model-len or pass --truncation, and "
+            "run the same command again (only they are sent again)" if TOO_LONG in self.by_reason else ""
+        )
         return (
             f"{self.count} of {self.n_groups} groups not scored ({reasons}): counted as losses, as the official "
-            f"code counts them; see {scores_path}"
+            f"code counts them; see {scores_path}{fix}"
         )
 
 
 def unscored(records: Sequence[ScoreRecord]) -> Unscored:
     """The groups of ``records`` that hold a response without a reward (see :class:`Unscored`)."""
+    from rmserve.client.score_log import length_limit_of
+
     keys: list[str] = []
     reasons: Counter[str] = Counter()
+    limits: set[int | None] = set()
     for record in records:
         if record.scored:
             continue
         keys.append(str(record.key))
         reasons[record.first_error.type] += 1
-    return Unscored(n_groups=len(records), keys=tuple(keys), by_reason=dict(reasons.most_common()))
+        limits.update(length_limit_of(e) for e in record.errors or () if e is not None and e.type == TOO_LONG)
+    return Unscored(n_groups=len(records), keys=tuple(keys), by_reason=dict(reasons.most_common()),
+                    length_limit=next(iter(limits)) if len(limits) == 1 else None)
 
 
 def strict_stop(record: ScoreRecord, *, kept: str, prefix: str = "") -> GroupNotScored:

@@ -38,7 +38,7 @@ from rmserve.client.records import record_from_result, refused_record
 from rmserve.pipelines.evaluate import progress_bar, show_rate, wait_for_server
 from rmserve.pipelines.progress import duration_text
 from rmserve.pipelines.outcome import strict_stop, unscored
-from rmserve.client.score_log import length_limit_raised
+from rmserve.client.score_log import stale_groups
 from rmserve.client.score_store import ScoreStore, checkpoint_signature
 
 from rmserve import errors
@@ -896,16 +896,12 @@ def missing_groups(
     max_model_len: int | None = None,
 ) -> list[Group]:
     """Of ``groups`` (data order), those not stored for ``fingerprint``, and those stored as not
-    scored under another ``truncation`` or, with ``max_model_len`` (the servers' limit, tokens),
-    for a response over a shorter one (:func:`~rmserve.client.score_log.length_limit_raised`):
-    scored again, the new answer replaces the old one."""
+    scored that a run with ``truncation`` on servers of ``max_model_len`` tokens (None: not
+    known) scores again (:func:`~rmserve.client.score_log.stale_groups`, the rule of every
+    resume); the new answer replaces the old one in the store."""
     stored = db.stored_keys(fingerprint)
-    stale = {
-        r.key for r in db.records(fingerprint, keys=[g.key for g in groups if g.key in stored])
-        if not r.scored and (
-            r.truncation != truncation or (max_model_len is not None and length_limit_raised(r, max_model_len))
-        )
-    }
+    records = db.records(fingerprint, keys=[g.key for g in groups if g.key in stored])
+    stale = stale_groups(records, truncation, max_model_len).keys
     return [g for g in groups if g.key not in stored or g.key in stale]
 
 

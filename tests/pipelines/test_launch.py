@@ -478,3 +478,21 @@ def test_an_eval_stopped_by_sigterm_exits_143_and_says_where_to_resume(tmp_path,
     assert 2 <= kept < 129  # stopped mid-run, every line written so far kept whole
     assert err.rstrip().endswith(f"terminated (SIGTERM); scored groups are kept in {scores}; run again to resume")
     assert "Traceback" not in err and "never retrieved" not in err, err  # the loop unwound cleanly
+
+
+def test_config_context_limit_reads_the_folder_s_max_position_embeddings(tmp_path):
+    import json
+
+    from rmserve.pipelines.launch import config_context_limit
+
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    (tmp_path / "vision").mkdir()
+    (tmp_path / "vision" / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 8192}}))
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "config.json").write_text(json.dumps({"n_layer": 2}))
+    assert config_context_limit(str(tmp_path / "plain")) == 4096
+    assert config_context_limit(str(tmp_path / "vision")) == 8192
+    assert config_context_limit(str(tmp_path / "none")) is None
+    assert config_context_limit(str(tmp_path / "missing")) is None
+    assert config_context_limit("org/model-on-the-hub") is None

@@ -200,7 +200,7 @@ def test_cli_store_comes_from_the_option_or_the_environment(scoring_server, smal
     result = _cli_eval(url, small_rmbench, tmp_path / "c", quiet=False)
     assert result.exit_code == 0, result.output
     assert f"answered from the store: {N_SMALL} groups" in result.stderr
-    assert f"0 groups scored now, 0 resumed, {N_SMALL} from the store" in result.stderr
+    assert f"0 groups sent now, 0 resumed, {N_SMALL} from the store" in result.stderr
 
     explicit = tmp_path / "explicit.sqlite"
     result = _cli_eval(url, small_rmbench, tmp_path / "d", "--store", str(explicit))

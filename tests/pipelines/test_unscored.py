@@ -108,8 +108,10 @@ async def test_the_run_finishes_records_each_unscored_group_and_names_them(serve
     assert records["2"].errors[5] == ResponseError("non_finite_reward", "the model gave a non-finite reward (nan) for it")
     assert result.unscored.keys == ("rm-bench/chat/1", "rm-bench/chat/2")
     assert (
-        f"2 of 3 groups not scored (1 over the length limit, 1 non-finite reward): counted as losses, as the "
-        f"official code counts them; see {out / 'scores.jsonl'}"
+        f"2 of 3 groups not scored (1 over the length limit of 200 tokens, 1 non-finite reward): counted as losses, "
+        f"as the official code counts them; see {out / 'scores.jsonl'}; to score those over the length limit, raise "
+        "the server's --max-model-len or pass --truncation, and run the same command again (only they are sent "
+        "again)"
     ) in result.notes
 
     figures = json.loads((out / "results.json").read_text())["domains"]["chat"]
@@ -189,6 +191,26 @@ async def test_the_store_answers_a_run_alone_only_while_its_limit_is_the_one_the
     assert same is not None and same.unscored.keys == ("rm-bench/chat/1", "rm-bench/chat/2")
     longer = msgspec.structs.replace(info, max_model_len=400)
     assert await evaluate_from_store_async(_config(http, data, tmp_path / "longer", store=store), longer) is None
+    assert not (tmp_path / "longer").exists()  # decided from the store: nothing written for the server's run
+
+
+async def test_a_new_folder_on_a_longer_server_counts_only_what_the_store_answers(server, data, tmp_path,
+                                                                                   aiohttp_client):
+    """A new --out with the store: groups 0 and 2 come from the store (2's NaN has another
+    cause), group 1 is scored again; the notes say exactly that."""
+    http, _ = server
+    store = tmp_path / "s.sqlite"
+    await evaluate_async(_config(http, data, tmp_path / "out", store=store), session=http.session)
+    app = create_app(ServerConfig(port=0), NaNForZ(model=msgspec.structs.replace(FAKE_MODEL, max_model_len=400)),
+                     FakeRenderer(max_model_len=400))
+    longer = await aiohttp_client(app)
+    await app[STATE_KEY].settled.wait()
+    result = await evaluate_async(_config(longer, data, tmp_path / "new", store=store), session=longer.session)
+    assert (result.n_scored, result.n_from_store, result.n_resumed) == (1, 2, 0)
+    assert f"answered from the store: 2 groups ({store})" in result.notes
+    assert "scoring again 1 groups with a response that was over a shorter max_model_len than the server's 400 " \
+        "tokens now" in result.notes
+    assert not any(n.startswith("resumed:") for n in result.notes)
 
 
 def test_length_limit_raised_reads_the_limit_the_response_was_over():
@@ -243,8 +265,8 @@ def test_cli_eval_finishes_with_exit_3_and_names_the_unscored_groups(data, tmp_p
         result = CliRunner().invoke(cli_app, argv)
         assert result.exit_code == 3, result.output
         assert (
-            f"note: 2 of 3 groups not scored (1 over the length limit, 1 non-finite reward): counted as losses, as "
-            f"the official code counts them; see {out / 'scores.jsonl'}"
+            f"note: 2 of 3 groups not scored (1 over the length limit of 200 tokens, 1 non-finite reward): counted "
+            f"as losses, as the official code counts them; see {out / 'scores.jsonl'}; to score those"
         ) in result.stderr
         strict = CliRunner().invoke(cli_app, [*argv[:-5], "--out", str(tmp_path / "strict"), "--strict",
                                               "--max-inflight-groups", "1", "--resamples", "0", "--quiet"])
