@@ -154,11 +154,24 @@ def replica_spec(
         more = shlex.split(serve_args or "")
     except ValueError as exc:
         raise ValueError(f"--serve-args: {exc}") from None
+    known = serve_option_flags()
+    unknown = [flag for flag in (arg.split("=", 1)[0] for arg in more if arg.startswith("--")) if flag not in known]
+    if unknown:  # found here, not by every replica after Ray placed it
+        raise ValueError(f"--serve-args: {', '.join(unknown)} {'is not an option' if len(unknown) == 1 else 'are not options'} "
+                         "of rmserve serve (see rmserve serve --help)")
     env = tuple((k, v) for k, v in os.environ.items() if k.startswith(("VLLM_CPU_", "HF_HUB_OFFLINE", "RMSERVE_TEST")))
     return ReplicaSpec(
         model=model, serve_args=(*engine_argv(engine_options or {}), *extra, *more), gpus=gpus, cpus=cpus, host=host,
         log_dir=log_dir, admin_token=admin_token, env=env, pin_cpus=pin_cpus,
     )
+
+
+def serve_option_flags() -> frozenset[str]:
+    """Every ``--flag`` of ``rmserve serve`` (``--no-`` forms of switches included)."""
+    from rmserve.cli import app
+
+    command = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    return frozenset(o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--"))
 
 
 def _start(

@@ -76,6 +76,16 @@ def test_cluster_up_refuses_a_bad_name_and_bad_quoting():
     assert result.exit_code == 2 and "Invalid value for '--serve-args': No closing quotation" in result.output
 
 
+def test_serve_args_that_rmserve_serve_does_not_know_are_refused_before_any_replica_starts(tmp_path):
+    result = invoke("cluster", "up", "team", "some-model", "--serve-args", "--dtype float32 --bogus-flag x --no-such=1")
+    assert result.exit_code == 2, result.output
+    assert "'--serve-args': --bogus-flag, --no-such are not options of rmserve serve" in result.output
+    (tmp_path / "step-1").mkdir()
+    result = invoke("sweep", "--ray", "127.0.0.1:1", "--serve-args", "--max-model-lenn 512", "--checkpoints",
+                    str(tmp_path / "step-1"), "--bench", "rm-bench", "--data", str(tmp_path), "--out", str(tmp_path / "o"))
+    assert result.exit_code == 2 and "--max-model-lenn is not an option of rmserve serve" in result.output
+
+
 def test_without_ray_the_command_says_which_extra_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails, as where the extra is not installed
     result = invoke("cluster", "status", "--ray", "auto")
