@@ -147,7 +147,7 @@ def replica_spec(
     Raises:
         ValueError: a bad option (named).
     """
-    from rmserve.cli_common import engine_argv
+    from rmserve.cli_common import engine_argv, engine_options_of
     from rmserve.cluster.replica import ReplicaSpec
 
     try:
@@ -159,6 +159,10 @@ def replica_spec(
     if unknown:  # found here, not by every replica after Ray placed it
         raise ValueError(f"--serve-args: {', '.join(unknown)} {'is not an option' if len(unknown) == 1 else 'are not options'} "
                          "of rmserve serve (see rmserve serve --help)")
+    try:
+        engine_options_of(more)  # a bad engine option value, found here too
+    except ValueError as exc:
+        raise ValueError(f"--serve-args: {exc}") from None
     env = tuple((k, v) for k, v in os.environ.items() if k.startswith(("VLLM_CPU_", "HF_HUB_OFFLINE", "RMSERVE_TEST")))
     return ReplicaSpec(
         model=model, serve_args=(*engine_argv(engine_options or {}), *extra, *more), gpus=gpus, cpus=cpus, host=host,

@@ -84,6 +84,8 @@ def test_serve_args_that_rmserve_serve_does_not_know_are_refused_before_any_repl
     result = invoke("sweep", "--ray", "127.0.0.1:1", "--serve-args", "--max-model-lenn 512", "--checkpoints",
                     str(tmp_path / "step-1"), "--bench", "rm-bench", "--data", str(tmp_path), "--out", str(tmp_path / "o"))
     assert result.exit_code == 2 and "--max-model-lenn is not an option of rmserve serve" in result.output
+    result = invoke("cluster", "up", "team", "some-model", "--serve-args", "--dtype fp7")
+    assert result.exit_code == 2 and "Invalid value for '--dtype'" in result.output and "'fp7'" in result.output
 
 
 def test_without_ray_the_command_says_which_extra_to_install(monkeypatch):
