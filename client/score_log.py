@@ -94,13 +94,13 @@ class StaleGroups:
         """One ``scoring again …`` sentence per reason with groups (for the run's notes)."""
         notes = []
         if self.other_options:
-            notes.append(f"scoring again {len(self.other_options)} groups that could not be scored under other options "
-                         f"(truncation now: {_truncation_text(truncation)})")
+            notes.append(f"scoring again {groups_text(len(self.other_options))} that could not be scored under other "
+                         f"options (truncation now: {_truncation_text(truncation)})")
         if self.refused:
-            notes.append(f"scoring again {len(self.refused)} groups the server refused as over a limit of the user "
-                         "(the limit may have been raised since)")
+            notes.append(f"scoring again {groups_text(len(self.refused))} the server refused as over a limit of the "
+                         "user (the limit may have been raised since)")
         if self.longer:
-            notes.append(f"scoring again {len(self.longer)} groups with a response that was over a shorter "
+            notes.append(f"scoring again {groups_text(len(self.longer))} with a response that was over a shorter "
                          f"max_model_len than the server's {max_model_len or 0:,} tokens now")
         return notes
 
@@ -120,6 +120,11 @@ def stale_groups(
         r.key for r in unscored if max_model_len is not None and length_limit_raised(r, max_model_len)
     ) - refused - other
     return StaleGroups(refused, other, longer)
+
+
+def groups_text(n: int) -> str:
+    """``1 group``, ``2 groups``."""
+    return f"{n} group{'' if n == 1 else 's'}"
 
 
 def _truncation_text(truncation: Truncation | None) -> str:
@@ -245,7 +250,7 @@ class ScoreLog(OpenedInWith):
             n_from_store -= len(stale & self._order.keys() - resumed)
         if n_from_store:
             assert self.store is not None
-            self._notes.append(f"answered from the store: {n_from_store} groups ({self.store.path})")
+            self._notes.append(f"answered from the store: {groups_text(n_from_store)} ({self.store.path})")
         n_resumed = len(resumed - stale)
         n_extra = sum(1 for key in self._file.scored_keys() if key not in self._order)
         return Resumed(model=model, n_resumed=n_resumed, n_from_store=n_from_store, n_extra=n_extra)

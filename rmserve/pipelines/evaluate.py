@@ -46,7 +46,7 @@ import aiohttp
 from rmserve.client.client import RewardClient
 from rmserve.client.config import DEFAULT_MAX_RETRY_AFTER_S, PRIORITIES, Concurrency, Retry, Timeouts, Waiting
 from rmserve.client.score_file import SCORES_FILENAME, read_scores
-from rmserve.client.score_log import Resumed, ScoreLog, stale_groups
+from rmserve.client.score_log import Resumed, ScoreLog, groups_text, stale_groups
 from rmserve.client.score_store import ScoreStore
 
 from rmserve import errors
@@ -413,7 +413,7 @@ async def evaluate_async(config: EvalConfig, *, session: aiohttp.ClientSession |
                         notes += log.notes
                         pending = log.missing()
                         if resumed.n_resumed:
-                            notes.append(f"resumed: {resumed.n_resumed} groups already in {scores_path}, {len(pending)} to score")
+                            notes.append(f"resumed: {groups_text(resumed.n_resumed)} already in {scores_path}, {len(pending)} to score")
                         if resumed.n_extra:
                             notes.append(f"{resumed.n_extra} stored groups are not in this data and are left out of the figures")
                         notes_shown = 0

@@ -87,7 +87,7 @@ def test_file_missing_groups_the_store_has_gets_them(tmp_path):
         with ScoreLog(path, store=store) as log:
             resumed = log.resume(MODEL_A, GROUPS)
             assert (resumed.n_resumed, resumed.n_from_store) == (1, 1)
-            assert log.notes == (f"answered from the store: 1 groups ({store.path})",)
+            assert log.notes == (f"answered from the store: 1 group ({store.path})",)
             assert [g.id for g in log.missing()] == ["1", "3"]
     assert path.read_bytes() == _line(score_record(0)) + _line(score_record(2))
 

@@ -100,7 +100,7 @@ async def test_eval_splits_to_fit_records_the_group_over_the_budget_and_a_rerun_
     # a rerun sends the refused group again (and only it); with the same budget it is refused again
     again = await evaluate_async(_config(http, token, data, out), session=http.session)
     assert again.n_scored == 1 and len(engine.calls) == 2
-    assert ("scoring again 1 groups the server refused as over a limit of the user (the limit may have been "
+    assert ("scoring again 1 group the server refused as over a limit of the user (the limit may have been "
             "raised since)") in again.notes
 
     # against a server where the user's budget is larger, the same command scores it

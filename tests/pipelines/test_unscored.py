@@ -167,7 +167,7 @@ async def test_a_rerun_on_a_server_with_a_longer_max_model_len_scores_the_too_lo
     await app[STATE_KEY].settled.wait()
     again = await evaluate_async(_config(http_longer, data, out), session=http_longer.session)
     assert again.n_scored == 1 and len(longer.calls) == 1
-    assert "scoring again 1 groups with a response that was over a shorter max_model_len than the server's 400 " \
+    assert "scoring again 1 group with a response that was over a shorter max_model_len than the server's 400 " \
         "tokens now" in again.notes
     records = {r.id: r for r in read_scores(out / "scores.jsonl").records}
     ids = fake_ids([("user", "p1")], "c" * 300)
@@ -208,7 +208,7 @@ async def test_a_new_folder_on_a_longer_server_counts_only_what_the_store_answer
     result = await evaluate_async(_config(longer, data, tmp_path / "new", store=store), session=longer.session)
     assert (result.n_scored, result.n_from_store, result.n_resumed) == (1, 2, 0)
     assert f"answered from the store: 2 groups ({store})" in result.notes
-    assert "scoring again 1 groups with a response that was over a shorter max_model_len than the server's 400 " \
+    assert "scoring again 1 group with a response that was over a shorter max_model_len than the server's 400 " \
         "tokens now" in result.notes
     assert not any(n.startswith("resumed:") for n in result.notes)
 
