@@ -44,7 +44,6 @@ folder); ``rmserve eval`` / ``rmserve run`` use a store only when given ``--stor
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import math
 import os
@@ -212,7 +211,7 @@ def checkpoint_signature(
         ValueError: ``path`` is not a folder (names the path).
         rmserve.errors.ServerFault: the folder has no ``config.json``.
     """
-    from rmserve.fingerprint import FINGERPRINT_HEX_CHARS, model_fingerprint
+    from rmserve.fingerprint import hash_sections, model_fingerprint
 
     folder = Path(path)
     if not folder.is_dir():
@@ -226,10 +225,7 @@ def checkpoint_signature(
         sections.append(("chat_template_override", chat_template_override.encode()))
     if len(sections) == 1:
         return signature
-    digest = hashlib.sha256()
-    for label, data in sections:
-        digest.update(label.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
-    return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
+    return hash_sections(sections)
 
 
 _DELETE = "DELETE FROM scores WHERE fingerprint = ? AND benchmark = ? AND domain = ? AND group_id = ?"

@@ -26,6 +26,7 @@ No torch import; ``huggingface_hub`` only for hub ids.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
 
 from rmserve.errors import ServerFault
@@ -127,6 +128,17 @@ def model_fingerprint(
     return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
 
 
+def hash_sections(sections: Iterable[tuple[str, str | bytes]]) -> str:
+    """The first :data:`FINGERPRINT_HEX_CHARS` hex characters of the sha256 of ``sections``, each
+    hashed as its label, a NUL byte, its value's length (8 bytes, little-endian) and the value
+    (a ``str`` as UTF-8): the form of every fingerprint here, so no two sections run together."""
+    digest = hashlib.sha256()
+    for label, value in sections:
+        data = value.encode() if isinstance(value, str) else value
+        digest.update(label.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
+
+
 def chat_template_digest(template: str) -> str:
     """The first :data:`FINGERPRINT_HEX_CHARS` hex characters of the sha256 of a chat
     template's text (UTF-8): what ``ModelInfo.chat_template_override`` reports for a template
@@ -187,11 +199,9 @@ def dpo_fingerprint(policy: str, reference: str | None, mode: str, compat: str =
     """
     if (mode == "reference") != (reference is not None):
         raise ValueError(f"reference: mode {mode!r} {'needs' if mode == 'reference' else 'takes no'} reference fingerprint")
-    digest = hashlib.sha256()
-    for label, value in (("kind", DPO_KIND), ("policy", policy), ("reference", reference or ""), ("mode", mode), ("compat", compat)):
-        data = value.encode()
-        digest.update(label.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
-    return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
+    return hash_sections(
+        (("kind", DPO_KIND), ("policy", policy), ("reference", reference or ""), ("mode", mode), ("compat", compat))
+    )
 
 
 def judge_fingerprint(
@@ -235,8 +245,7 @@ def judge_fingerprint(
         raise ValueError("model / protocol: a judge fingerprint needs the model's fingerprint and the protocol")
     if max_tokens < 1 or seed < 0:
         raise ValueError(f"max_tokens ({max_tokens}) must be ≥ 1 and seed ({seed}) ≥ 0")
-    digest = hashlib.sha256()
-    for label, value in (
+    return hash_sections((
         ("kind", JUDGE_KIND),
         ("model", model),
         ("protocol", protocol),
@@ -247,10 +256,7 @@ def judge_fingerprint(
         ("readers", str(JUDGE_READER_VERSION)),
         *((("thinking", thinking),) if thinking is not None else ()),
         *_sampling_sections(sampling or JudgeSampling()),
-    ):
-        data = value.encode()
-        digest.update(label.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
-    return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
+    ))
 
 
 def _sampling_sections(sampling: JudgeSampling) -> list[tuple[str, str]]:
@@ -280,9 +286,5 @@ def length_fingerprint(model: str | Path, sign: str) -> str:
     files = [(name, folder / name) for name in TOKENIZER_FILES if (folder / name).is_file()]
     if not files:
         raise ServerFault(f"model {str(model)!r} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)})")
-    digest = hashlib.sha256()
-    sections = [("kind", LENGTH_KIND.encode()), *((f"tokenizer:{name}", path.read_bytes()) for name, path in files),
-                ("revision", (revision or "").encode()), ("sign", sign.encode())]
-    for label, data in sections:
-        digest.update(label.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
-    return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]
+    return hash_sections([("kind", LENGTH_KIND), *((f"tokenizer:{name}", path.read_bytes()) for name, path in files),
+                          ("revision", revision or ""), ("sign", sign)])
