@@ -674,12 +674,13 @@ async def evaluate_from_file_async(
     if existing.fingerprint != fingerprint or existing.model is None:
         return None
     by_key = {r.key: r for r in existing.records}
-    for group in dataset.groups:
-        record = by_key.get(group.key)
-        # A group that failed under other options would be scored again (ScoreLog.resume).
-        if record is None or (not record.scored and record.truncation != config.truncation):
-            return None
+    if any(group.key not in by_key for group in dataset.groups):
+        return None
     info = model_info(existing.model)
+    # A group the run would score again (another truncation, a longer max_model_len, …) means a
+    # server: the rule of ScoreLog.resume.
+    if stale_groups((by_key[g.key] for g in dataset.groups), config.truncation, info.max_model_len or None).keys:
+        return None
     with contextlib.ExitStack() as stack:
         store = stack.enter_context(ScoreStore(config.store)) if config.store is not None else None
         with ScoreLog(scores_path, store=store, fsync=config.fsync) as log:
@@ -699,8 +700,10 @@ def evaluate_from_file(
     it already holds every data group under ``fingerprint``.
 
     Used by ``rmserve run`` for a finished run: ``fingerprint`` is the one the server would
-    report, computed locally. A group recorded as not scored counts as done only under the
-    same truncation (as :meth:`~rmserve.client.score_log.ScoreLog.resume` decides). With a
+    report, computed locally. A group recorded as not scored counts as done only when a run
+    would not score it again (:func:`~rmserve.client.score_log.stale_groups`, as
+    :meth:`~rmserve.client.score_log.ScoreLog.resume` decides: the same truncation, a limit not
+    raised since, …; the limit is ``model_info``'s ``max_model_len``). With a
     score store the file's records are added to it, as :func:`evaluate` does.
 
     Args:

@@ -488,6 +488,13 @@ def config_context_limit(model: str) -> int | None:
     return None
 
 
+def server_context_limit(serve: ServeOptions) -> int | None:
+    """The context limit, in tokens, of a server started with ``serve``: ``--max-model-len``,
+    else :func:`config_context_limit` of the model; None when neither is known."""
+    given = serve.engine_options.get("max_model_len")
+    return int(given) if given is not None else config_context_limit(serve.model)
+
+
 def store_signature(config: RunConfig) -> str | None:
     """The checkpoint signature ``run`` keys the score store with, or None when it cannot.
 
@@ -679,21 +686,13 @@ def _local_model_info(serve: ServeOptions, fingerprint: str, name: str) -> Model
     """The :class:`ModelInfo` reported for a run answered from its score file: the name the
     records carry, the local fingerprint, the dtype and engine the server would use, and the
     context limit ``--max-model-len`` sets (else ``max_position_embeddings`` of ``config.json``,
-    the limit vLLM derives by default; 0 when neither is known)."""
-    import json
-
+    the limit vLLM derives by default: :func:`config_context_limit`; 0 when neither is known)."""
     from rmserve.server.config import resolve_dtype
 
     options = serve.engine_options
-    max_model_len = options.get("max_model_len")
-    if max_model_len is None:
-        try:
-            max_model_len = json.loads((Path(serve.model) / "config.json").read_text()).get("max_position_embeddings", 0)
-        except (OSError, ValueError, AttributeError):
-            max_model_len = 0
     return ModelInfo(
         name=name,
-        max_model_len=int(max_model_len or 0),
+        max_model_len=server_context_limit(serve) or 0,
         dtype=resolve_dtype(str(options.get("dtype") or "auto")),
         fingerprint=fingerprint,
         engine=str(options.get("engine") or "vllm"),
@@ -752,14 +751,12 @@ def run(config: RunConfig) -> EvalResult:
         assert config.evaluation.store is not None
         with ScoreStore(config.evaluation.store) as store:
             info = store.model_info_for(signature)
-        max_model_len = config.serve.engine_options.get("max_model_len")
-        if not isinstance(max_model_len, int):
-            max_model_len = config_context_limit(config.serve.model)
-        if info is not None and max_model_len is not None:
+        if info is not None:
             # The limit this run's server would have: a stored group with a response over a
             # shorter one is scored after all (the server is started for it).
-            info = msgspec.structs.replace(info, max_model_len=max_model_len)
-        if info is not None:
+            max_model_len = server_context_limit(config.serve)
+            if max_model_len is not None:
+                info = msgspec.structs.replace(info, max_model_len=max_model_len)
             stored = evaluate_from_store(config.evaluation, info)
             if stored is not None:
                 note = f"answered from the store, no server started (checkpoint {signature} = fingerprint {info.fingerprint})"

@@ -213,6 +213,26 @@ async def test_a_new_folder_on_a_longer_server_counts_only_what_the_store_answer
     assert not any(n.startswith("resumed:") for n in result.notes)
 
 
+async def test_the_score_file_answers_a_run_alone_only_while_its_limit_is_the_one_the_group_was_over(
+    server, data, tmp_path
+):
+    """``run`` without a store answers from ``OUT/scores.jsonl`` (``evaluate_from_file``) under the
+    same max_model_len; with a longer one group 1 is stale and ``run`` starts its server, the file
+    left as it was."""
+    from rmserve.pipelines.evaluate import evaluate_from_file_async
+
+    http, _ = server
+    out = tmp_path / "out"
+    first = await evaluate_async(_config(http, data, out), session=http.session)
+    info = first.model
+    same = await evaluate_from_file_async(_config(http, data, out), info.fingerprint, lambda name: info)
+    assert same is not None and same.unscored.keys == ("rm-bench/chat/1", "rm-bench/chat/2")
+    before = (out / "scores.jsonl").read_bytes()
+    longer = msgspec.structs.replace(info, max_model_len=400)
+    assert await evaluate_from_file_async(_config(http, data, out), info.fingerprint, lambda name: longer) is None
+    assert (out / "scores.jsonl").read_bytes() == before
+
+
 def test_length_limit_raised_reads_the_limit_the_response_was_over():
     from rmserve.client.score_log import length_limit_raised
     from rmserve.schema import ScoreRecord
