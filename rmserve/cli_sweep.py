@@ -10,6 +10,7 @@ store), Ctrl-C 130.
 from __future__ import annotations
 
 import asyncio
+import functools
 import glob
 from dataclasses import replace
 from pathlib import Path
@@ -56,6 +57,7 @@ from rmserve.cli_common import (
 from rmserve.schema import BENCHMARKS
 
 if TYPE_CHECKING:
+    from rmserve.cluster.replica import ReplicaSpec
     from rmserve.pipelines.sweep import SweepConfig
 
 
@@ -287,7 +289,7 @@ def sweep_command(
         replicas = ray_job["replicas"]
         job_spec_ = spec
         if spec is not None:  # replicas of the job's own: none for what the store already holds
-            stored = stored_for_job(config, ray_job)
+            stored = stored_for_job(config, spec, ray_job["gpus_per_replica"])
             left = [c for c in order_checkpoints(config.checkpoints) if c.path not in stored]
             if not left:
                 typer.echo(f"note: every checkpoint's groups are in {config.store} under the fingerprint its replicas "
@@ -335,42 +337,47 @@ def sweep_command(
         raise typer.Exit(EXIT_UNSCORED)
 
 
-def stored_for_job(config: SweepConfig, ray_job: dict[str, Any]) -> dict[Path, str]:
+def stored_for_job(config: SweepConfig, spec: ReplicaSpec, gpus_per_replica: float) -> dict[Path, str]:
     """The checkpoints of a ``sweep --ray`` job whose every group is already in its store under
     the fingerprint the job's replicas would report (checkpoint folder → fingerprint), found
     here without starting any: :func:`~rmserve.pipelines.sweep.stored_checkpoints` keyed by
-    :func:`~rmserve.pipelines.launch.store_key` of the replicas' engine options (``--serve-args``),
-    the ``auto`` dtype read as the replicas would read it (bfloat16 with ``--gpus-per-replica`` >
-    0, float32 without). ``{}`` when that key cannot be known here (bad ``--serve-args``, a kind
-    other than a classifier or a DPO policy, or no store file yet): the replicas find out.
+    :func:`~rmserve.pipelines.launch.store_key` of the engine options in the replicas'
+    arguments (``spec.serve_args``, checked when the spec was made), the ``auto`` dtype read
+    as the replicas would read it (bfloat16 with ``gpus_per_replica`` > 0, float32 without),
+    and each checkpoint's context limit as they would give it
+    (:func:`~rmserve.pipelines.launch.server_context_limit`). ``{}`` when that key cannot be
+    known here (a kind other than a classifier or a DPO policy, or no store file yet): the
+    replicas find out.
 
     Raises:
         rmserve.errors.DataError: bad benchmark data.
     """
-    import shlex
-
     from rmserve.cli_common import engine_options_of
-    from rmserve.pipelines.launch import ServeOptions, store_key
+    from rmserve.pipelines.launch import ServeOptions, server_context_limit, store_key
     from rmserve.pipelines.sweep import stored_checkpoints
     from rmserve.schema import CLASSIFIER_KIND, DPO_KIND
 
-    try:
-        options = engine_options_of(shlex.split(ray_job["serve_args"] or ""))
-    except ValueError:
-        return {}
+    options = engine_options_of(spec.serve_args)
     if (options.get("kind") or CLASSIFIER_KIND) not in (CLASSIFIER_KIND, DPO_KIND):
         return {}
-    cuda = ray_job["gpus_per_replica"] > 0
+    cuda = gpus_per_replica > 0
 
-    def key_of(folder: Path) -> str | None:
+    @functools.cache  # one check of each folder for its key and its limit
+    def serve_options(folder: Path) -> ServeOptions | None:
         try:
-            serve = ServeOptions(model=str(folder), engine_options=options)
+            return ServeOptions(model=str(folder), engine_options=options)
         except ValueError:
             return None
-        return store_key(serve, cuda_available=cuda)
 
-    max_model_len = options.get("max_model_len")
-    return stored_checkpoints(config, key_of, max_model_len if isinstance(max_model_len, int) else None)
+    def key_of(folder: Path) -> str | None:
+        serve = serve_options(folder)
+        return None if serve is None else store_key(serve, cuda_available=cuda)
+
+    def limit_of(folder: Path) -> int | None:
+        serve = serve_options(folder)
+        return None if serve is None else server_context_limit(serve)
+
+    return stored_checkpoints(config, key_of, limit_of)
 
 
 def register(app: typer.Typer) -> None:

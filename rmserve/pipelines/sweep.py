@@ -554,11 +554,8 @@ class _Sweep:
         if known is not None:
             missing = self._missing(known, self.max_model_len)
             if not missing:
-                stored = self.db.records(known, keys=[self.groups[0].key])
-                model = stored[0].model if stored else checkpoint.name
-                logger.info("%s: all %d groups stored (fingerprint %s)", checkpoint.name, len(self.groups), known)
                 self.tally.groups_kept += len(self.groups)
-                return CheckpointRun(checkpoint, known, model, len(self.groups), 0, len(self.groups), loaded=False)
+                return _stored_run(self.db, checkpoint, known, self.groups)[0]
         fingerprint, model, max_model_len = await self._load_everywhere(checkpoint, known)
         first = self.pinned.setdefault(checkpoint.path, fingerprint)
         if first != fingerprint:  # spread over servers: the one that started it reported another
@@ -891,6 +888,19 @@ def _lost(exc: BaseException) -> bool:
     return isinstance(exc, errors.FingerprintMismatch) or (isinstance(exc, errors.RMServeError) and exc.retryable)
 
 
+def _stored_run(
+    db: ScoreStore, checkpoint: Checkpoint, fingerprint: str, groups: Sequence[Group]
+) -> tuple[CheckpointRun, ScoreRecord | None]:
+    """The run of ``checkpoint`` when every one of ``groups`` is stored under ``fingerprint``:
+    nothing loaded or scored, the model named as its first group's stored record names it (the
+    checkpoint's name without one); and that record (None without groups)."""
+    stored = db.records(fingerprint, keys=[groups[0].key]) if groups else []
+    model = stored[0].model if stored else checkpoint.name
+    logger.info("%s: all %d groups stored (fingerprint %s)", checkpoint.name, len(groups), fingerprint)
+    run = CheckpointRun(checkpoint, fingerprint, model, len(groups), 0, len(groups), loaded=False)
+    return run, stored[0] if stored else None
+
+
 def missing_groups(
     db: ScoreStore, fingerprint: str, groups: Sequence[Group], truncation: Truncation | None,
     max_model_len: int | None = None,
@@ -925,15 +935,16 @@ async def _load_datasets(config: SweepConfig) -> tuple[dict[str, Any], list[str]
 
 
 def stored_checkpoints(
-    config: SweepConfig, key_of: Callable[[Path], str | None], max_model_len: int | None = None
+    config: SweepConfig, key_of: Callable[[Path], str | None], limit_of: Callable[[Path], int | None] | None = None
 ) -> dict[Path, str]:
     """The checkpoints of ``config`` a sweep would find complete in its store, without any
     server: checkpoint folder → fingerprint, for each folder whose key ``key_of(folder)`` (the
     store's checkpoint memo key for the servers that would load it:
     :func:`rmserve.pipelines.launch.store_key`; None: not known) the store remembers, with every
     group of the data stored under that fingerprint (:func:`missing_groups` empty; with
-    ``max_model_len``, the servers' ``--max-model-len``, a group with a response over a shorter
-    one is missing). A store file that does not exist yet gives ``{}`` and is not created.
+    ``limit_of(folder)``, the context limit the servers would give it, a group with a response
+    over a shorter one is missing). A store file that does not exist yet gives ``{}`` and is
+    not created.
 
     Raises:
         ValueError: bad checkpoints (:func:`order_checkpoints`).
@@ -949,7 +960,10 @@ def stored_checkpoints(
         for checkpoint in checkpoints:
             key = key_of(checkpoint.path)
             fingerprint = db.fingerprint_for(key) if key is not None else None
-            if fingerprint is not None and not missing_groups(db, fingerprint, groups, config.truncation, max_model_len):
+            if fingerprint is None:
+                continue
+            limit = limit_of(checkpoint.path) if limit_of is not None else None
+            if not missing_groups(db, fingerprint, groups, config.truncation, limit):
                 found[checkpoint.path] = fingerprint
     return found
 
@@ -1182,12 +1196,10 @@ async def _sweep_from_store(config: SweepConfig, fingerprints: Mapping[Path, str
                     f"fingerprint {fingerprint} any more: score them on servers (the same command without the store "
                     "shortcut)"
                 )
-            first = db.records(fingerprint, keys=[groups[0].key])[0] if groups else None
+            run, first = _stored_run(db, checkpoint, fingerprint, groups)
             if kind is None and first is not None:
                 kind = first.score_kind
-            model = first.model if first is not None and first.model else checkpoint.name
-            logger.info("%s: all %d groups stored (fingerprint %s)", checkpoint.name, len(groups), fingerprint)
-            runs.append(CheckpointRun(checkpoint, fingerprint, model, len(groups), 0, len(groups), loaded=False))
+            runs.append(run)
         logger.info("%s", summary_line(runs))
         return await _report(config, datasets, runs, db, notes=notes, refused=(), lost=[], kind=kind or ScoreKind(),
                              wall_s=None, servers=())
