@@ -517,8 +517,10 @@ def apart_from_eval(steps: list[list[dict[str, Any]]]) -> list[list[dict[str, An
     step shares no full block with the evaluation past the template's first tokens (the demo
     model's template writes 2 before the user text), and its completions still share their
     prompt within the step as d's do. The rewards are then not path a's: e has no parity
-    figure."""
-    return [[{**sample, "prompt": EVAL_APART + sample["prompt"]} for sample in step] for step in steps]
+    figure. Only the prompt and the completion are kept (all path e sends): the other fields
+    (``text``, ``ids``, ``prompt_tokens``) describe the unmarked prompt and would be wrong."""
+    return [[{"prompt": EVAL_APART + sample["prompt"], "completion": sample["completion"]} for sample in step]
+            for step in steps]
 
 
 def make_users(work: Path, *, trainer_weight: float, eval_weight: float) -> tuple[Path, str, Path]:

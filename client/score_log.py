@@ -44,6 +44,9 @@ tokens alone exceed the user's budget): the limit may have been raised since, so
 such a group again whatever its options."""
 
 
+SEQUENCE_TOO_LONG = "sequence_too_long"
+"""The :class:`~rmserve.schema.ResponseError` type of a response over the length limit."""
+
 _LENGTH_LIMIT = re.compile(r"max_model_len=([\d,]+)")
 
 
@@ -54,7 +57,7 @@ def length_limit_raised(record: ScoreRecord, max_model_len: int) -> bool:
     may be scorable now (the server was restarted with a larger ``--max-model-len``, or serves
     a checkpoint with a longer context). An error that names no limit gives False."""
     for error in record.errors or ():
-        if error is None or error.type != "sequence_too_long":
+        if error is None or error.type != SEQUENCE_TOO_LONG:
             continue
         limit = length_limit_of(error)
         if limit is not None and limit < max_model_len:

@@ -13,14 +13,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rmserve.client.score_log import SEQUENCE_TOO_LONG, length_limit_of
 from rmserve.errors import GroupNotScored, name_some
 from rmserve.schema import ScoreRecord
 
-TOO_LONG = "sequence_too_long"
-"""The :class:`~rmserve.schema.ResponseError` type of a response over the length limit."""
-
 REASONS: dict[str, str] = {
-    "sequence_too_long": "over the length limit",
+    SEQUENCE_TOO_LONG: "over the length limit",
     "non_finite_reward": "non-finite reward",
     "request_over_limit": "over the user's token budget",
 }
@@ -58,14 +56,14 @@ class Unscored:
 
         def reason_text(reason: str, n: int) -> str:
             text = f"{n} {REASONS.get(reason, reason)}"
-            if reason == TOO_LONG and self.length_limit is not None:
+            if reason == SEQUENCE_TOO_LONG and self.length_limit is not None:
                 text += f" of {self.length_limit:,} tokens"
             return text
 
         reasons = ", ".join(reason_text(reason, n) for reason, n in self.by_reason.items())
         fix = (
             "; to score those over the length limit, raise the server's --max-model-len or pass --truncation, and "
-            "run the same command again (only they are sent again)" if TOO_LONG in self.by_reason else ""
+            "run the same command again (only they are sent again)" if SEQUENCE_TOO_LONG in self.by_reason else ""
         )
         return (
             f"{self.count} of {self.n_groups} groups not scored ({reasons}): counted as losses, as the official "
@@ -75,8 +73,6 @@ class Unscored:
 
 def unscored(records: Sequence[ScoreRecord]) -> Unscored:
     """The groups of ``records`` that hold a response without a reward (see :class:`Unscored`)."""
-    from rmserve.client.score_log import length_limit_of
-
     keys: list[str] = []
     reasons: Counter[str] = Counter()
     limits: set[int | None] = set()
@@ -85,7 +81,7 @@ def unscored(records: Sequence[ScoreRecord]) -> Unscored:
             continue
         keys.append(str(record.key))
         reasons[record.first_error.type] += 1
-        limits.update(length_limit_of(e) for e in record.errors or () if e is not None and e.type == TOO_LONG)
+        limits.update(length_limit_of(e) for e in record.errors or () if e is not None and e.type == SEQUENCE_TOO_LONG)
     return Unscored(n_groups=len(records), keys=tuple(keys), by_reason=dict(reasons.most_common()),
                     length_limit=next(iter(limits)) if len(limits) == 1 else None)
 
